@@ -1,0 +1,317 @@
+/* refcntd kernel side: count every object's references in a hash map.
+ *
+ * get and put are aggregated here and never send anything to user space;
+ * only process lifecycle events travel through the ring buffer, in order.
+ * Compile-time knobs (-D) come from refcntd/kernel.py:bpf_cflags():
+ *   FILTERED     1: only processes in `procs` (run / --pid); 0: system-wide
+ *   HAS_DELETE   1: the spec has a delete role, a put to zero does not end life
+ *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES
+ *   EXIT_CODE_OFFSET  offset of exit_code in task_struct, when known (BTF)
+ */
+#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
+#include "refcntd.h"
+
+struct stack_frames {
+	struct bpf_stack_build_id frame[STACK_DEPTH];
+};
+
+BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
+BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
+BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
+BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
+BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
+BPF_F_TABLE("stacktrace", int, struct stack_frames, stacks, MAX_STACKS, BPF_F_STACK_BUILD_ID);
+BPF_STACK_TRACE(raw_stacks, MAX_STACKS);
+BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
+BPF_ARRAY(gen_counter, __u64, 1);
+BPF_PERCPU_ARRAY(scratch, struct event, 1);
+BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
+BPF_RINGBUF_OUTPUT(events, 64);
+
+static __always_inline void count_stat(int which)
+{
+	__u64 *v = stats.lookup(&which);
+	if (v)
+		*v += 1;
+}
+
+/* The verifier refuses a ctx load at a computed offset, so the register is
+ * chosen by offset and read with one probe read of the saved pt_regs. */
+static __always_inline __u64 read_arg(struct pt_regs *ctx, __u32 index)
+{
+	__u32 off;
+	switch (index) {
+	case 1: off = offsetof(struct pt_regs, di); break;
+	case 2: off = offsetof(struct pt_regs, si); break;
+	case 3: off = offsetof(struct pt_regs, dx); break;
+	case 4: off = offsetof(struct pt_regs, cx); break;
+	case 5: off = offsetof(struct pt_regs, r8); break;
+	case 6: off = offsetof(struct pt_regs, r9); break;
+	default: off = offsetof(struct pt_regs, ax); break;
+	}
+	__u64 value = 0;
+	bpf_probe_read_kernel(&value, sizeof(value), (void *)ctx + off);
+	return value;
+}
+
+static __always_inline void emit(struct event *ev)
+{
+	if (events.ringbuf_output(ev, sizeof(*ev), 0) != 0)
+		count_stat(ST_EVENT_LOST);
+}
+
+static __always_inline struct event *new_event(__u32 kind, __u32 tgid, __u32 pid, __u32 gen)
+{
+	int zero = 0;
+	struct event *ev = scratch.lookup(&zero);
+	if (!ev)
+		return 0;
+	ev->kind = kind;
+	ev->tgid = tgid;
+	ev->pid = pid;
+	ev->gen = gen;
+	ev->ts = bpf_ktime_get_ns();
+	ev->exit_code = -1;
+	ev->argc = 0;
+	ev->path[0] = 0;
+	bpf_get_current_comm(ev->comm, sizeof(ev->comm));
+	return ev;
+}
+
+static __always_inline struct proc_val *register_proc(__u32 tgid, __u32 kind, __u32 pid)
+{
+	int zero = 0;
+	__u64 *counter = gen_counter.lookup(&zero);
+	if (!counter)
+		return 0;
+	struct proc_val p = {};
+	p.gen = __sync_fetch_and_add(counter, 1) + 1;
+	p.start_ns = bpf_ktime_get_ns();
+	if (procs.update(&tgid, &p) != 0) {
+		count_stat(ST_PROC_MAP_FULL);
+		return 0;
+	}
+	struct event *ev = new_event(kind, tgid, pid, p.gen);
+	if (ev)
+		emit(ev);
+	return procs.lookup(&tgid);
+}
+
+/* 0 when the string's page is not present yet (a .rodata literal nobody has
+ * touched): user space then reads the name from the file via name_ptr. */
+static __always_inline __u32 intern_type(__u64 name_ptr)
+{
+	int zero = 0;
+	struct type_name *buf = name_buf.lookup(&zero);
+	if (!buf)
+		return 0;
+	__builtin_memset(buf->name, 0, TYPE_NAME_LEN);
+	if (bpf_probe_read_user_str(buf->name, TYPE_NAME_LEN, (void *)name_ptr) <= 0)
+		return 0;
+	__u32 hash = 2166136261u;  /* FNV-1a */
+#pragma unroll
+	for (int i = 0; i < TYPE_NAME_LEN; i++) {
+		if (buf->name[i] == 0)
+			break;
+		hash = (hash ^ (__u8)buf->name[i]) * 16777619u;
+	}
+	hash |= 1;  /* 0 means "not read" */
+	if (types.lookup(&hash) == 0 && types.update(&hash, buf) != 0)
+		count_stat(ST_TYPE_MAP_FULL);
+	return hash;
+}
+
+static __always_inline void add_totals(struct obj_val *o)
+{
+	struct type_totals zero_totals = {};
+	struct type_totals *t = totals.lookup_or_try_init(&o->type_id, &zero_totals);
+	if (!t)
+		return;
+	t->inits += 1;
+	t->gets += o->gets;
+	t->puts += o->puts;
+	t->released += 1;
+}
+
+static __always_inline void release(struct obj_key *key, struct obj_val *o)
+{
+	add_totals(o);
+	objs.delete(key);
+}
+
+static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct proc_val *proc = procs.lookup(&tgid);
+	if (!proc) {
+		if (FILTERED)
+			return 0;
+		proc = register_proc(tgid, EV_PROC, tgid);
+		if (!proc)
+			return 0;
+	}
+	struct obj_key key = {.tgid = tgid, .addr = read_arg(ctx, cfg->obj_arg)};
+	if (key.addr == 0)
+		return 0;
+	struct obj_val val = {};
+	val.count = cfg->count_arg ? (__s32)read_arg(ctx, cfg->count_arg) : cfg->fixed_count;
+	val.type_id = cfg->fixed_type;
+	if (cfg->type_arg) {
+		__u64 name_ptr = read_arg(ctx, cfg->type_arg);
+		val.type_id = intern_type(name_ptr);
+		if (!val.type_id)
+			val.name_ptr = name_ptr;
+	}
+	val.gen = proc->gen;
+	val.init_ns = bpf_ktime_get_ns();
+	val.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (val.stack_id == -EEXIST)
+		count_stat(ST_STACK_COLLISION);
+	else if (val.stack_id < 0)
+		count_stat(ST_STACK_LOST);
+	val.raw_stack_id = raw_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (val.raw_stack_id < 0)
+		count_stat(ST_RAW_STACK_LOST);
+	if (cfg->caller_sp >= 0) {
+		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);
+		if (bpf_probe_read_user(&val.caller_ip, sizeof(val.caller_ip), slot) != 0)
+			count_stat(ST_CALLER_UNREAD);
+	}
+	struct obj_val *old = objs.lookup(&key);
+	if (old)
+		count_stat(old->gen == val.gen ? ST_REINIT_LIVE : ST_STALE_REPLACED);
+	if (objs.update(&key, &val) != 0)
+		count_stat(ST_OBJ_MAP_FULL);
+	return 0;
+}
+
+static __always_inline void count_unknown(__u32 tgid, int which)
+{
+	if (!FILTERED || procs.lookup(&tgid))
+		count_stat(which);
+}
+
+static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = read_arg(ctx, cfg->obj_arg)};
+	struct obj_val *o = objs.lookup(&key);
+	if (!o) {
+		count_unknown(key.tgid, ST_UNKNOWN_GET);
+		return 0;
+	}
+	__sync_fetch_and_add(&o->count, 1);
+	__sync_fetch_and_add(&o->gets, 1);
+	return 0;
+}
+
+static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = read_arg(ctx, cfg->obj_arg)};
+	struct obj_val *o = objs.lookup(&key);
+	if (!o) {
+		count_unknown(key.tgid, ST_UNKNOWN_PUT);
+		return 0;
+	}
+	__sync_fetch_and_add(&o->puts, 1);
+	__s64 after = __sync_fetch_and_add(&o->count, -1) - 1;
+	if (after < 0)
+		count_stat(ST_PUT_BELOW_ZERO);
+	if (after == 0 && !HAS_DELETE)
+		release(&key, o);
+	return 0;
+}
+
+static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = read_arg(ctx, cfg->obj_arg)};
+	struct obj_val *o = objs.lookup(&key);
+	if (!o) {
+		count_unknown(key.tgid, ST_UNKNOWN_DELETE);
+		return 0;
+	}
+	release(&key, o);
+	return 0;
+}
+
+/* One program for every entry and return probe; the bpf cookie is the probe's
+ * index in probe_cfgs, which says the role and where its arguments are. */
+int on_probe(struct pt_regs *ctx)
+{
+	__u32 index = bpf_get_attach_cookie(ctx);
+	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
+	if (!cfg)
+		return 0;
+	switch (cfg->role) {
+	case ROLE_INIT: return do_init(ctx, cfg);
+	case ROLE_GET: return do_get(ctx, cfg);
+	case ROLE_PUT: return do_put(ctx, cfg);
+	case ROLE_DELETE: return do_delete(ctx, cfg);
+	}
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+	__u32 parent = bpf_get_current_pid_tgid() >> 32;
+	if (!procs.lookup(&parent))
+		return 0;
+	/* Threads pass here too: their entry is dropped again in sched_process_exit. */
+	register_proc(args->child_pid, EV_FORK, parent);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_execve)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (FILTERED && !procs.lookup(&tgid))
+		return 0;
+	struct event *ev = new_event(EV_EXECVE, tgid, (__u32)id, 0);
+	if (!ev)
+		return 0;
+	bpf_probe_read_user_str(ev->path, sizeof(ev->path), args->filename);
+	const char *const *argv = (const char *const *)args->argv;
+#pragma unroll
+	for (int i = 0; i < ARGV_SLOTS; i++) {
+		const char *arg = 0;
+		if (bpf_probe_read_user(&arg, sizeof(arg), &argv[i]) != 0 || !arg)
+			break;
+		bpf_probe_read_user_str(ev->argv[i], ARGV_LEN, arg);
+		ev->argc = i + 1;
+	}
+	emit(ev);
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (tid != tgid && procs.lookup(&tid)) {
+		struct event *gone = new_event(EV_THREAD_GONE, tgid, tid, 0);
+		procs.delete(&tid);
+		if (gone)
+			emit(gone);
+	}
+	if (!args->group_dead)
+		return 0;
+	struct proc_val *proc = procs.lookup(&tgid);
+	if (!proc)
+		return 0;
+	struct event *ev = new_event(EV_EXIT, tgid, tid, proc->gen);
+	procs.delete(&tgid);
+	if (!ev)
+		return 0;
+#ifdef EXIT_CODE_OFFSET
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	int code = 0;
+	if (bpf_probe_read_kernel(&code, sizeof(code), (void *)task + EXIT_CODE_OFFSET) == 0)
+		ev->exit_code = code;
+#endif
+	emit(ev);
+	return 0;
+}

@@ -1,0 +1,98 @@
+/* Kernel/user contract of refcntd.  refcntd/layout.py mirrors every struct
+ * here; refcntd/kernel.py compares both sizes at load time and refuses to run
+ * when they differ. */
+#ifndef REFCNTD_H
+#define REFCNTD_H
+
+#define TYPE_NAME_LEN 32
+#define STACK_DEPTH 48
+#define ARGV_SLOTS 8
+#define ARGV_LEN 48
+#define PATH_LEN 128
+
+enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3 };
+
+/* What the kernel side could not record: shown in every report header. */
+enum refcntd_stat {
+	ST_OBJ_MAP_FULL = 0,    /* init not recorded: object map full */
+	ST_STACK_LOST,          /* allocation stack could not be captured */
+	ST_STACK_COLLISION,     /* stack store bucket held another stack */
+	ST_UNKNOWN_GET,         /* get on an object never seen initialised */
+	ST_UNKNOWN_PUT,         /* put on an object never seen initialised */
+	ST_UNKNOWN_DELETE,      /* delete of an object never seen initialised */
+	ST_REINIT_LIVE,         /* init on an address whose object was still live */
+	ST_STALE_REPLACED,      /* undrained object of an earlier process with this pid */
+	ST_EVENT_LOST,          /* ring buffer full: a lifecycle event was lost */
+	ST_PROC_MAP_FULL,       /* process table full: a process was not traced */
+	ST_CALLER_UNREAD,       /* return address into the caller could not be read */
+	ST_PUT_BELOW_ZERO,      /* put took a count below zero */
+	ST_TYPE_MAP_FULL,       /* type-name table full */
+	ST_RAW_STACK_LOST,      /* raw-address stack could not be captured */
+	ST_COUNT
+};
+
+enum refcntd_event { EV_PROC = 1, EV_FORK = 2, EV_EXECVE = 3, EV_EXIT = 4, EV_THREAD_GONE = 5 };
+
+struct probe_cfg {
+	__u32 role;
+	__u32 obj_arg;     /* 1..6; 0: return value */
+	__u32 type_arg;    /* 1..6; 0: fixed_type */
+	__u32 count_arg;   /* 1..6; 0: fixed_count */
+	__s32 fixed_count;
+	__u32 fixed_type;
+	__s32 caller_sp;   /* >= 0: return address at [rsp + caller_sp]; -1: in the walked stack */
+	__u32 pad;
+};
+
+struct obj_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 addr;
+};
+
+/* 56 bytes: with the 16-byte key and the kernel's 48-byte hash element header
+ * an entry is 120 bytes (128 with the allocator's link). */
+struct obj_val {
+	__s64 count;          /* 64-bit: LLVM 14 only has fetch-and-add for 64-bit words */
+	__u32 gets;
+	__u32 puts;
+	__u32 gen;
+	__u32 type_id;        /* 0: the name could not be read here, see name_ptr */
+	__s32 stack_id;       /* build-id stack: symbolizable after the process exits */
+	__s32 raw_stack_id;   /* same walk as raw addresses: gives each module's load bias */
+	__u64 init_ns;
+	__u64 caller_ip;      /* raw return address into the init's caller, 0 if in the stack */
+	__u64 name_ptr;       /* type-name pointer when the page was not present at init */
+};
+
+struct proc_val {
+	__u32 gen;
+	__u32 flags;
+	__u64 start_ns;
+};
+
+struct type_name {
+	char name[TYPE_NAME_LEN];
+};
+
+struct type_totals {
+	__u64 inits;
+	__u64 gets;
+	__u64 puts;
+	__u64 released;
+};
+
+struct event {
+	__u32 kind;
+	__u32 tgid;
+	__u32 pid;        /* thread id, or child pid for EV_FORK */
+	__u32 gen;
+	__u64 ts;
+	__s32 exit_code;  /* EV_EXIT: task->exit_code when its offset is known, else -1 */
+	__u32 argc;
+	char comm[16];
+	char path[PATH_LEN];
+	char argv[ARGV_SLOTS][ARGV_LEN];
+};
+
+#endif

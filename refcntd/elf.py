@@ -1,0 +1,189 @@
+"""ELF facts refcntd needs: symbols, segments, build-id, code bytes.
+
+Everything here is read from the file on disk, so it works without root and
+after the traced process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from refcntd.errors import BinaryError
+
+# Suffixes gcc gives to compiler-made copies of a function (IPA clones, split parts).
+CLONE_RE = re.compile(r"^(?P<base>[^.]+)\.(?P<kind>constprop|isra|part|cold|lto_priv|localalias)"
+                      r"(\.\d+)*(\..*)?$")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    vaddr: int
+    size: int
+    table: str  # ".symtab" or ".dynsym"
+
+
+@dataclass(frozen=True)
+class Segment:
+    vaddr: int
+    offset: int
+    filesz: int
+    memsz: int
+    executable: bool
+
+
+class ElfImage:
+    """One ELF file opened for analysis; raises BinaryError for anything unusable."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._data = _read_elf_bytes(self.path)
+        try:
+            from io import BytesIO
+            self._elf = ELFFile(BytesIO(self._data))
+            self.segments = self._load_segments()
+        except (ELFError, ValueError, IndexError) as err:  # truncated or corrupt headers
+            raise BinaryError(f"{self.path}: corrupt ELF file ({err})") from None
+        _check_machine(self.path, self._elf)
+
+    @property
+    def is_pie_or_shared(self) -> bool:
+        return self._elf.header["e_type"] == "ET_DYN"
+
+    @property
+    def is_shared_library(self) -> bool:
+        return self.is_pie_or_shared and self._elf.get_section_by_name(".interp") is None
+
+    def _load_segments(self) -> list[Segment]:
+        segs = []
+        for seg in self._elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD":
+                segs.append(Segment(seg["p_vaddr"], seg["p_offset"], seg["p_filesz"],
+                                    seg["p_memsz"], bool(seg["p_flags"] & 1)))
+        return segs
+
+    @cached_property
+    def build_id(self) -> str | None:
+        for section in self._elf.iter_sections():
+            if section["sh_type"] != "SHT_NOTE":
+                continue
+            for note in section.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+        return None
+
+    @cached_property
+    def symbols(self) -> dict[str, list[Symbol]]:
+        """Function symbols by name from .symtab and .dynsym (perf's stubs are .symtab only)."""
+        found: dict[str, list[Symbol]] = {}
+        seen: set[tuple[str, int]] = set()
+        for table in (".symtab", ".dynsym"):
+            section = self._elf.get_section_by_name(table)
+            if not isinstance(section, SymbolTableSection):
+                continue
+            for sym in section.iter_symbols():
+                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                    continue
+                if sym["st_shndx"] == "SHN_UNDEF" or not sym.name:
+                    continue
+                name = sym.name.split("@", 1)[0]
+                if (name, sym["st_value"]) in seen:
+                    continue
+                seen.add((name, sym["st_value"]))
+                found.setdefault(name, []).append(
+                    Symbol(name, sym["st_value"], sym["st_size"], table))
+        return found
+
+    @cached_property
+    def has_symtab(self) -> bool:
+        return self._elf.get_section_by_name(".symtab") is not None
+
+    @cached_property
+    def has_debug_info(self) -> bool:
+        return self._elf.get_section_by_name(".debug_info") is not None
+
+    def clones_of(self, name: str) -> list[Symbol]:
+        """Compiler-made copies (`name.constprop.0`, `name.isra.0`, ...) of a function."""
+        out = []
+        for sym_name, syms in self.symbols.items():
+            m = CLONE_RE.match(sym_name)
+            if m and m.group("base") == name:
+                out.extend(syms)
+        return out
+
+    def vaddr_to_offset(self, vaddr: int) -> int | None:
+        for seg in self.segments:
+            if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+                return vaddr - seg.vaddr + seg.offset
+        return None
+
+    def offset_to_vaddr(self, offset: int) -> int | None:
+        for seg in self.segments:
+            if seg.offset <= offset < seg.offset + seg.filesz:
+                return offset - seg.offset + seg.vaddr
+        return None
+
+    def code_at(self, vaddr: int, size: int) -> bytes:
+        offset = self.vaddr_to_offset(vaddr)
+        if offset is None:
+            return b""
+        return self._data[offset:offset + size]
+
+    def min_vaddr(self) -> int:
+        return min((s.vaddr for s in self.segments), default=0) & ~0xFFF
+
+    def runpaths(self) -> list[str]:
+        """DT_RUNPATH/DT_RPATH entries, for finding libraries the way ld.so does."""
+        dynamic = self._elf.get_section_by_name(".dynamic")
+        if dynamic is None:
+            return []
+        out: list[str] = []
+        for tag in dynamic.iter_tags():
+            if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
+                value = getattr(tag, "runpath", None) or getattr(tag, "rpath", "")
+                out.extend(p for p in value.split(":") if p)
+        return out
+
+    def debug_link(self) -> str | None:
+        section = self._elf.get_section_by_name(".gnu_debuglink")
+        if section is None:
+            return None
+        return section.data().split(b"\0", 1)[0].decode(errors="replace")
+
+    def elffile(self) -> ELFFile:
+        """The pyelftools object, for DWARF and notes readers."""
+        return self._elf
+
+
+def _read_elf_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise BinaryError(f"{path}: no such file")
+    if path.is_dir():
+        raise BinaryError(f"{path}: is a directory, not an ELF binary")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise BinaryError(f"{path}: cannot read ({err.strerror})") from None
+    if data[:4] != b"\x7fELF":
+        first = data[:2]
+        what = "a script" if first == b"#!" else "not an ELF file"
+        raise BinaryError(f"{path}: {what}; give the ELF executable or shared library to trace")
+    return data
+
+
+def _check_machine(path: Path, elf: ELFFile) -> None:
+    if elf.elfclass != 64:
+        raise BinaryError(f"{path}: 32-bit ELF; refcntd traces x86-64 binaries only")
+    if elf.header["e_machine"] != "EM_X86_64":
+        raise BinaryError(f"{path}: ELF for {elf.header['e_machine']}; refcntd traces x86-64 only")
+    if elf.header["e_type"] not in ("ET_EXEC", "ET_DYN"):
+        raise BinaryError(f"{path}: ELF type {elf.header['e_type']} is not an executable or "
+                          "shared library")

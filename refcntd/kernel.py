@@ -1,0 +1,274 @@
+"""The only module that imports bcc: load bpf/refcntd.c, attach, read maps.
+
+Everything it returns is a frozen dataclass from records.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from refcntd import layout, perf_uprobe
+from refcntd.errors import EnvironmentProblem, ProbeError
+from refcntd.kheaders import find_kernel_source
+from refcntd.layout import EventKind, Role, Stat
+from refcntd.plan import ProbeSite
+from refcntd.records import LifecycleEvent, ObjectRecord, RawFrame
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    filtered: bool  # only processes registered in `procs` (run, --pid)
+    has_delete: bool
+    max_objects: int = 1 << 20
+    max_stacks: int = 8192
+    max_procs: int = 16384
+    max_types: int = 1024
+    exit_code_offset: int | None = None
+
+
+def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
+    """Every -D the BPF program is compiled with, from one validated options object."""
+    flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
+             f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
+             f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
+             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={max(probe_count, 1)}"]
+    if opts.exit_code_offset is not None:
+        flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
+    return flags
+
+
+def check_privileges() -> None:
+    if os.geteuid() == 0:
+        return
+    caps = _effective_caps()
+    if caps >> CAP_SYS_ADMIN & 1 or (caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1):
+        return
+    raise EnvironmentProblem("tracing needs root, or CAP_BPF and CAP_PERFMON",
+                             "run as root, e.g. with sudo")
+
+
+def _effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def ensure_tracefs() -> None:
+    """bcc finds tracepoints through tracefs; mount it where systems expect it."""
+    if (TRACEFS / "events").is_dir() or Path("/sys/kernel/debug/tracing/events").is_dir():
+        return
+    rc = os.system(f"mount -t tracefs nodev {TRACEFS} 2>/dev/null")
+    if rc != 0 or not (TRACEFS / "events").is_dir():
+        raise EnvironmentProblem(f"tracefs is not mounted at {TRACEFS} and mounting it failed",
+                                 f"mount -t tracefs nodev {TRACEFS}")
+
+
+def _import_bcc() -> object:
+    try:
+        import bcc
+    except ImportError as err:
+        raise EnvironmentProblem(f"bcc is not importable ({err})",
+                                 "install python3-bpfcc and use a venv made with "
+                                 "--system-site-packages from /usr/bin/python3") from None
+    return bcc
+
+
+class Kernel:
+    """Loaded BPF state and attached probes; a context manager that always detaches."""
+
+    def __init__(self, opts: KernelOptions, sites: list[ProbeSite]) -> None:
+        check_privileges()
+        ensure_tracefs()
+        os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
+        bcc = _import_bcc()
+        self.opts, self.sites = opts, sites
+        self._links: list[int] = []
+        self._perf_fds: list[int] = []
+        self.failed_probes: list[str] = []
+        try:
+            self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
+                               cflags=bpf_cflags(opts, len(sites)))
+            _check_layout(self.bpf)
+            self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
+        except EnvironmentProblem:
+            raise
+        except Exception as err:  # bcc raises bare Exception for compile/load errors
+            raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
+                                     "check kernel headers (BCC_KERNEL_SOURCE)") from None
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def configure_probes(self, type_ids: Callable[[str], int]) -> None:
+        cfgs = self.bpf["probe_cfgs"]
+        for index, site in enumerate(self.sites):
+            cfgs[ctypes.c_int(index)] = _probe_cfg(site, type_ids)
+
+    def set_fixed_type(self, type_id: int, name: str) -> None:
+        self.bpf["types"][ctypes.c_uint32(type_id)] = layout.TypeName(name.encode()[:31])
+
+    def attach_all(self) -> None:
+        """Install every planned probe; a failure is recorded, not hidden."""
+        for index, site in enumerate(self.sites):
+            try:
+                perf_fd = perf_uprobe.open_uprobe(site.module, site.file_offset,
+                                                  retprobe=site.is_return)
+            except perf_uprobe.UprobeError as err:
+                self.failed_probes.append(f"{site.role} {site.function}+{site.probe_offset} "
+                                          f"in {site.module}: {err.strerror}")
+                continue
+            self._perf_fds.append(perf_fd)
+            try:
+                self._links.append(perf_uprobe.link_bpf(self._prog.fd, perf_fd, index))
+            except perf_uprobe.UprobeError as err:
+                self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
+                                          f"{err.strerror}")
+
+    def require_all_attached(self) -> None:
+        if self.failed_probes:
+            raise ProbeError(f"probe not installed: {self.failed_probes[0]}")
+
+    def detach(self) -> None:
+        for fd in self._links + self._perf_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._links, self._perf_fds = [], []
+        bpf = getattr(self, "bpf", None)
+        if bpf is not None:
+            bpf.cleanup()
+            self.bpf = None
+
+    # ---- processes -------------------------------------------------------
+    def register_process(self, tgid: int) -> None:
+        """Trace `tgid` (filtered mode); its forks are followed by the BPF side.
+
+        Generations assigned here have the top bit set so they never equal
+        one the BPF side assigns from gen_counter.
+        """
+        self._user_gen = getattr(self, "_user_gen", 0) + 1
+        gen = (1 << 31) | self._user_gen
+        self.bpf["procs"][ctypes.c_uint32(tgid)] = layout.ProcVal(gen=gen, flags=0, start_ns=0)
+
+    def process_gen(self, tgid: int) -> int | None:
+        value = self.bpf["procs"].get(ctypes.c_uint32(tgid))
+        return None if value is None else value.gen
+
+    def open_events(self, callback: Callable[[LifecycleEvent], None]) -> None:
+        def on_raw(_ctx: object, data: int, _size: int) -> None:
+            raw = ctypes.cast(data, ctypes.POINTER(layout.Event)).contents
+            callback(_decode_event(raw))
+        self._on_raw = on_raw  # bcc keeps only a weak reference
+        self.bpf["events"].open_ring_buffer(on_raw)
+
+    def poll(self, timeout_ms: int) -> None:
+        self.bpf.ring_buffer_poll(timeout_ms)
+
+    # ---- maps ------------------------------------------------------------
+    def stats(self) -> dict[Stat, int]:
+        table = self.bpf["stats"]
+        return {s: sum(table[ctypes.c_int(s.value)]) for s in Stat}
+
+    def type_names(self) -> dict[int, str]:
+        return {k.value: v.name.decode(errors="replace") for k, v in self.bpf["types"].items()}
+
+    def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]:
+        """Read and remove the objects of one process (gen None: whatever gen)."""
+        objs = self.bpf["objs"]
+        names = self.type_names()
+        picked = [(k, v) for k, v in _items(objs)
+                  if k.tgid == tgid and (gen is None or v.gen == gen)]
+        for key, _ in picked:
+            try:
+                del objs[key]
+            except KeyError:
+                pass
+        return [_decode_object(k, v, names) for k, v in picked]
+
+    def live_objects(self) -> list[ObjectRecord]:
+        names = self.type_names()
+        return [_decode_object(k, v, names) for k, v in _items(self.bpf["objs"])]
+
+    def raw_stack(self, stack_id: int) -> tuple[int, ...]:
+        if stack_id < 0:
+            return ()
+        try:
+            return tuple(ip for ip in self.bpf["raw_stacks"][ctypes.c_int(stack_id)].ip if ip)
+        except KeyError:
+            return ()
+
+    def stack(self, stack_id: int) -> tuple[RawFrame, ...]:
+        if stack_id < 0:
+            return ()
+        try:
+            value = self.bpf["stacks"][ctypes.c_int(stack_id)]
+        except KeyError:
+            return ()
+        frames = []
+        for frame in value.frame:
+            if frame.status == 0:
+                break
+            build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
+            frames.append(RawFrame(build_id, frame.offset))
+        return tuple(frames)
+
+
+def _items(table: object) -> Iterable[tuple[object, object]]:
+    try:
+        return list(table.items_lookup_batch())
+    except Exception:  # older kernels / map types without batch ops
+        return list(table.items())
+
+
+def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> layout.ProbeCfg:
+    role = site.spec_role
+    cfg = layout.ProbeCfg(role=Role[site.role.upper()].value, obj_arg=role.obj.arg,
+                          caller_sp=site.caller_sp_offset)
+    if role.type_name is not None:
+        cfg.type_arg = role.type_name.arg
+        if role.type_name.constant is not None:
+            cfg.fixed_type = type_ids(str(role.type_name.constant))
+    if role.initial_count is not None:
+        cfg.count_arg = role.initial_count.arg
+        if role.initial_count.constant is not None:
+            cfg.fixed_count = int(role.initial_count.constant)
+    return cfg
+
+
+def _check_layout(bpf: object) -> None:
+    for name, (key_t, val_t) in layout.MAP_LAYOUT.items():
+        table = bpf[name]
+        for what, mine, theirs in (("key", key_t, table.Key), ("value", val_t, table.Leaf)):
+            if ctypes.sizeof(mine) != ctypes.sizeof(theirs):
+                raise EnvironmentProblem(
+                    f"map {name}: {what} is {ctypes.sizeof(theirs)} bytes in bpf/refcntd.h but "
+                    f"{ctypes.sizeof(mine)} in refcntd/layout.py (change both together)")
+
+
+def _decode_event(raw: layout.Event) -> LifecycleEvent:
+    argv = tuple(bytes(raw.argv[i]).split(b"\0", 1)[0].decode(errors="replace")
+                 for i in range(min(raw.argc, layout.ARGV_SLOTS)))
+    return LifecycleEvent(EventKind(raw.kind), raw.tgid, raw.pid, raw.gen, raw.ts,
+                          raw.exit_code, raw.comm.decode(errors="replace"),
+                          raw.path.decode(errors="replace"), argv)
+
+
+def _decode_object(key: layout.ObjKey, val: layout.ObjVal, names: dict[int, str]
+                   ) -> ObjectRecord:
+    type_name = names.get(val.type_id, "") if val.type_id else ""
+    return ObjectRecord(key.tgid, val.gen, key.addr, val.count, type_name, val.init_ns,
+                        val.stack_id, val.raw_stack_id, val.caller_ip, val.name_ptr, val.gets,
+                        val.puts)

@@ -1,0 +1,103 @@
+"""Python mirror of bpf/refcntd.h.  kernel.py checks these sizes at load time."""
+
+from __future__ import annotations
+
+import ctypes as C
+from enum import IntEnum
+
+TYPE_NAME_LEN = 32
+STACK_DEPTH = 48
+ARGV_SLOTS = 8
+ARGV_LEN = 48
+PATH_LEN = 128
+
+
+class Role(IntEnum):
+    INIT = 0
+    GET = 1
+    PUT = 2
+    DELETE = 3
+
+
+class Stat(IntEnum):
+    OBJ_MAP_FULL = 0
+    STACK_LOST = 1
+    STACK_COLLISION = 2
+    UNKNOWN_GET = 3
+    UNKNOWN_PUT = 4
+    UNKNOWN_DELETE = 5
+    REINIT_LIVE = 6
+    STALE_REPLACED = 7
+    EVENT_LOST = 8
+    PROC_MAP_FULL = 9
+    CALLER_UNREAD = 10
+    PUT_BELOW_ZERO = 11
+    TYPE_MAP_FULL = 12
+    RAW_STACK_LOST = 13
+
+
+STAT_COUNT = len(Stat)
+
+
+class EventKind(IntEnum):
+    PROC = 1
+    FORK = 2
+    EXECVE = 3
+    EXIT = 4
+    THREAD_GONE = 5
+
+
+class ProbeCfg(C.Structure):
+    _fields_ = [("role", C.c_uint32), ("obj_arg", C.c_uint32), ("type_arg", C.c_uint32),
+                ("count_arg", C.c_uint32), ("fixed_count", C.c_int32), ("fixed_type", C.c_uint32),
+                ("caller_sp", C.c_int32), ("pad", C.c_uint32)]
+
+
+class ObjKey(C.Structure):
+    _fields_ = [("tgid", C.c_uint32), ("pad", C.c_uint32), ("addr", C.c_uint64)]
+
+
+class ObjVal(C.Structure):
+    _fields_ = [("count", C.c_int64), ("gets", C.c_uint32), ("puts", C.c_uint32),
+                ("gen", C.c_uint32), ("type_id", C.c_uint32), ("stack_id", C.c_int32),
+                ("raw_stack_id", C.c_int32), ("init_ns", C.c_uint64),
+                ("caller_ip", C.c_uint64), ("name_ptr", C.c_uint64)]
+
+
+class ProcVal(C.Structure):
+    _fields_ = [("gen", C.c_uint32), ("flags", C.c_uint32), ("start_ns", C.c_uint64)]
+
+
+class TypeName(C.Structure):
+    _fields_ = [("name", C.c_char * TYPE_NAME_LEN)]
+
+
+class TypeTotals(C.Structure):
+    _fields_ = [("inits", C.c_uint64), ("gets", C.c_uint64), ("puts", C.c_uint64),
+                ("released", C.c_uint64)]
+
+
+class Event(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("tgid", C.c_uint32), ("pid", C.c_uint32),
+                ("gen", C.c_uint32), ("ts", C.c_uint64), ("exit_code", C.c_int32),
+                ("argc", C.c_uint32), ("comm", C.c_char * 16), ("path", C.c_char * PATH_LEN),
+                ("argv", (C.c_char * ARGV_LEN) * ARGV_SLOTS)]
+
+
+class BuildIdFrame(C.Structure):
+    _fields_ = [("status", C.c_int32), ("build_id", C.c_ubyte * 20), ("offset_or_ip", C.c_uint64)]
+
+
+class StackFrames(C.Structure):
+    _fields_ = [("frame", BuildIdFrame * STACK_DEPTH)]
+
+
+# map name -> (key type, value type) as the C side declares them
+MAP_LAYOUT = {
+    "probe_cfgs": (C.c_int32, ProbeCfg),
+    "objs": (ObjKey, ObjVal),
+    "procs": (C.c_uint32, ProcVal),
+    "types": (C.c_uint32, TypeName),
+    "stacks": (C.c_int32, StackFrames),
+}
+EVENT_SIZE = C.sizeof(Event)

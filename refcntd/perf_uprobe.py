@@ -1,0 +1,95 @@
+"""Uprobes opened directly on the kernel's uprobe PMU, linked to a BPF program.
+
+We do not use bcc's attach_uprobe: bcc 0.26's Python binding passes a
+garbage ref_ctr_offset (bcc issue 5236), which makes the kernel write into
+the target's memory and blocks correct USDT probes on the same site.  Here
+ref_ctr_offset is always what we mean (0 for function probes), and the BPF
+link carries a cookie: the probe's index in the probe_cfgs map.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from pathlib import Path
+
+NR_PERF_EVENT_OPEN = 298
+NR_BPF = 321
+BPF_LINK_CREATE = 28
+BPF_PERF_EVENT = 41
+PERF_FLAG_FD_CLOEXEC = 8
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _PerfEventAttr(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_uint32), ("size", ctypes.c_uint32),
+                ("config", ctypes.c_uint64), ("sample_period", ctypes.c_uint64),
+                ("sample_type", ctypes.c_uint64), ("read_format", ctypes.c_uint64),
+                ("flags", ctypes.c_uint64), ("wakeup_events", ctypes.c_uint32),
+                ("bp_type", ctypes.c_uint32), ("config1", ctypes.c_uint64),
+                ("config2", ctypes.c_uint64)]
+
+
+class _LinkCreateAttr(ctypes.Structure):
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32),
+                ("attach_type", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("bpf_cookie", ctypes.c_uint64), ("reserved", ctypes.c_uint8 * 48)]
+
+
+class UprobeError(OSError):
+    """perf_event_open or BPF_LINK_CREATE failed; errno explains why."""
+
+
+def uprobe_pmu_type() -> int:
+    try:
+        return int((UPROBE_PMU / "type").read_text())
+    except OSError as err:
+        raise UprobeError(err.errno or errno.ENOENT,
+                          "the kernel has no uprobe PMU (CONFIG_UPROBE_EVENTS off?)") from None
+
+
+def open_uprobe(path: str, file_offset: int, retprobe: bool = False,
+                ref_ctr_offset: int = 0, pid: int = -1) -> int:
+    """A perf event fd for a uprobe at `file_offset` of `path` (pid -1: every process)."""
+    attr = _PerfEventAttr()
+    attr.type = uprobe_pmu_type()
+    attr.size = ctypes.sizeof(attr)
+    encoded = ctypes.create_string_buffer(os.fsencode(path))
+    attr.config1 = ctypes.addressof(encoded)
+    attr.config2 = file_offset
+    attr.config = (1 if retprobe else 0) | (ref_ctr_offset << 32)
+    cpu = 0 if pid == -1 else -1
+    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ctypes.byref(attr), pid, cpu, -1,
+                       PERF_FLAG_FD_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise UprobeError(err, explain_errno(err))
+    return fd
+
+
+def link_bpf(prog_fd: int, perf_fd: int, cookie: int) -> int:
+    """Attach a loaded BPF program to a perf event with a cookie; returns the link fd."""
+    attr = _LinkCreateAttr(prog_fd=prog_fd, target_fd=perf_fd, attach_type=BPF_PERF_EVENT,
+                           bpf_cookie=cookie)
+    fd = _libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise UprobeError(err, explain_errno(err))
+    return fd
+
+
+def explain_errno(err: int) -> str:
+    if err == 524:
+        return ("the kernel refused the instruction at this address (ENOTSUPP): "
+                "x86 uprobes cannot sit on lock- or segment-prefixed instructions")
+    if err in (errno.EPERM, errno.EACCES):
+        return "permission denied: needs root or CAP_PERFMON + CAP_BPF"
+    if err == errno.EINVAL:
+        return ("invalid argument (EINVAL): another probe on this address may use a different "
+                "USDT semaphore offset")
+    if err == errno.ENOENT:
+        return "no such file"
+    return os.strerror(err)

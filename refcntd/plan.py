@@ -1,0 +1,172 @@
+"""Binary analysis: turn a spec and a binary into the list of probes to place.
+
+Pure file analysis (no root, no bcc) so `refcntd check` and the unit tests
+run anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from refcntd import probepoint
+from refcntd.elf import CLONE_RE, ElfImage, Symbol
+from refcntd.errors import BinaryError, ProbeError
+from refcntd.spec import RoleSpec, Spec
+
+FP_SAMPLE = 400
+
+
+@dataclass(frozen=True)
+class ProbeSite:
+    role: str
+    function: str  # symbol name actually probed (may be a clone)
+    module: str  # absolute path of the ELF file
+    symbol_vaddr: int
+    probe_offset: int  # from the symbol's start
+    file_offset: int  # what the kernel's uprobe wants
+    cost: str
+    reason: str
+    caller_sp_offset: int
+    is_return: bool
+    spec_role: RoleSpec
+
+
+@dataclass
+class ModuleInfo:
+    path: str
+    build_id: str | None
+    frame_pointers: str
+    has_symtab: bool
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    sites: list[ProbeSite] = field(default_factory=list)
+    modules: dict[str, ModuleInfo] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
+    notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
+
+    def require_complete(self) -> None:
+        if self.problems:
+            raise ProbeError(self.problems[0], "run `refcntd check` for the full analysis")
+
+
+def needed_args(role: RoleSpec) -> set[int]:
+    sources = [role.obj, role.type_name, role.initial_count]
+    return {s.arg for s in sources if s is not None and s.arg}
+
+
+def frame_pointer_summary(image: ElfImage) -> str:
+    """Share of sizeable functions that set up rbp: stacks are only as deep as this allows."""
+    syms = [s for group in image.symbols.values() for s in group if s.size >= 24][:FP_SAMPLE]
+    if not syms:
+        return "unknown (no sizeable function symbols)"
+    with_fp = sum(1 for s in syms if _sets_up_rbp(image.code_at(s.vaddr, 8)))
+    share = 100 * with_fp // len(syms)
+    verdict = "yes" if share >= 60 else ("partly" if share >= 20 else "no")
+    return f"{verdict} ({with_fp} of {len(syms)} functions set up %rbp)"
+
+
+def _sets_up_rbp(code: bytes) -> bool:
+    code = code[4:] if code.startswith(probepoint.ENDBR64) else code
+    return code.startswith(b"\x55\x48\x89\xe5")
+
+
+def resolve_library(name: str, exe: ElfImage | None) -> str:
+    """A spec's `library:` as a path: absolute, or a soname found the way ld.so would."""
+    if "/" in name:
+        if not Path(name).exists():
+            raise BinaryError(f"library {name} (named in the spec) does not exist")
+        return str(Path(name).resolve())
+    for directory in _library_dirs(exe):
+        candidate = Path(directory) / name
+        if candidate.exists():
+            return str(candidate.resolve())
+    raise BinaryError(f"library {name} (named in the spec) not found",
+                      "give its path in the spec, or set LD_LIBRARY_PATH")
+
+
+def _library_dirs(exe: ElfImage | None) -> list[str]:
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    if exe is not None:
+        origin = str(exe.path.resolve().parent)
+        dirs += [d.replace("$ORIGIN", origin) for d in exe.runpaths()]
+    dirs += _ldconfig_dirs() + ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64",
+                                "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"]
+    return dirs
+
+
+def _ldconfig_dirs() -> list[str]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({str(Path(line.rsplit("=> ", 1)[1]).parent) for line in out.splitlines()
+                   if "=> " in line})
+
+
+def build_plan(spec: Spec, binary: str) -> Plan:
+    """Analyse `binary` (and the libraries the spec names) for every role of `spec`."""
+    plan = Plan(spec)
+    main = ElfImage(binary)
+    images: dict[str, ElfImage] = {str(main.path.resolve()): main}
+    for role in spec.roles.values():
+        module = str(main.path.resolve())
+        if role.library:
+            module = resolve_library(role.library, main)
+            if module not in images:
+                images[module] = ElfImage(module)
+        _plan_role(plan, role, images[module], module)
+    for path, image in images.items():
+        plan.modules[path] = ModuleInfo(path, image.build_id, frame_pointer_summary(image),
+                                        image.has_symtab)
+        if image.build_id is None:
+            plan.notes.append(f"{path} has no build-id: stacks through it are resolved only "
+                              "while the process lives")
+    return plan
+
+
+def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None:
+    found_any = False
+    for fname in role.functions:
+        syms = image.symbols.get(fname, [])
+        for sym in syms:
+            _plan_symbol(plan, role, image, module, sym)
+        found_any = found_any or bool(syms)
+        _note_clones(plan, role, image, module, fname)
+    if not found_any:
+        names = ", ".join(role.functions)
+        where = module if image.has_symtab else f"{module} (stripped: no .symtab)"
+        plan.problems.append(f"{role.role}: no function {names} in {where}")
+
+
+def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol) -> None:
+    code = image.code_at(sym.vaddr, sym.size or 64)
+    choice = probepoint.choose(code, needed_args(role), needs_entry_sp=role.obj.is_return)
+    if isinstance(choice, probepoint.Refusal):
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: {choice.reason}")
+        return
+    file_offset = image.vaddr_to_offset(sym.vaddr + choice.offset)
+    if file_offset is None:
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
+        return
+    plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
+                                file_offset, choice.cost, choice.reason,
+                                choice.caller_sp_offset, role.obj.is_return, role))
+
+
+def _note_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> None:
+    for clone in image.clones_of(fname):
+        kind = CLONE_RE.match(clone.name).group("kind")
+        if kind == "cold":
+            plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
+                              "nothing to probe")
+            continue
+        plan.problems.append(
+            f"{role.role}: gcc made a copy {clone.name} of {fname} in {module} ({kind} clone): "
+            f"calls to it bypass a probe on {fname} and its argument layout may differ; "
+            f"rebuild with __attribute__((noinline, noipa)) on {fname}")

@@ -1,0 +1,57 @@
+"""Decoded kernel records: what kernel.py hands to the rest of refcntd.
+
+Nothing after kernel.py sees ctypes or raw bytes; these frozen dataclasses
+are the boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from refcntd.layout import EventKind
+
+
+@dataclass(frozen=True)
+class RawFrame:
+    """One frame of a build-id stack: resolvable after the process is gone."""
+
+    build_id: str | None  # hex; None when the kernel fell back to a raw ip
+    offset: int  # file offset when build_id is set, else a raw virtual address
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    tgid: int
+    gen: int
+    addr: int
+    count: int
+    type_name: str
+    init_ns: int
+    stack_id: int
+    raw_stack_id: int
+    caller_ip: int
+    name_ptr: int
+    gets: int
+    puts: int
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    kind: EventKind
+    tgid: int
+    pid: int
+    gen: int
+    ts: int
+    exit_code: int
+    comm: str
+    path: str
+    argv: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TypeCounts:
+    type_name: str
+    inits: int
+    gets: int
+    puts: int
+    released: int
