@@ -187,3 +187,45 @@ def _check_machine(path: Path, elf: ELFFile) -> None:
     if elf.header["e_type"] not in ("ET_EXEC", "ET_DYN"):
         raise BinaryError(f"{path}: ELF type {elf.header['e_type']} is not an executable or "
                           "shared library")
+
+
+def read_build_id(path: str | os.PathLike) -> str | None:
+    """GNU build-id from the PT_NOTE segments, reading only the headers and notes.
+
+    Used to index whole library directories, where parsing each file fully
+    would be too slow.
+    """
+    import struct
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(phnum):
+                p_type, _flags, p_offset, _v, _p, p_filesz = struct.unpack_from(
+                    "<IIQQQQ", table, i * phentsize)
+                if p_type == 4:  # PT_NOTE
+                    f.seek(p_offset)
+                    found = _build_id_in_notes(f.read(min(p_filesz, 4096)))
+                    if found:
+                        return found
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def _build_id_in_notes(notes: bytes) -> str | None:
+    import struct
+    pos = 0
+    while pos + 12 <= len(notes):
+        namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
+        name_end = pos + 12 + ((namesz + 3) & ~3)
+        desc = notes[name_end:name_end + descsz]
+        if ntype == 3 and notes[pos + 12:pos + 12 + namesz].rstrip(b"\0") == b"GNU":
+            return desc.hex()
+        pos = name_end + ((descsz + 3) & ~3)
+    return None

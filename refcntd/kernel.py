@@ -153,7 +153,7 @@ class Kernel:
             self.bpf = None
 
     # ---- processes -------------------------------------------------------
-    def register_process(self, tgid: int) -> None:
+    def register_process(self, tgid: int) -> int:
         """Trace `tgid` (filtered mode); its forks are followed by the BPF side.
 
         Generations assigned here have the top bit set so they never equal
@@ -162,6 +162,7 @@ class Kernel:
         self._user_gen = getattr(self, "_user_gen", 0) + 1
         gen = (1 << 31) | self._user_gen
         self.bpf["procs"][ctypes.c_uint32(tgid)] = layout.ProcVal(gen=gen, flags=0, start_ns=0)
+        return gen
 
     def process_gen(self, tgid: int) -> int | None:
         value = self.bpf["procs"].get(ctypes.c_uint32(tgid))

@@ -1,0 +1,92 @@
+"""From drained object records to symbolized, grouped leaks of one process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from refcntd.model import LeakedObject, LeakGroup
+from refcntd.records import ObjectRecord, RawFrame
+from refcntd.symbolize import Frame, Symbolizer
+
+
+@dataclass
+class StackSource:
+    """Read access to the kernel's two stack stores (kernel.Kernel provides it)."""
+
+    build_id_stack: Callable[[int], tuple[RawFrame, ...]]
+    raw_stack: Callable[[int], tuple[int, ...]]
+
+
+@dataclass
+class ProcessModules:
+    """Load biases learnt for one process, shared by all its objects."""
+
+    biases: dict[str, int] = field(default_factory=dict)
+
+
+def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolizer,
+                now_ns: int) -> list[LeakGroup]:
+    """Group by (type, allocation stack), most objects first, then by type name."""
+    mods = ProcessModules()
+    resolved = [(rec, _frames(rec, stacks, sym, mods)) for rec in records]
+    groups: dict[tuple, LeakGroup] = {}
+    for rec, (frames, truncated) in resolved:
+        type_name = _type_name(rec, sym, mods)
+        group = LeakGroup(type_name, frames, stack_truncated=truncated)
+        group = groups.setdefault(group.key(), group)
+        group.objects.append(LeakedObject(rec.addr, rec.count, rec.gets, rec.puts,
+                                          max(0, now_ns - rec.init_ns)))
+    for group in groups.values():
+        group.objects.sort(key=lambda o: o.address)
+    return sorted(groups.values(), key=lambda g: (-len(g.objects), g.type_name))
+
+
+def _type_name(rec: ObjectRecord, sym: Symbolizer, mods: ProcessModules) -> str:
+    if rec.type_name:
+        return rec.type_name
+    if rec.name_ptr:
+        name = sym.read_string(rec.name_ptr, mods.biases)
+        if name:
+            return name
+        return f"<type name at 0x{rec.name_ptr:x}>"
+    return "<unnamed>"
+
+
+def _frames(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
+            ) -> tuple[tuple[Frame, ...], bool]:
+    """Symbolized allocation stack, with the caller restored when the walk skipped it."""
+    raw_frames = stacks.build_id_stack(rec.stack_id)
+    raw_ips = stacks.raw_stack(rec.raw_stack_id)
+    placed = sym.place_frames(raw_frames)
+    mods.biases.update(sym.biases(placed, raw_ips))
+    for i, frame in enumerate(raw_frames):
+        if placed[i] is None and frame.build_id is None:
+            placed[i] = sym.place_raw(frame.offset, mods.biases)
+    if placed and placed[-1] is None and raw_frames[-1].build_id:
+        placed, raw_frames = placed[:-1], raw_frames[:-1]  # bogus trailing frame (ip 0)
+    for path in {p[0] for p in placed if p}:
+        sym.prefetch_lines(path, [p[1] - (i > 0) for i, p in enumerate(placed) if p])
+    frames = [sym.frame(p, _describe_raw(f), i > 0)
+              for i, (p, f) in enumerate(zip(placed, raw_frames, strict=True))]
+    if rec.caller_ip and not (len(raw_ips) > 1 and raw_ips[1] == rec.caller_ip):
+        caller = sym.frame(sym.place_raw(rec.caller_ip, mods.biases),
+                           f"ip 0x{rec.caller_ip:x}", True)
+        frames.insert(1 if frames else 0, caller)
+    truncated = not frames or not _ends_in_start(frames)
+    return tuple(frames), truncated
+
+
+def _describe_raw(frame: RawFrame) -> str:
+    if frame.build_id:
+        return f"build-id {frame.build_id[:16]}.. +0x{frame.offset:x}"
+    return f"ip 0x{frame.offset:x}"
+
+
+def _ends_in_start(frames: list[Frame]) -> bool:
+    """A walk that reaches main, a thread start or the C library got to the bottom."""
+    names = {f.function for f in frames}
+    if names & {"main", "_start", "__libc_start_main", "__libc_start_call_main",
+                "start_thread", "clone3", "__clone3", "clone"}:
+        return True
+    return frames[-1].module.rsplit("/", 1)[-1].startswith(("libc.so", "libc-"))

@@ -1,0 +1,161 @@
+"""Command line: `refcntd check | attach | run`.  main() is the one exit point."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from refcntd import __version__, report
+from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, RefcntdError, UsageError
+from refcntd.model import ProcessReport, RunResult
+from refcntd.plan import Plan, build_plan
+from refcntd.spec import load_spec
+from refcntd.tracer import TraceOptions, attach, run_command
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit, made one line
+        raise UsageError(message, f"see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="refcntd", description="Reference-count leak tracer (uprobes + BPF)")
+    parser.add_argument("--version", action="version", version=f"refcntd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = sub.add_parser("check", help="show what would be probed and how, without tracing")
+    check.add_argument("--binary", required=True, help="executable or shared library")
+    _spec_arg(check)
+
+    att = sub.add_parser("attach", help="trace a binary system-wide (or one pid) until Ctrl-C")
+    att.add_argument("--binary", required=True, help="executable or shared library to probe")
+    att.add_argument("--pid", type=int, help="only this process and its descendants")
+    _spec_arg(att)
+    _output_args(att)
+
+    run = sub.add_parser("run", help="run a command under the tracer; exit status says if "
+                                     "it leaked")
+    _spec_arg(run)
+    _output_args(run)
+    run.add_argument("--wait-descendants", type=float, default=10.0, metavar="SECONDS",
+                     help="after the command exits, wait this long for its traced "
+                          "descendants (default 10)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    return parser
+
+
+def _spec_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", default="perf-stubs",
+                   help="bundled spec name or YAML file (default: perf-stubs)")
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--max-objects", type=int, default=1 << 20,
+                   help="object map capacity (default 1048576)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"check": cmd_check, "attach": cmd_attach, "run": cmd_run}[args.command](args)
+    except RefcntdError as err:
+        print(err.line(), file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+# ---- check --------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    plan = build_plan(load_spec(args.spec), args.binary)
+    print(render_check(plan))
+    return EXIT_INCOMPLETE if plan.problems else 0
+
+
+def render_check(plan: Plan) -> str:
+    lines = [f"spec {plan.spec.name} ({plan.spec.path})"]
+    for mod in plan.modules.values():
+        lines += [f"module {mod.path}",
+                  f"  build-id: {mod.build_id or 'none (stacks resolvable only while it runs)'}",
+                  f"  frame pointers: {mod.frame_pointers}",
+                  f"  symbol table: {'.symtab and .dynsym' if mod.has_symtab else '.dynsym only'}"]
+    for site in plan.sites:
+        lines.append(f"{site.role:<6} {site.function} at 0x{site.symbol_vaddr:x}: probe "
+                     f"+{site.probe_offset} (file offset 0x{site.file_offset:x}, {site.cost}"
+                     f"{', return probe' if site.is_return else ''})")
+        lines.append(f"         why: {site.reason}")
+        caller = ("in the kernel's stack walk" if site.caller_sp_offset < 0
+                  else f"read from [rsp+{site.caller_sp_offset}] at the probe")
+        lines.append(f"         caller: {caller}")
+    lines += [f"note: {n}" for n in plan.notes]
+    lines += [f"PROBLEM: {p}" for p in plan.problems]
+    lines.append("result: " + ("cannot trace: a required probe cannot be placed"
+                               if plan.problems else "every role can be probed"))
+    return "\n".join(lines)
+
+
+# ---- run / attach ---------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
+    exe = _resolve_command(command[0])
+    plan = build_plan(load_spec(args.spec), exe)
+    plan.require_complete()
+    opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants)
+    result = run_command(plan, command, opts, _printer(sys.stderr))
+    _finish_output(result, args, sys.stderr)
+    return run_exit_status(result)
+
+
+def run_exit_status(result: RunResult) -> int:
+    """Leaks beat everything; then incompleteness; else the command's own status."""
+    if result.leaked_objects:
+        return EXIT_FINDINGS
+    if not result.tracing.complete:
+        return EXIT_INCOMPLETE
+    return result.command_status or 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    plan = build_plan(load_spec(args.spec), args.binary)
+    plan.require_complete()
+    opts = TraceOptions(max_objects=args.max_objects)
+    ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731
+                          file=sys.stderr, flush=True)
+    result = attach(plan, args.pid, opts, _printer(sys.stdout), ready)
+    _finish_output(result, args, sys.stdout)
+    return 0 if result.tracing.complete else EXIT_INCOMPLETE
+
+
+def _resolve_command(name: str) -> str:
+    found = name if "/" in name else shutil.which(name)
+    if not found or not Path(found).exists():
+        raise UsageError(f"command not found: {name}")
+    return found
+
+
+def _printer(stream: object) -> callable:
+    def show(p: ProcessReport) -> None:
+        print(report.render_process(p), file=stream, flush=True)
+    return show
+
+
+def _finish_output(result: RunResult, args: argparse.Namespace, stream: object) -> None:
+    print(report.render_run(result), file=stream, end="", flush=True)
+    if args.json:
+        try:
+            report.write_json(result, args.json)
+        except OSError as err:
+            raise UsageError(f"cannot write {args.json}: {err.strerror}") from None
+
+
+if __name__ == "__main__":
+    entry()

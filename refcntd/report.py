@@ -1,0 +1,144 @@
+"""Render a RunResult as LeakSanitizer-style text or as versioned JSON."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable
+
+from refcntd import __version__
+from refcntd.model import STATE_LIVE_AT_DETACH, LeakGroup, ProcessReport, RunResult, TracingStatus
+from refcntd.symbolize import Frame
+
+JSON_SCHEMA = "refcntd-report"
+JSON_VERSION = 1
+MAX_LISTED_OBJECTS = 8
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _age(ns: int) -> str:
+    if ns >= 10**9:
+        return f"{ns / 1e9:.1f} s"
+    return f"{ns / 1e6:.1f} ms"
+
+
+def process_header(p: ProcessReport) -> str:
+    command = shlex.join(p.command) if p.command else p.comm
+    status = f", {p.exit_status}" if p.exit_status else ""
+    return f"==={p.pid}=== {p.state}{status}: {command}"
+
+
+def render_process(p: ProcessReport) -> str:
+    lines = [process_header(p)]
+    word = "live" if p.state == STATE_LIVE_AT_DETACH else "leaked"
+    for group in p.groups:
+        lines += ["", *render_group(group, word)]
+    lines += ["", summary_line(p)]
+    return "\n".join(lines) + "\n"
+
+
+def render_group(g: LeakGroup, word: str) -> list[str]:
+    counts = sorted({o.count for o in g.objects})
+    count_text = ", ".join(str(c) for c in counts)
+    lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
+             f"(final count {count_text}) allocated at:"]
+    lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
+    if g.stack_truncated:
+        lines.append("    (stack likely truncated: frames without frame pointers end the walk)")
+    for obj in g.objects[:MAX_LISTED_OBJECTS]:
+        lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
+                     f"{obj.puts} puts, age {_age(obj.age_ns)}")
+    if len(g.objects) > MAX_LISTED_OBJECTS:
+        lines.append(f"  ... and {len(g.objects) - MAX_LISTED_OBJECTS} more objects")
+    return lines
+
+
+def summary_line(p: ProcessReport) -> str:
+    if p.state == STATE_LIVE_AT_DETACH:
+        return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
+                f"{_plural(p.leaked_types, 'type')} still live at detach in process {p.pid} "
+                "(not counted as leaks)")
+    if not p.groups:
+        return f"SUMMARY: refcntd: no leaks in process {p.pid} ({p.comm})"
+    return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
+            f"{_plural(p.leaked_types, 'type')} leaked in process {p.pid} ({p.comm})")
+
+
+def render_tracing(t: TracingStatus) -> str:
+    lines = []
+    failed = [p for p in t.probes if not p.installed]
+    if t.complete:
+        lines.append(f"refcntd: tracing complete: {_plural(len(t.probes), 'probe')} installed, "
+                     "nothing lost")
+    else:
+        lines.append("refcntd: tracing INCOMPLETE, a clean result cannot be claimed:")
+        lines += [f"  probe not installed: {p.role} {p.function} in {p.module}: {p.error}"
+                  for p in failed]
+        lines += [f"  {n} x {reason}" for reason, n in t.lost.items()]
+    lines += [f"  note: {note}" for note in t.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_run(result: RunResult) -> str:
+    leaking = [p for p in result.processes if p.state != STATE_LIVE_AT_DETACH and p.groups]
+    total = sum(p.leaked_objects for p in leaking)
+    types = len({g.type_name for p in leaking for g in p.groups})
+    text = render_tracing(result.tracing)
+    text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
+             f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
+             f"{_plural(len(leaking), 'process')}\n")
+    return text
+
+
+# ---- JSON -------------------------------------------------------------------
+def frame_json(f: Frame) -> dict:
+    out: dict = {"module": f.module, "address": f"0x{f.vaddr:x}"}
+    if f.function:
+        out.update(function=f.function, offset=f.offset)
+    if f.file:
+        out.update(file=f.file, line=f.line)
+    if not f.module:
+        out["unresolved"] = f.raw
+    return out
+
+
+def group_json(g: LeakGroup) -> dict:
+    return {
+        "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
+        "stack": [frame_json(f) for f in g.frames],
+        "instances": [{"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets,
+                       "puts": o.puts, "age_ns": o.age_ns} for o in g.objects],
+    }
+
+
+def process_json(p: ProcessReport) -> dict:
+    return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
+            "exit_status": p.exit_status or None, "exit_code": p.exit_code,
+            "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
+            "groups": [group_json(g) for g in p.groups]}
+
+
+def tracing_json(t: TracingStatus) -> dict:
+    return {"complete": t.complete, "lost": dict(t.lost), "notes": list(t.notes),
+            "probes": [vars(p) for p in t.probes]}
+
+
+def run_json(result: RunResult) -> dict:
+    return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
+            "mode": result.mode, "spec": result.spec, "target": result.target,
+            "command_status": result.command_status, "tracing": tracing_json(result.tracing),
+            "leaked_objects": result.leaked_objects,
+            "processes": [process_json(p) for p in result.processes]}
+
+
+def write_json(result: RunResult, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(run_json(result), f, indent=2)
+        f.write("\n")
+
+
+def join_blocks(blocks: Iterable[str]) -> str:
+    return "\n".join(blocks)
