@@ -7,6 +7,7 @@
  *   HAS_DELETE   1: the spec has a delete role, a put to zero does not end life
  *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES
  *   EXIT_CODE_OFFSET  offset of exit_code in task_struct, when known (BTF)
+ *   RDEBUG_DELTA      _r_debug minus _dl_debug_state in ld.so (on_loader)
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
@@ -27,7 +28,7 @@ BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
 BPF_ARRAY(gen_counter, __u64, 1);
 BPF_PERCPU_ARRAY(scratch, struct event, 1);
 BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
-BPF_RINGBUF_OUTPUT(events, 64);
+BPF_RINGBUF_OUTPUT(events, 256);
 
 static __always_inline void count_stat(int which)
 {
@@ -315,3 +316,43 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	emit(ev);
 	return 0;
 }
+
+#ifdef RDEBUG_DELTA
+/* ld.so calls _dl_debug_state() after every change to its list of loaded
+ * objects.  Reporting each object's path here, in order with the exit event,
+ * lets user space symbolize frames of libraries dlclose'd before exit. */
+struct link_map_head {
+	__u64 l_addr;
+	__u64 l_name;
+	__u64 l_ld;
+	__u64 l_next;
+};
+
+int on_loader(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (FILTERED && !procs.lookup(&tgid))
+		return 0;
+	__u64 rdebug = PT_REGS_IP(ctx) + RDEBUG_DELTA;
+	int state = 0;
+	__u64 map = 0;
+	bpf_probe_read_user(&state, sizeof(state), (void *)(rdebug + 24));
+	if (state != 0)  /* RT_CONSISTENT only */
+		return 0;
+	bpf_probe_read_user(&map, sizeof(map), (void *)(rdebug + 8));
+	for (int i = 0; i < LINK_MAP_MAX && map; i++) {
+		struct link_map_head lm = {};
+		if (bpf_probe_read_user(&lm, sizeof(lm), (void *)map) != 0)
+			break;
+		struct event *ev = new_event(EV_LIBRARY, tgid, (__u32)id, 0);
+		if (!ev)
+			break;
+		if (lm.l_name && bpf_probe_read_user_str(ev->path, sizeof(ev->path),
+							 (void *)lm.l_name) > 1)
+			emit(ev);
+		map = lm.l_next;
+	}
+	return 0;
+}
+#endif

@@ -7,8 +7,9 @@
 #define TYPE_NAME_LEN 32
 #define STACK_DEPTH 48
 #define ARGV_SLOTS 8
-#define ARGV_LEN 48
+#define ARGV_LEN 128
 #define PATH_LEN 128
+#define LINK_MAP_MAX 64
 
 enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3 };
 
@@ -31,7 +32,8 @@ enum refcntd_stat {
 	ST_COUNT
 };
 
-enum refcntd_event { EV_PROC = 1, EV_FORK = 2, EV_EXECVE = 3, EV_EXIT = 4, EV_THREAD_GONE = 5 };
+enum refcntd_event { EV_PROC = 1, EV_FORK = 2, EV_EXECVE = 3, EV_EXIT = 4, EV_THREAD_GONE = 5,
+		     EV_LIBRARY = 6 };
 
 struct probe_cfg {
 	__u32 role;

@@ -140,6 +140,21 @@ class ElfImage:
     def min_vaddr(self) -> int:
         return min((s.vaddr for s in self.segments), default=0) & ~0xFFF
 
+    def interpreter(self) -> str | None:
+        section = self._elf.get_section_by_name(".interp")
+        return section.data().rstrip(b"\0").decode() if section is not None else None
+
+    def data_symbol(self, name: str) -> int | None:
+        """Address of a data object symbol (e.g. ld.so's _r_debug)."""
+        for table in (".dynsym", ".symtab"):
+            section = self._elf.get_section_by_name(table)
+            if not isinstance(section, SymbolTableSection):
+                continue
+            for sym in section.get_symbol_by_name(name) or []:
+                if sym["st_info"]["type"] == "STT_OBJECT" and sym["st_shndx"] != "SHN_UNDEF":
+                    return sym["st_value"]
+        return None
+
     def runpaths(self) -> list[str]:
         """DT_RUNPATH/DT_RPATH entries, for finding libraries the way ld.so does."""
         dynamic = self._elf.get_section_by_name(".dynamic")

@@ -32,6 +32,7 @@ class KernelOptions:
     max_procs: int = 16384
     max_types: int = 1024
     exit_code_offset: int | None = None
+    rdebug_delta: int | None = None  # set when the ld.so probe is used
 
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
@@ -42,6 +43,8 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
              f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={max(probe_count, 1)}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
+    if opts.rdebug_delta is not None:
+        flags.append(f"-DRDEBUG_DELTA={opts.rdebug_delta}LL")
     return flags
 
 
@@ -90,6 +93,7 @@ class Kernel:
         ensure_tracefs()
         os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
         bcc = _import_bcc()
+        self._bcc = bcc
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
         self._perf_fds: list[int] = []
@@ -136,6 +140,20 @@ class Kernel:
                 self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
                                           f"{err.strerror}")
 
+    def attach_loader(self, path: str, file_offset: int) -> str | None:
+        """Probe ld.so's _dl_debug_state; returns why not, if it could not be placed."""
+        try:
+            prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE)
+            perf_fd = perf_uprobe.open_uprobe(path, file_offset)
+        except (perf_uprobe.UprobeError, Exception) as err:  # bcc raises bare Exception
+            return str(err)
+        self._perf_fds.append(perf_fd)
+        try:
+            self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, 0))
+        except perf_uprobe.UprobeError as err:
+            return err.strerror
+        return None
+
     def require_all_attached(self) -> None:
         if self.failed_probes:
             raise ProbeError(f"probe not installed: {self.failed_probes[0]}")
@@ -169,14 +187,30 @@ class Kernel:
         return None if value is None else value.gen
 
     def open_events(self, callback: Callable[[LifecycleEvent], None]) -> None:
-        def on_raw(_ctx: object, data: int, _size: int) -> None:
-            raw = ctypes.cast(data, ctypes.POINTER(layout.Event)).contents
-            callback(_decode_event(raw))
+        """Deliver ring-buffer events to `callback`.
+
+        ctypes only prints exceptions raised inside a C callback; we keep the
+        first one and re-raise it from poll() so a bug never drops events quietly.
+        """
+        self._callback_error: BaseException | None = None
+
+        def on_raw(_ctx: object, data: int, _size: int) -> int:
+            if self._callback_error is not None:
+                return 0
+            try:
+                raw = ctypes.cast(data, ctypes.POINTER(layout.Event)).contents
+                callback(_decode_event(raw))
+            except BaseException as err:  # noqa: BLE001 - re-raised in poll()
+                self._callback_error = err
+            return 0
         self._on_raw = on_raw  # bcc keeps only a weak reference
         self.bpf["events"].open_ring_buffer(on_raw)
 
     def poll(self, timeout_ms: int) -> None:
         self.bpf.ring_buffer_poll(timeout_ms)
+        if self._callback_error is not None:
+            err, self._callback_error = self._callback_error, None
+            raise err
 
     # ---- maps ------------------------------------------------------------
     def stats(self) -> dict[Stat, int]:
@@ -260,11 +294,18 @@ def _check_layout(bpf: object) -> None:
 
 
 def _decode_event(raw: layout.Event) -> LifecycleEvent:
-    argv = tuple(bytes(raw.argv[i]).split(b"\0", 1)[0].decode(errors="replace")
+    argv = tuple(_argv_slot(bytes(raw.argv[i]))
                  for i in range(min(raw.argc, layout.ARGV_SLOTS)))
     return LifecycleEvent(EventKind(raw.kind), raw.tgid, raw.pid, raw.gen, raw.ts,
                           raw.exit_code, raw.comm.decode(errors="replace"),
                           raw.path.decode(errors="replace"), argv)
+
+
+def _argv_slot(raw: bytes) -> str:
+    """One argv string; a slot filled to the end was cut short, and says so."""
+    text = raw.split(b"\0", 1)[0]
+    suffix = "..." if len(text) >= layout.ARGV_LEN - 1 else ""
+    return text.decode(errors="replace") + suffix
 
 
 def _decode_object(key: layout.ObjKey, val: layout.ObjVal, names: dict[int, str]

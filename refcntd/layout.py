@@ -8,7 +8,7 @@ from enum import IntEnum
 TYPE_NAME_LEN = 32
 STACK_DEPTH = 48
 ARGV_SLOTS = 8
-ARGV_LEN = 48
+ARGV_LEN = 128
 PATH_LEN = 128
 
 
@@ -45,6 +45,7 @@ class EventKind(IntEnum):
     EXECVE = 3
     EXIT = 4
     THREAD_GONE = 5
+    LIBRARY = 6
 
 
 class ProbeCfg(C.Structure):

@@ -42,10 +42,20 @@ class ModuleInfo:
     has_symtab: bool
 
 
+@dataclass(frozen=True)
+class LoaderProbe:
+    """ld.so's _dl_debug_state: where the BPF side learns each loaded library's path."""
+
+    path: str
+    file_offset: int
+    rdebug_delta: int  # _r_debug minus _dl_debug_state
+
+
 @dataclass
 class Plan:
     spec: Spec
     sites: list[ProbeSite] = field(default_factory=list)
+    loader: LoaderProbe | None = None
     modules: dict[str, ModuleInfo] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
     notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
@@ -121,6 +131,10 @@ def build_plan(spec: Spec, binary: str) -> Plan:
             if module not in images:
                 images[module] = ElfImage(module)
         _plan_role(plan, role, images[module], module)
+    plan.loader = find_loader_probe(main)
+    if plan.loader is None:
+        plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
+                          "resolved only if the library sits next to a known module")
     for path, image in images.items():
         plan.modules[path] = ModuleInfo(path, image.build_id, frame_pointer_summary(image),
                                         image.has_symtab)
@@ -170,3 +184,26 @@ def _note_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname
             f"{role.role}: gcc made a copy {clone.name} of {fname} in {module} ({kind} clone): "
             f"calls to it bypass a probe on {fname} and its argument layout may differ; "
             f"rebuild with __attribute__((noinline, noipa)) on {fname}")
+
+
+DEFAULT_LOADER = "/lib64/ld-linux-x86-64.so.2"
+
+
+def find_loader_probe(exe: ElfImage) -> LoaderProbe | None:
+    """Locate _dl_debug_state and _r_debug in the program's dynamic loader."""
+    interp = exe.interpreter() or DEFAULT_LOADER
+    try:
+        loader = ElfImage(Path(interp).resolve())
+    except BinaryError:
+        return None
+    state = loader.symbols.get("_dl_debug_state")
+    rdebug = loader.data_symbol("_r_debug")
+    if not state or rdebug is None:
+        return None
+    choice = probepoint.choose(loader.code_at(state[0].vaddr, state[0].size or 16), set())
+    if isinstance(choice, probepoint.Refusal):
+        return None
+    offset = loader.vaddr_to_offset(state[0].vaddr + choice.offset)
+    if offset is None:
+        return None
+    return LoaderProbe(str(loader.path), offset, rdebug - (state[0].vaddr + choice.offset))

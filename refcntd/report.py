@@ -16,7 +16,8 @@ MAX_LISTED_OBJECTS = 8
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    plural = word + ("es" if word.endswith("s") else "s")
+    return f"{n} {word if n == 1 else plural}"
 
 
 def _age(ns: int) -> str:

@@ -101,10 +101,15 @@ class BuildIdIndex:
             lines = open(maps_file).read().splitlines()
         except OSError:
             return
-        for path in {line.split(None, 5)[5] for line in lines if line.count(" ") >= 5}:
-            if path.startswith("/") and path not in self._seen:
-                self._seen.add(path)
-                self.add(path)
+        for fields in (line.split(None, 5) for line in lines):
+            if len(fields) == 6:
+                self.add_library(fields[5])
+
+    def add_library(self, path: str) -> None:
+        """A path the dynamic loader reported; indexed once."""
+        if path.startswith("/") and path not in self._seen:
+            self._seen.add(path)
+            self.add(path)
 
     def add_search_dir(self, directory: str) -> None:
         if directory not in self._dirs:

@@ -72,7 +72,8 @@ class Tracer:
         self._on_report = on_report
         kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
                               max_objects=opts.max_objects,
-                              exit_code_offset=btf.member_offset("task_struct", "exit_code"))
+                              exit_code_offset=btf.member_offset("task_struct", "exit_code"),
+                              rdebug_delta=plan.loader.rdebug_delta if plan.loader else None)
         self.kernel = Kernel(kopts, plan.sites)
         self.index = BuildIdIndex()
         for module in plan.modules:
@@ -93,8 +94,16 @@ class Tracer:
         self.kernel.configure_probes(lambda name: ids[name])
         self.kernel.open_events(self._on_event)
         self.kernel.attach_all()
+        if self.plan.loader:
+            why = self.kernel.attach_loader(self.plan.loader.path, self.plan.loader.file_offset)
+            if why:
+                self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
+                                       "libraries unloaded before exit may stay unresolved")
 
     def _on_event(self, ev: LifecycleEvent) -> None:
+        if ev.kind == EventKind.LIBRARY:
+            self.index.add_library(ev.path)
+            return
         if ev.kind in (EventKind.PROC, EventKind.FORK):
             self.index.add_process_maps(f"/proc/{ev.tgid}/maps")
         self.tracker.handle(ev)

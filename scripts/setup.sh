@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install everything refcntd needs on Debian 12, as root.  Idempotent: a
+# second run installs nothing new.
+#   - Debian's bcc (python3-bpfcc, not on PyPI) and bpftool
+#   - kernel headers: the generic linux-headers-amd64; refcntd merges its
+#     -common and -amd64 trees itself at run time (see refcntd/kheaders.py)
+#   - gcc and systemtap-sdt-dev to build the examples and test fixtures
+#   - a venv in .venv, made from /usr/bin/python3 with --system-site-packages
+#     so it sees bcc, with refcntd installed editable
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup.sh: run as root (it installs Debian packages)" >&2
+    exit 1
+fi
+
+PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
+          gcc libc6-dev make binutils systemtap-sdt-dev)
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+        || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup.sh: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
+    | grep -v "^WARNING: Location" || true
+
+if ! [ -d /sys/kernel/tracing/events ] && ! [ -d /sys/kernel/debug/tracing/events ]; then
+    mount -t tracefs nodev /sys/kernel/tracing
+fi
+echo "setup.sh: ready (.venv/bin/refcntd)"

@@ -1,0 +1,136 @@
+"""Shared test machinery: building C fixtures and running refcntd for real.
+
+BPF tests need root, bcc and kernel headers.  Without them they skip, except
+under REFCNTD_REQUIRE_BPF=1 (CI), where they fail: no silent skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REFCNTD = [sys.executable, "-m", "refcntd.cli"]
+STUB_VARIANTS = {"O0": ["-O0"], "O2": ["-O2"], "O2fp": ["-O2", "-fno-omit-frame-pointer"]}
+
+
+def bpf_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc (python3-bpfcc) not importable"
+    try:
+        from refcntd.kheaders import find_kernel_source
+        find_kernel_source()
+    except Exception as err:  # noqa: BLE001 - report any reason
+        return f"no kernel headers: {err}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def bpf() -> None:
+    """Depend on this fixture in every test that loads BPF."""
+    reason = bpf_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("REFCNTD_REQUIRE_BPF") == "1":
+        pytest.fail(f"BPF required (REFCNTD_REQUIRE_BPF=1) but unavailable: {reason}")
+    pytest.skip(f"BPF unavailable: {reason}")
+
+
+def cc(out: Path, sources: list[Path], flags: list[str]) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["gcc", "-g", f"-I{EXAMPLES}", "-o", str(out), *map(str, sources), *flags]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
+
+
+@dataclass
+class Build:
+    """Compiles fixtures into one directory per test session."""
+
+    root: Path
+
+    def stub_lib(self, variant: str) -> Path:
+        out = self.root / variant / "librefcnt.so"
+        if not out.exists():
+            cc(out, [EXAMPLES / "refcnt.c"], [*STUB_VARIANTS[variant], "-fPIC", "-shared"])
+        return out
+
+    def program(self, name: str, sources: list[Path], variant: str = "O2fp",
+                shared_stubs: bool = False, flags: list[str] = ()) -> Path:
+        """`sources` with the stub set built at `variant` (linked in, or as librefcnt.so)."""
+        suffix = "-lib" if shared_stubs else ""
+        out = self.root / variant / f"{name}{suffix}"
+        if out.exists():
+            return out
+        if shared_stubs:
+            lib = self.stub_lib(variant)
+            link = [f"-L{lib.parent}", "-lrefcnt", f"-Wl,-rpath,{lib.parent}"]
+            return cc(out, sources, ["-O2", "-fno-omit-frame-pointer", *flags, *link])
+        stub_obj = self.root / variant / "refcnt.o"
+        if not stub_obj.exists():
+            cc(stub_obj, [EXAMPLES / "refcnt.c"], [*STUB_VARIANTS[variant], "-c"])
+        return cc(out, [*sources, stub_obj], ["-O2", "-fno-omit-frame-pointer", *flags])
+
+    def perflike(self, variant: str = "O2fp", shared_stubs: bool = False) -> Path:
+        return self.program("perflike", [EXAMPLES / "perflike.c"], variant, shared_stubs)
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is required to build the test fixtures")
+    return Build(tmp_path_factory.mktemp("fixtures"))
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    report: dict | None
+
+
+def refcntd(args: list[str], json_path: Path | None = None, timeout: float = 120,
+            env: dict | None = None) -> Result:
+    """Run the real CLI in a subprocess; parse its JSON report when asked for one."""
+    extra = ["--json", str(json_path)] if json_path else []
+    if extra and args and args[0] in ("run", "attach"):
+        args = [args[0], *extra, *args[1:]]
+    proc = subprocess.run([*REFCNTD, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=env)
+    report = json.loads(json_path.read_text()) if json_path and json_path.exists() else None
+    return Result(proc.returncode, proc.stdout, proc.stderr, report)
+
+
+def leak_summary(process: dict) -> dict[str, list[int]]:
+    """type -> sorted final counts of its leaked objects."""
+    out: dict[str, list[int]] = {}
+    for group in process["groups"]:
+        out.setdefault(group["type"], []).extend(i["count"] for i in group["instances"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def functions(group: dict) -> list[str]:
+    return [f.get("function", "") for f in group["stack"]]
+
+
+def assert_one_line_error(result: Result, *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
