@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from refcntd import probepoint
+from refcntd import dwarfinfo, probepoint
 from refcntd.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.errors import BinaryError, ProbeError
-from refcntd.spec import RoleSpec, Spec
+from refcntd.spec import RoleSpec, Source, Spec
 
 FP_SAMPLE = 400
 
@@ -150,15 +150,22 @@ def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None
         syms = image.symbols.get(fname, [])
         for sym in syms:
             _plan_symbol(plan, role, image, module, sym)
-        found_any = found_any or bool(syms)
-        _note_clones(plan, role, image, module, fname)
-    if not found_any:
+        clones = _plan_clones(plan, role, image, module, fname)
+        found_any = found_any or bool(syms) or clones
+    inlined = dwarfinfo.inlined_copies(image, set(role.functions))
+    for copy in inlined:
+        plan.problems.append(
+            f"{role.role}: {copy.function} was inlined at {copy.count} call site(s) in {module} "
+            f"({', '.join(copy.sites)}): those calls cannot be probed and counts would be wrong; "
+            f"mark it __attribute__((noinline))")
+    if not found_any and not inlined:
         names = ", ".join(role.functions)
         where = module if image.has_symtab else f"{module} (stripped: no .symtab)"
         plan.problems.append(f"{role.role}: no function {names} in {where}")
 
 
-def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol) -> None:
+def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,
+                 why_prefix: str = "") -> None:
     code = image.code_at(sym.vaddr, sym.size or 64)
     choice = probepoint.choose(code, needed_args(role), needs_entry_sp=role.obj.is_return)
     if isinstance(choice, probepoint.Refusal):
@@ -169,21 +176,63 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
         plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
         return
     plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
-                                file_offset, choice.cost, choice.reason,
+                                file_offset, choice.cost, why_prefix + choice.reason,
                                 choice.caller_sp_offset, role.obj.is_return, role))
 
 
-def _note_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> None:
+def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> bool:
+    """Probe gcc's copies of `fname` whose argument registers DWARF establishes."""
+    planned = False
     for clone in image.clones_of(fname):
         kind = CLONE_RE.match(clone.name).group("kind")
         if kind == "cold":
             plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
                               "nothing to probe")
             continue
-        plan.problems.append(
-            f"{role.role}: gcc made a copy {clone.name} of {fname} in {module} ({kind} clone): "
-            f"calls to it bypass a probe on {fname} and its argument layout may differ; "
-            f"rebuild with __attribute__((noinline, noipa)) on {fname}")
+        remapped = _remap_for_clone(role, image, clone, fname)
+        if isinstance(remapped, str):
+            plan.problems.append(f"{role.role}: gcc made a copy {clone.name} of {fname} in "
+                                 f"{module} ({kind} clone): calls to it bypass a probe on "
+                                 f"{fname}, and {remapped}; rebuild with "
+                                 f"__attribute__((noinline, noipa)) on {fname}")
+            continue
+        _plan_symbol(plan, remapped, image, module, clone,
+                     f"{kind} clone of {fname}, arguments placed by DWARF; ")
+        planned = True
+    return planned
+
+
+def _remap_for_clone(role: RoleSpec, image: ElfImage, clone: Symbol, fname: str
+                     ) -> RoleSpec | str:
+    """The role with argument indexes as the clone receives them, or why not."""
+    if not image.has_debug_info:
+        return "without DWARF its argument layout is unknown"
+    regs = dwarfinfo.clone_argument_registers(image, clone.vaddr, fname)
+    if regs is None:
+        return "its DWARF does not describe it"
+
+    def move(src: Source | None, what: str) -> Source | None:
+        if src is None or not src.arg:
+            return src
+        if src.arg not in regs:
+            raise LookupError(f"its {what} (argument {src.arg}) was optimized away")
+        return replace(src, arg=regs[src.arg])
+
+    try:
+        return replace(role, obj=move(role.obj, "object"),
+                       type_name=_type_or_unknown(role.type_name, regs),
+                       initial_count=move(role.initial_count, "initial count"))
+    except LookupError as err:
+        return str(err)
+
+
+def _type_or_unknown(src: Source | None, regs: dict[int, int]) -> Source | None:
+    """A clone that dropped the type-name argument still counts, under a placeholder type."""
+    if src is None or not src.arg:
+        return src
+    if src.arg in regs:
+        return replace(src, arg=regs[src.arg])
+    return Source(constant="<type not passed to clone>")
 
 
 DEFAULT_LOADER = "/lib64/ld-linux-x86-64.so.2"

@@ -17,8 +17,9 @@ from refcntd.errors import ConfigError
 class YNode:
     """A YAML node plus the file and dotted key path that lead to it."""
 
-    def __init__(self, node: yaml.Node, path: str, key: str) -> None:
+    def __init__(self, node: yaml.Node, path: str, key: str, key_line: int = 0) -> None:
         self.node, self.path, self.key = node, path, key
+        self.key_line = key_line  # line of the `key:` that introduced this node
 
     @property
     def line(self) -> int:
@@ -46,9 +47,11 @@ class YNode:
                     f"unknown key (allowed: {', '.join(sorted(allowed))})")
             if name in out:
                 raise YNode(knode, self.path, child_key).fail("duplicate key")
-            out[name] = YNode(vnode, self.path, child_key)
+            out[name] = YNode(vnode, self.path, child_key, knode.start_mark.line + 1)
         for name in sorted(required - out.keys()):
-            raise self.fail(f"missing required key '{name}'")
+            line = self.key_line or self.line
+            raise ConfigError(self.path, line, self.key or "(top level)",
+                              f"missing required key '{name}'")
         return out
 
     def items(self) -> Iterator[YNode]:
