@@ -191,6 +191,10 @@ def _read_elf_bytes(path: Path) -> bytes:
         first = data[:2]
         what = "a script" if first == b"#!" else "not an ELF file"
         raise BinaryError(f"{path}: {what}; give the ELF executable or shared library to trace")
+    if len(data) < 64:
+        raise BinaryError(f"{path}: truncated ELF file ({len(data)} bytes)")
+    if data[4] != 2:
+        raise BinaryError(f"{path}: 32-bit ELF; refcntd traces x86-64 binaries only")
     return data
 
 

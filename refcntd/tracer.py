@@ -13,7 +13,13 @@ from refcntd import btf
 from refcntd.analysis import StackSource
 from refcntd.kernel import Kernel, KernelOptions
 from refcntd.layout import EventKind, Stat
-from refcntd.model import ProbeStatus, ProcessReport, RunResult, TracingStatus
+from refcntd.model import (
+    STATE_EXIT_NOT_SEEN,
+    ProbeStatus,
+    ProcessReport,
+    RunResult,
+    TracingStatus,
+)
 from refcntd.plan import Plan
 from refcntd.records import LifecycleEvent
 from refcntd.sessions import SessionTracker
@@ -129,6 +135,9 @@ class Tracer:
                   for s in self.plan.sites]
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
+        unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
+        if unseen:
+            lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
