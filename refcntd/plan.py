@@ -71,19 +71,18 @@ def needed_args(role: RoleSpec) -> set[int]:
 
 
 def frame_pointer_summary(image: ElfImage) -> str:
-    """Share of sizeable functions that set up rbp: stacks are only as deep as this allows."""
-    syms = [s for group in image.symbols.values() for s in group if s.size >= 24][:FP_SAMPLE]
-    if not syms:
-        return "unknown (no sizeable function symbols)"
-    with_fp = sum(1 for s in syms if _sets_up_rbp(image.code_at(s.vaddr, 8)))
-    share = 100 * with_fp // len(syms)
-    verdict = "yes" if share >= 60 else ("partly" if share >= 20 else "no")
-    return f"{verdict} ({with_fp} of {len(syms)} functions set up %rbp)"
-
-
-def _sets_up_rbp(code: bytes) -> bool:
-    code = code[4:] if code.startswith(probepoint.ENDBR64) else code
-    return code.startswith(b"\x55\x48\x89\xe5")
+    """Share of non-leaf functions that set up %rbp: stacks are only as deep as this allows."""
+    syms = [s for group in image.symbols.values() for s in group if s.size][:FP_SAMPLE]
+    framed = non_leaf = 0
+    for sym in syms:
+        has_frame, calls = probepoint.frame_setup(image.code_at(sym.vaddr, min(sym.size, 4096)))
+        non_leaf += calls
+        framed += has_frame and calls
+    if not non_leaf:
+        return "unknown (no non-leaf function symbols)"
+    share = 100 * framed // non_leaf
+    verdict = "yes" if share >= 80 else ("partly" if share >= 20 else "no")
+    return f"{verdict} ({framed} of {non_leaf} non-leaf functions set up %rbp)"
 
 
 def resolve_library(name: str, exe: ElfImage | None) -> str:

@@ -202,3 +202,21 @@ def _pick(candidates: list[ProbePoint], first_refusal: str, needed: set[str],
         if first_refusal:
             reason = f"{first_refusal}; {reason}"
     return ProbePoint(best.offset, best.instruction, best.cost, reason, best.caller_sp_offset)
+
+
+def frame_setup(code: bytes) -> tuple[bool, bool]:
+    """(sets up %rbp as frame pointer, calls anything) for one function body.
+
+    gcc may schedule other instructions between `push %rbp` and
+    `mov %rsp,%rbp` or shrink-wrap them behind an early-exit test, so the pair
+    is looked for anywhere in the body rather than at the entry.
+    """
+    pushed = framed = calls = False
+    for insn in _disassembler().disasm(code, 0):
+        if insn.id == X.X86_INS_PUSH and insn.op_str == "rbp":
+            pushed = True
+        elif pushed and insn.id == X.X86_INS_MOV and insn.op_str == "rbp, rsp":
+            framed = True
+        elif capstone.CS_GRP_CALL in insn.groups:
+            calls = True
+    return framed, calls
