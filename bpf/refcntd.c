@@ -20,6 +20,7 @@ struct stack_frames {
 BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
+BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
 BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
 BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
 BPF_F_TABLE("stacktrace", int, struct stack_frames, stacks, MAX_STACKS, BPF_F_STACK_BUILD_ID);
@@ -141,6 +142,40 @@ static __always_inline void release(struct obj_key *key, struct obj_val *o)
 	objs.delete(key);
 }
 
+/* Arguments of an init: read now, or saved by the constructor's entry probe
+ * when this is its return probe (the registers are gone by then). */
+static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
+				     struct init_args *out)
+{
+	out->type_ptr = cfg->type_arg ? read_arg(ctx, cfg->type_arg) : 0;
+	out->count = cfg->count_arg ? (__s32)read_arg(ctx, cfg->count_arg) : cfg->fixed_count;
+	if (cfg->obj_arg != 0 || (!cfg->type_arg && !cfg->count_arg))
+		return 0;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct init_args *saved = pending_init.lookup(&tid);
+	if (!saved) {
+		count_stat(ST_INIT_ARGS_LOST);
+		return -1;
+	}
+	out->type_ptr = cfg->type_arg ? saved->type_ptr : 0;
+	out->count = cfg->count_arg ? saved->count : cfg->fixed_count;
+	pending_init.delete(&tid);
+	return 0;
+}
+
+static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (FILTERED && !procs.lookup(&tgid))
+		return 0;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct init_args args = {};
+	args.type_ptr = cfg->type_arg ? read_arg(ctx, cfg->type_arg) : 0;
+	args.count = cfg->count_arg ? (__s32)read_arg(ctx, cfg->count_arg) : 0;
+	pending_init.update(&tid, &args);
+	return 0;
+}
+
 static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -152,17 +187,19 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 		if (!proc)
 			return 0;
 	}
+	struct init_args args = {};
+	if (init_args(ctx, cfg, &args) != 0)
+		return 0;
 	struct obj_key key = {.tgid = tgid, .addr = read_arg(ctx, cfg->obj_arg)};
 	if (key.addr == 0)
 		return 0;
 	struct obj_val val = {};
-	val.count = cfg->count_arg ? (__s32)read_arg(ctx, cfg->count_arg) : cfg->fixed_count;
+	val.count = args.count;
 	val.type_id = cfg->fixed_type;
 	if (cfg->type_arg) {
-		__u64 name_ptr = read_arg(ctx, cfg->type_arg);
-		val.type_id = intern_type(name_ptr);
+		val.type_id = intern_type(args.type_ptr);
 		if (!val.type_id)
-			val.name_ptr = name_ptr;
+			val.name_ptr = args.type_ptr;
 	}
 	val.gen = proc->gen;
 	val.init_ns = bpf_ktime_get_ns();
@@ -251,6 +288,7 @@ int on_probe(struct pt_regs *ctx)
 	case ROLE_GET: return do_get(ctx, cfg);
 	case ROLE_PUT: return do_put(ctx, cfg);
 	case ROLE_DELETE: return do_delete(ctx, cfg);
+	case ROLE_INIT_ENTRY: return do_init_entry(ctx, cfg);
 	}
 	return 0;
 }

@@ -11,7 +11,8 @@
 #define PATH_LEN 128
 #define LINK_MAP_MAX 64
 
-enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3 };
+enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
+		   ROLE_INIT_ENTRY = 4 /* saves a constructor's arguments for its return probe */ };
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
@@ -29,6 +30,7 @@ enum refcntd_stat {
 	ST_PUT_BELOW_ZERO,      /* put took a count below zero */
 	ST_TYPE_MAP_FULL,       /* type-name table full */
 	ST_RAW_STACK_LOST,      /* raw-address stack could not be captured */
+	ST_INIT_ARGS_LOST,      /* constructor returned without its saved arguments */
 	ST_COUNT
 };
 
@@ -44,6 +46,12 @@ struct probe_cfg {
 	__u32 fixed_type;
 	__s32 caller_sp;   /* >= 0: return address at [rsp + caller_sp]; -1: in the walked stack */
 	__u32 pad;
+};
+
+/* A constructor's arguments, saved at its entry for the return probe. */
+struct init_args {
+	__u64 type_ptr;
+	__s64 count;
 };
 
 struct obj_key {

@@ -17,6 +17,7 @@ class Role(IntEnum):
     GET = 1
     PUT = 2
     DELETE = 3
+    INIT_ENTRY = 4
 
 
 class Stat(IntEnum):
@@ -34,6 +35,7 @@ class Stat(IntEnum):
     PUT_BELOW_ZERO = 11
     TYPE_MAP_FULL = 12
     RAW_STACK_LOST = 13
+    INIT_ARGS_LOST = 14
 
 
 STAT_COUNT = len(Stat)

@@ -66,6 +66,7 @@ class Plan:
 
 
 def needed_args(role: RoleSpec) -> set[int]:
+    """Argument registers a probe must read (a return probe's object is the return value)."""
     sources = [role.obj, role.type_name, role.initial_count]
     return {s.arg for s in sources if s is not None and s.arg}
 
@@ -166,7 +167,9 @@ def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None
 def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,
                  why_prefix: str = "") -> None:
     code = image.code_at(sym.vaddr, sym.size or 64)
-    choice = probepoint.choose(code, needed_args(role), needs_entry_sp=role.obj.is_return)
+    # A return probe reads only the return value; its arguments are saved at entry.
+    args = set() if role.obj.is_return else needed_args(role)
+    choice = probepoint.choose(code, args, needs_entry_sp=role.obj.is_return)
     if isinstance(choice, probepoint.Refusal):
         plan.problems.append(f"{role.role}: {sym.name} in {module}: {choice.reason}")
         return
@@ -174,9 +177,26 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     if file_offset is None:
         plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
         return
+    caller_sp = -1 if role.obj.is_return else choice.caller_sp_offset
     plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
                                 file_offset, choice.cost, why_prefix + choice.reason,
-                                choice.caller_sp_offset, role.obj.is_return, role))
+                                caller_sp, role.obj.is_return, role))
+    if role.obj.is_return and needed_args(role):
+        _plan_argument_saver(plan, role, image, module, sym, code)
+
+
+def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
+                         sym: Symbol, code: bytes) -> None:
+    """An entry probe that saves a constructor's type/count arguments for its return probe."""
+    choice = probepoint.choose(code, needed_args(role))
+    if isinstance(choice, probepoint.Refusal):
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: its arguments cannot be "
+                             f"saved at entry: {choice.reason}")
+        return
+    plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
+                                image.vaddr_to_offset(sym.vaddr + choice.offset), choice.cost,
+                                "saves the type/count arguments for the return probe; "
+                                + choice.reason, -1, False, role))
 
 
 def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> bool:

@@ -39,6 +39,7 @@ LOST_REASONS = {
     Stat.CALLER_UNREAD: "callers of init not read",
     Stat.TYPE_MAP_FULL: "type names not recorded: type table full",
     Stat.RAW_STACK_LOST: "raw stacks not captured (some frames may stay unplaced)",
+    Stat.INIT_ARGS_LOST: "constructors returned without the arguments saved at entry",
 }
 NOTE_REASONS = {
     Stat.UNKNOWN_GET: "gets on objects never seen initialised (created before tracing began, "

@@ -112,3 +112,30 @@ def test_attach_to_one_pid_ignores_other_processes(bpf, build, tmp_path):
     assert process["state"] == "exited" and process["exit_status"] == "exit 0"
     assert leak_summary(process) == {"session": [2]}
     assert process["groups"][0]["stack"][1]["function"] == "session_open"
+
+
+def test_attach_to_a_pid_follows_its_descendants(bpf, build, tmp_path):
+    lib = build.stub_lib("O2")
+    perflike = build.perflike("O2", shared_stubs=True)
+    script = tmp_path / "parent.sh"
+    script.write_text(f"#!/bin/sh\necho ready\nread line\n{perflike}\n{perflike}\n")
+    script.chmod(0o755)
+    parent = start_waiter(script)
+    try:
+        with Attached(["--binary", str(lib), "--pid", str(parent.pid)],
+                      tmp_path / "a.json") as att:
+            unrelated = subprocess.run([str(perflike)], capture_output=True)
+            parent.stdin.write("go\n")
+            parent.stdin.flush()
+            assert parent.wait(timeout=30) == 0
+            time.sleep(0.5)
+            code, out, report = att.stop()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert unrelated.returncode == 0
+    leaking = [p for p in report["processes"] if p["groups"]]
+    assert len(leaking) == 2, report["processes"]
+    for process in leaking:
+        assert process["command"] == [str(perflike)]
+        assert_perflike_truth(process)

@@ -131,3 +131,31 @@ def test_example_makefile_builds(tmp_path):
     import subprocess
     subprocess.run(["make", "-s", "-C", str(EXAMPLES), f"BUILD={tmp_path}"], check=True)
     assert (tmp_path / "perflike").exists()
+
+
+@pytest.mark.parametrize("opt", ["-O0", "-O2"])
+def test_constructor_returning_the_object(bpf, tmp_path, opt):
+    from conftest import cc
+    exe = cc(tmp_path / "ctor", [FIXTURES / "ctor.c"], [opt, "-fno-omit-frame-pointer"])
+    result = refcntd(["run", "--spec", "example-ctor", "--", str(exe)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    assert leak_summary(process) == {"gadget": [3]}
+    (group,) = process["groups"]
+    assert functions(group)[:2] == ["make_gadget", "main"]  # the constructor has returned
+    assert result.report["tracing"]["complete"]
+    roles = sorted(p["role"] for p in result.report["tracing"]["probes"])
+    assert roles == ["get", "init", "init_entry", "put"]
+
+
+def test_dropped_records_make_the_run_incomplete(bpf, build, tmp_path):
+    """No leak, but the object map overflowed: exit 24, never a clean result."""
+    exe = build.program("churn", [FIXTURES / "churn.c"], "O2")
+    full = refcntd(["run", "--max-objects", "16", "--", str(exe), "64"], tmp_path / "a.json")
+    assert full.returncode == 24, full.stderr
+    assert full.report["tracing"]["lost"] == {"inits not recorded: object map full": 48}
+    assert "tracing INCOMPLETE" in full.stderr and "48 x inits not recorded" in full.stderr
+    assert full.report["leaked_objects"] == 0
+    clean = refcntd(["run", "--", str(exe), "64", "5"], tmp_path / "b.json")
+    assert clean.returncode == 5, clean.stderr
+    assert clean.report["tracing"]["complete"] and clean.report["leaked_objects"] == 0
