@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from refcntd import __version__, report
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, RefcntdError, UsageError
@@ -142,13 +144,13 @@ def _resolve_command(name: str) -> str:
     return found
 
 
-def _printer(stream: object) -> callable:
+def _printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     def show(p: ProcessReport) -> None:
         print(report.render_process(p), file=stream, flush=True)
     return show
 
 
-def _finish_output(result: RunResult, args: argparse.Namespace, stream: object) -> None:
+def _finish_output(result: RunResult, args: argparse.Namespace, stream: TextIO) -> None:
     print(report.render_run(result), file=stream, end="", flush=True)
     if args.json:
         try:

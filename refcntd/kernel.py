@@ -145,7 +145,7 @@ class Kernel:
         try:
             prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE)
             perf_fd = perf_uprobe.open_uprobe(path, file_offset)
-        except (perf_uprobe.UprobeError, Exception) as err:  # bcc raises bare Exception
+        except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
             return str(err)
         self._perf_fds.append(perf_fd)
         try:

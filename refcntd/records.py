@@ -47,11 +47,3 @@ class LifecycleEvent:
     path: str
     argv: tuple[str, ...] = field(default_factory=tuple)
 
-
-@dataclass(frozen=True)
-class TypeCounts:
-    type_name: str
-    inits: int
-    gets: int
-    puts: int
-    released: int

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable
 
 from refcntd import __version__
 from refcntd.model import STATE_LIVE_AT_DETACH, LeakGroup, ProcessReport, RunResult, TracingStatus
@@ -140,6 +139,3 @@ def write_json(result: RunResult, path: str) -> None:
         json.dump(run_json(result), f, indent=2)
         f.write("\n")
 
-
-def join_blocks(blocks: Iterable[str]) -> str:
-    return "\n".join(blocks)

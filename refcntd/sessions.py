@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from refcntd.analysis import StackSource, group_leaks
 from refcntd.layout import EventKind
@@ -36,8 +37,8 @@ class Session:
     parent: int = 0
 
 
-class KernelView:
-    """What sessions need from kernel.Kernel; a protocol kept small on purpose."""
+class KernelView(Protocol):
+    """What sessions need from kernel.Kernel; kept small so tests can pass fixtures."""
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
     def live_objects(self) -> list[ObjectRecord]: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, FIXTURES, ROOT, functions, leak_summary, refcntd
+from conftest import EXAMPLES, FIXTURES, ROOT, cc, functions, leak_summary, refcntd
 
 # The truth documented in examples/perflike.c for the default 100 samples.
 PERFLIKE_LEAKS = {"dso": [1, 1, 2], "map": [1, 1, 1, 10], "thread": [1]}
@@ -88,7 +88,6 @@ def test_fork_exec_child_is_reported(bpf, build, tmp_path):
 def test_dlclosed_library_frames_are_symbolized(bpf, build, tmp_path):
     lib = build.stub_lib("O2")
     plugin_dir = tmp_path / "plugins"  # not next to any other module
-    from conftest import cc
     plugin = cc(plugin_dir / "libplugin.so", [FIXTURES / "plugin.c"],
                 ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", f"-L{lib.parent}",
                  "-lrefcnt", f"-Wl,-rpath,{lib.parent}"])
@@ -135,7 +134,6 @@ def test_example_makefile_builds(tmp_path):
 
 @pytest.mark.parametrize("opt", ["-O0", "-O2"])
 def test_constructor_returning_the_object(bpf, tmp_path, opt):
-    from conftest import cc
     exe = cc(tmp_path / "ctor", [FIXTURES / "ctor.c"], [opt, "-fno-omit-frame-pointer"])
     result = refcntd(["run", "--spec", "example-ctor", "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
