@@ -38,22 +38,31 @@ static __always_inline void count_stat(int which)
 		*v += 1;
 }
 
-/* The verifier refuses a ctx load at a computed offset, so the register is
- * chosen by offset and read with one probe read of the saved pt_regs. */
-static __always_inline __u64 read_arg(struct pt_regs *ctx, __u32 index)
+/* The verifier refuses a ctx load at a computed offset, so a register is
+ * read with one probe read of the saved pt_regs at its offset. */
+static __always_inline __u64 fetch(struct pt_regs *ctx, struct arg_loc *loc)
 {
-	__u32 off;
-	switch (index) {
-	case 1: off = offsetof(struct pt_regs, di); break;
-	case 2: off = offsetof(struct pt_regs, si); break;
-	case 3: off = offsetof(struct pt_regs, dx); break;
-	case 4: off = offsetof(struct pt_regs, cx); break;
-	case 5: off = offsetof(struct pt_regs, r8); break;
-	case 6: off = offsetof(struct pt_regs, r9); break;
-	default: off = offsetof(struct pt_regs, ax); break;
-	}
 	__u64 value = 0;
-	bpf_probe_read_kernel(&value, sizeof(value), (void *)ctx + off);
+	if (loc->kind == LOC_IMM)
+		return loc->value;
+	if (loc->reg_off > sizeof(struct pt_regs) - 8)
+		return 0;
+	bpf_probe_read_kernel(&value, sizeof(value), (void *)ctx + loc->reg_off);
+	if (loc->kind == LOC_MEM) {
+		void *addr = (void *)(value + loc->value);
+		value = 0;
+		switch (loc->size) {
+		case 1: bpf_probe_read_user(&value, 1, addr); break;
+		case 2: bpf_probe_read_user(&value, 2, addr); break;
+		case 4: bpf_probe_read_user(&value, 4, addr); break;
+		default: bpf_probe_read_user(&value, 8, addr); break;
+		}
+	}
+	switch (loc->size) {  /* truncate, then sign-extend signed values */
+	case 1: return loc->is_signed ? (__u64)(__s64)(__s8)value : (__u8)value;
+	case 2: return loc->is_signed ? (__u64)(__s64)(__s16)value : (__u16)value;
+	case 4: return loc->is_signed ? (__u64)(__s64)(__s32)value : (__u32)value;
+	}
 	return value;
 }
 
@@ -147,9 +156,9 @@ static __always_inline void release(struct obj_key *key, struct obj_val *o)
 static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
 				     struct init_args *out)
 {
-	out->type_ptr = cfg->type_arg ? read_arg(ctx, cfg->type_arg) : 0;
-	out->count = cfg->count_arg ? (__s32)read_arg(ctx, cfg->count_arg) : cfg->fixed_count;
-	if (cfg->obj_arg != 0 || (!cfg->type_arg && !cfg->count_arg))
+	out->type_ptr = cfg->type.kind ? fetch(ctx, &cfg->type) : 0;
+	out->count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : cfg->fixed_count;
+	if (!cfg->is_return || (!cfg->type.kind && !cfg->count.kind))
 		return 0;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct init_args *saved = pending_init.lookup(&tid);
@@ -157,8 +166,8 @@ static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
 		count_stat(ST_INIT_ARGS_LOST);
 		return -1;
 	}
-	out->type_ptr = cfg->type_arg ? saved->type_ptr : 0;
-	out->count = cfg->count_arg ? saved->count : cfg->fixed_count;
+	out->type_ptr = cfg->type.kind ? saved->type_ptr : 0;
+	out->count = cfg->count.kind ? saved->count : cfg->fixed_count;
 	pending_init.delete(&tid);
 	return 0;
 }
@@ -170,8 +179,8 @@ static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *
 		return 0;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct init_args args = {};
-	args.type_ptr = cfg->type_arg ? read_arg(ctx, cfg->type_arg) : 0;
-	args.count = cfg->count_arg ? (__s32)read_arg(ctx, cfg->count_arg) : 0;
+	args.type_ptr = cfg->type.kind ? fetch(ctx, &cfg->type) : 0;
+	args.count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : 0;
 	pending_init.update(&tid, &args);
 	return 0;
 }
@@ -190,13 +199,13 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	struct init_args args = {};
 	if (init_args(ctx, cfg, &args) != 0)
 		return 0;
-	struct obj_key key = {.tgid = tgid, .addr = read_arg(ctx, cfg->obj_arg)};
+	struct obj_key key = {.tgid = tgid, .addr = fetch(ctx, &cfg->obj)};
 	if (key.addr == 0)
 		return 0;
 	struct obj_val val = {};
 	val.count = args.count;
 	val.type_id = cfg->fixed_type;
-	if (cfg->type_arg) {
+	if (cfg->type.kind) {
 		val.type_id = intern_type(args.type_ptr);
 		if (!val.type_id)
 			val.name_ptr = args.type_ptr;
@@ -233,7 +242,7 @@ static __always_inline void count_unknown(__u32 tgid, int which)
 static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
-			      .addr = read_arg(ctx, cfg->obj_arg)};
+			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		count_unknown(key.tgid, ST_UNKNOWN_GET);
@@ -247,7 +256,7 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
-			      .addr = read_arg(ctx, cfg->obj_arg)};
+			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		count_unknown(key.tgid, ST_UNKNOWN_PUT);
@@ -265,7 +274,7 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
-			      .addr = read_arg(ctx, cfg->obj_arg)};
+			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		count_unknown(key.tgid, ST_UNKNOWN_DELETE);

@@ -37,15 +37,32 @@ enum refcntd_stat {
 enum refcntd_event { EV_PROC = 1, EV_FORK = 2, EV_EXECVE = 3, EV_EXIT = 4, EV_THREAD_GONE = 5,
 		     EV_LIBRARY = 6 };
 
+enum refcntd_loc { LOC_NONE = 0, LOC_REG = 1, LOC_MEM = 2, LOC_IMM = 3 };
+
+/* Where a value is at the probe: a saved register, memory at register +
+ * displacement, or a constant.  Function arguments are registers; USDT
+ * arguments are whatever their SDT argument spec says. */
+struct arg_loc {
+	__u8 kind;        /* enum refcntd_loc; LOC_NONE: use the fixed value */
+	__u8 size;        /* 1, 2, 4 or 8 */
+	__u8 is_signed;
+	__u8 pad;
+	__u16 reg_off;    /* offset of the register in struct pt_regs */
+	__u16 pad2;
+	__u32 pad3;
+	__s64 value;      /* displacement (LOC_MEM) or the constant (LOC_IMM) */
+};
+
 struct probe_cfg {
 	__u32 role;
-	__u32 obj_arg;     /* 1..6; 0: return value */
-	__u32 type_arg;    /* 1..6; 0: fixed_type */
-	__u32 count_arg;   /* 1..6; 0: fixed_count */
+	__s32 caller_sp;   /* >= 0: return address at [rsp + caller_sp]; -1: in the walked stack */
 	__s32 fixed_count;
 	__u32 fixed_type;
-	__s32 caller_sp;   /* >= 0: return address at [rsp + caller_sp]; -1: in the walked stack */
+	__u32 is_return;   /* a return probe: the object is the return value */
 	__u32 pad;
+	struct arg_loc obj;
+	struct arg_loc type;   /* a const char * */
+	struct arg_loc count;
 };
 
 /* A constructor's arguments, saved at its entry for the return probe. */

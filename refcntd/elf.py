@@ -76,7 +76,8 @@ class ElfImage:
             if section["sh_type"] != "SHT_NOTE":
                 continue
             for note in section.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
+                # pyelftools names every type-3 note NT_GNU_BUILD_ID, SDT notes too
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                     return note["n_desc"]
         return None
 

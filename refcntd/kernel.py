@@ -17,6 +17,7 @@ from refcntd.kheaders import find_kernel_source
 from refcntd.layout import EventKind, Role, Stat
 from refcntd.plan import ProbeSite
 from refcntd.records import LifecycleEvent, ObjectRecord, RawFrame
+from refcntd.sdt import ArgLoc
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
@@ -128,7 +129,8 @@ class Kernel:
         for index, site in enumerate(self.sites):
             try:
                 perf_fd = perf_uprobe.open_uprobe(site.module, site.file_offset,
-                                                  retprobe=site.is_return)
+                                                  retprobe=site.is_return,
+                                                  ref_ctr_offset=site.ref_ctr_offset)
             except perf_uprobe.UprobeError as err:
                 self.failed_probes.append(f"{site.role} {site.function}+{site.probe_offset} "
                                           f"in {site.module}: {err.strerror}")
@@ -270,17 +272,22 @@ def _items(table: object) -> Iterable[tuple[object, object]]:
 
 def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> layout.ProbeCfg:
     role = site.spec_role
-    cfg = layout.ProbeCfg(role=Role[site.role.upper()].value, obj_arg=role.obj.arg,
-                          caller_sp=site.caller_sp_offset)
-    if role.type_name is not None:
-        cfg.type_arg = role.type_name.arg
-        if role.type_name.constant is not None:
-            cfg.fixed_type = type_ids(str(role.type_name.constant))
-    if role.initial_count is not None:
-        cfg.count_arg = role.initial_count.arg
-        if role.initial_count.constant is not None:
-            cfg.fixed_count = int(role.initial_count.constant)
+    cfg = layout.ProbeCfg(role=Role[site.role.upper()].value, caller_sp=site.caller_sp_offset,
+                          is_return=int(site.is_return), obj=_arg_loc(site.obj_loc))
+    if site.type_loc is not None:
+        cfg.type = _arg_loc(site.type_loc)
+    elif role.type_name is not None and role.type_name.constant is not None:
+        cfg.fixed_type = type_ids(str(role.type_name.constant))
+    if site.count_loc is not None:
+        cfg.count = _arg_loc(site.count_loc)
+    elif role.initial_count is not None and role.initial_count.constant is not None:
+        cfg.fixed_count = int(role.initial_count.constant)
     return cfg
+
+
+def _arg_loc(loc: ArgLoc) -> layout.ArgLoc:
+    return layout.ArgLoc(kind=loc.kind, size=loc.size, is_signed=int(loc.signed),
+                         reg_off=loc.reg_offset, value=loc.value)
 
 
 def _check_layout(bpf: object) -> None:

@@ -50,10 +50,16 @@ class EventKind(IntEnum):
     LIBRARY = 6
 
 
+class ArgLoc(C.Structure):
+    _fields_ = [("kind", C.c_uint8), ("size", C.c_uint8), ("is_signed", C.c_uint8),
+                ("pad", C.c_uint8), ("reg_off", C.c_uint16), ("pad2", C.c_uint16),
+                ("pad3", C.c_uint32), ("value", C.c_int64)]
+
+
 class ProbeCfg(C.Structure):
-    _fields_ = [("role", C.c_uint32), ("obj_arg", C.c_uint32), ("type_arg", C.c_uint32),
-                ("count_arg", C.c_uint32), ("fixed_count", C.c_int32), ("fixed_type", C.c_uint32),
-                ("caller_sp", C.c_int32), ("pad", C.c_uint32)]
+    _fields_ = [("role", C.c_uint32), ("caller_sp", C.c_int32), ("fixed_count", C.c_int32),
+                ("fixed_type", C.c_uint32), ("is_return", C.c_uint32), ("pad", C.c_uint32),
+                ("obj", ArgLoc), ("type", ArgLoc), ("count", ArgLoc)]
 
 
 class ObjKey(C.Structure):

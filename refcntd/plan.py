@@ -11,9 +11,10 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from refcntd import dwarfinfo, probepoint
+from refcntd import dwarfinfo, probepoint, sdt
 from refcntd.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.errors import BinaryError, ProbeError
+from refcntd.sdt import ArgLoc
 from refcntd.spec import RoleSpec, Source, Spec
 
 FP_SAMPLE = 400
@@ -32,6 +33,19 @@ class ProbeSite:
     caller_sp_offset: int
     is_return: bool
     spec_role: RoleSpec
+    obj_loc: ArgLoc
+    type_loc: ArgLoc | None = None  # None: the spec's constant type name
+    count_loc: ArgLoc | None = None  # None: the spec's constant initial count
+    ref_ctr_offset: int = 0  # USDT semaphore, as a file offset
+
+
+def function_locations(role: RoleSpec) -> dict[str, ArgLoc | None]:
+    """Where a function probe finds the role's values: argument registers, or rax."""
+    def loc(src: Source | None) -> ArgLoc | None:
+        return sdt.register_arg(src.arg) if src is not None and src.arg else None
+    obj = sdt.RETURN_VALUE if role.obj.is_return else loc(role.obj)
+    return {"obj_loc": obj, "type_loc": loc(role.type_name),
+            "count_loc": loc(role.initial_count)}
 
 
 @dataclass
@@ -180,7 +194,8 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     caller_sp = -1 if role.obj.is_return else choice.caller_sp_offset
     plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
                                 file_offset, choice.cost, why_prefix + choice.reason,
-                                caller_sp, role.obj.is_return, role))
+                                caller_sp, role.obj.is_return, role,
+                                **function_locations(role)))
     if role.obj.is_return and needed_args(role):
         _plan_argument_saver(plan, role, image, module, sym, code)
 
@@ -196,7 +211,8 @@ def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: st
     plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
                                 image.vaddr_to_offset(sym.vaddr + choice.offset), choice.cost,
                                 "saves the type/count arguments for the return probe; "
-                                + choice.reason, -1, False, role))
+                                + choice.reason, -1, False, role,
+                                **function_locations(role)))
 
 
 def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> bool:

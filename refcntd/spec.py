@@ -16,6 +16,7 @@ from refcntd.yamlnodes import YNode, load_yaml
 ROLES = ("init", "get", "put", "delete")
 REQUIRED_ROLES = {"init", "get", "put"}
 MAX_ARG = 6  # x86-64 SysV passes the first six integer arguments in registers
+MAX_SDT_ARG = 12  # sys/sdt.h supports up to 12 probe arguments
 SPEC_DIR = Path(__file__).resolve().parent.parent / "configs" / "specs"
 _ARG_RE = re.compile(r"^arg([1-9][0-9]*)$")
 
@@ -41,9 +42,10 @@ class RoleSpec:
     """One role (init/get/put/delete) of a refcount API."""
 
     role: str
-    functions: tuple[str, ...]
+    functions: tuple[str, ...]  # empty for a USDT role
     library: str | None  # None: the traced executable
-    obj: Source
+    usdt: str | None = None  # "provider:name" instead of functions
+    obj: Source = Source()
     type_name: Source | None = None  # init only
     initial_count: Source | None = None  # init only
 
@@ -98,24 +100,39 @@ def _optional_string(node: YNode | None) -> str | None:
 
 
 def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec:
-    allowed = {"functions", "library", "object"}
+    allowed = {"functions", "usdt", "library", "object"}
     if role == "init":
         allowed |= {"type", "initial_count"}
-    required = {"functions", "object"} | ({"type"} if role == "init" else set())
+    required = {"object"} | ({"type"} if role == "init" else set())
     fields = node.mapping(allowed, required)
-    functions = tuple(_symbol(item) for item in fields["functions"].items())
-    if not functions:
-        raise fields["functions"].fail("needs at least one function name")
-    obj = _parse_source(fields["object"], allow_return=role in ("init", "get"), allow_const=False)
+    functions, usdt = _parse_target(node, fields)
+    limit = MAX_SDT_ARG if usdt else MAX_ARG
+    allow_return = role in ("init", "get") and usdt is None
+    obj = _parse_source(fields["object"], allow_return, allow_const=False, max_arg=limit)
     library = _optional_string(fields.get("library")) if "library" in fields else default_library
     type_name = initial = None
     if role == "init":
-        type_name = _parse_source(fields["type"], allow_return=False, allow_const=True)
+        type_name = _parse_source(fields["type"], False, allow_const=True, max_arg=limit)
         if type_name.constant is not None and not isinstance(type_name.constant, str):
             raise fields["type"].fail("a constant type must be a name, e.g. {name: dso}")
-        initial = (_parse_source(fields["initial_count"], allow_return=False, allow_const=True)
+        initial = (_parse_source(fields["initial_count"], False, allow_const=True, max_arg=limit)
                    if "initial_count" in fields else Source(constant=1))
-    return RoleSpec(role, functions, library, obj, type_name, initial)
+    return RoleSpec(role, functions, library, usdt, obj, type_name, initial)
+
+
+def _parse_target(node: YNode, fields: dict[str, YNode]) -> tuple[tuple[str, ...], str | None]:
+    """A role names functions or one USDT probe `provider:name`, not both."""
+    if ("functions" in fields) == ("usdt" in fields):
+        raise node.fail("give exactly one of 'functions' or 'usdt'")
+    if "usdt" in fields:
+        probe = fields["usdt"].string()
+        if not re.fullmatch(r"[A-Za-z_]\w*:[A-Za-z_]\w*", probe):
+            raise fields["usdt"].fail(f"'{probe}' is not provider:name")
+        return (), probe
+    functions = tuple(_symbol(item) for item in fields["functions"].items())
+    if not functions:
+        raise fields["functions"].fail("needs at least one function name")
+    return functions, None
 
 
 def _symbol(node: YNode) -> str:
@@ -125,7 +142,8 @@ def _symbol(node: YNode) -> str:
     return name
 
 
-def _parse_source(node: YNode, allow_return: bool, allow_const: bool) -> Source:
+def _parse_source(node: YNode, allow_return: bool, allow_const: bool,
+                  max_arg: int = MAX_ARG) -> Source:
     """`argN`, `return`, an integer, or `{name: X}` / `{arg: N}`."""
     if node.is_mapping():
         keys = {"arg", "name"} if allow_const else {"arg"}
@@ -133,13 +151,13 @@ def _parse_source(node: YNode, allow_return: bool, allow_const: bool) -> Source:
         if len(fields) != 1:
             raise node.fail(f"give exactly one of {sorted(keys)}")
         if "arg" in fields:
-            return Source(arg=fields["arg"].integer(1, MAX_ARG))
+            return Source(arg=fields["arg"].integer(1, max_arg))
         return Source(constant=fields["name"].string())
     value = node.scalar()
     if isinstance(value, str) and (m := _ARG_RE.match(value)):
         index = int(m.group(1))
-        if index > MAX_ARG:
-            raise node.fail(f"only arguments 1..{MAX_ARG} (passed in registers) can be read")
+        if not 1 <= index <= max_arg:
+            raise node.fail(f"only arguments 1..{max_arg} can be read")
         return Source(arg=index)
     if value == "return":
         if not allow_return:
@@ -149,6 +167,6 @@ def _parse_source(node: YNode, allow_return: bool, allow_const: bool) -> Source:
         if not 0 <= value <= 1 << 30:
             raise node.fail(f"{value} is out of range [0, {1 << 30}]")
         return Source(constant=value)
-    expected = "argN (N in 1..6)" + (", return" if allow_return else "")
+    expected = f"argN (N in 1..{max_arg})" + (", return" if allow_return else "")
     expected += ", an integer or {name: X}" if allow_const else ""
     raise node.fail(f"expected {expected}, got {value!r}")
