@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import TextIO
 
 from refcntd import __version__, report
+from refcntd.elf import ElfImage
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, RefcntdError, UsageError
 from refcntd.model import ProcessReport, RunResult
 from refcntd.plan import Plan, build_plan
+from refcntd.procmem import semaphore_value
+from refcntd.sdt import semaphore_file_offset
 from refcntd.spec import load_spec
 from refcntd.tracer import TraceOptions, attach, run_command
 
@@ -29,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="show what would be probed and how, without tracing")
     check.add_argument("--binary", required=True, help="executable or shared library")
+    check.add_argument("--pid", type=int, help="also show the USDT semaphore values of this "
+                                               "live process")
     _spec_arg(check)
 
     att = sub.add_parser("attach", help="trace a binary system-wide (or one pid) until Ctrl-C")
@@ -77,17 +82,20 @@ def entry() -> None:
 # ---- check --------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
     plan = build_plan(load_spec(args.spec), args.binary)
-    print(render_check(plan))
+    if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
+        raise UsageError(f"no process {args.pid}")
+    print(render_check(plan, args.pid))
     return EXIT_INCOMPLETE if plan.problems else 0
 
 
-def render_check(plan: Plan) -> str:
+def render_check(plan: Plan, pid: int | None = None) -> str:
     lines = [f"spec {plan.spec.name} ({plan.spec.path})"]
     for mod in plan.modules.values():
         lines += [f"module {mod.path}",
                   f"  build-id: {mod.build_id or 'none (stacks resolvable only while it runs)'}",
                   f"  frame pointers: {mod.frame_pointers}",
                   f"  symbol table: {'.symtab and .dynsym' if mod.has_symtab else '.dynsym only'}"]
+        lines += render_usdt(plan, mod.path, pid)
     for site in plan.sites:
         lines.append(f"{site.role:<6} {site.function} at 0x{site.symbol_vaddr:x}: probe "
                      f"+{site.probe_offset} (file offset 0x{site.file_offset:x}, {site.cost}"
@@ -101,6 +109,25 @@ def render_check(plan: Plan) -> str:
     lines.append("result: " + ("cannot trace: a required probe cannot be placed"
                                if plan.problems else "every role can be probed"))
     return "\n".join(lines)
+
+
+def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:
+    """The module's SDT probes, which spec role each serves, and live semaphore values."""
+    probes = plan.usdt.get(module, [])
+    if not probes:
+        return ["  usdt probes: none"]
+    image = ElfImage(module)
+    roles = {r.usdt: r.role for r in plan.spec.roles.values() if r.usdt}
+    lines = [f"  usdt probes: {len(probes)}"]
+    for p in probes:
+        sema = f"semaphore 0x{p.semaphore:x}" if p.semaphore else "no semaphore"
+        used = f" -> {roles[p.full_name]}" if p.full_name in roles else ""
+        lines.append(f"    {p.full_name} at 0x{p.pc:x}, {sema}, args: {p.arg_text or '-'}{used}")
+        if pid is not None and p.semaphore:
+            value = semaphore_value(pid, module, semaphore_file_offset(image, p))
+            shown = "not mapped writable" if value is None else str(value)
+            lines.append(f"      semaphore in pid {pid}: {shown}")
+    return lines
 
 
 # ---- run / attach ---------------------------------------------------------------

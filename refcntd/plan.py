@@ -71,6 +71,7 @@ class Plan:
     sites: list[ProbeSite] = field(default_factory=list)
     loader: LoaderProbe | None = None
     modules: dict[str, ModuleInfo] = field(default_factory=dict)
+    usdt: dict[str, list[sdt.SdtProbe]] = field(default_factory=dict)  # module -> its SDT probes
     problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
     notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
 
@@ -144,12 +145,16 @@ def build_plan(spec: Spec, binary: str) -> Plan:
             module = resolve_library(role.library, main)
             if module not in images:
                 images[module] = ElfImage(module)
-        _plan_role(plan, role, images[module], module)
+        if role.usdt:
+            _plan_usdt(plan, role, images[module], module)
+        else:
+            _plan_role(plan, role, images[module], module)
     plan.loader = find_loader_probe(main)
     if plan.loader is None:
         plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
                           "resolved only if the library sits next to a known module")
     for path, image in images.items():
+        plan.usdt[path] = sdt.sdt_probes(image)
         plan.modules[path] = ModuleInfo(path, image.build_id, frame_pointer_summary(image),
                                         image.has_symtab)
         if image.build_id is None:
@@ -268,6 +273,50 @@ def _type_or_unknown(src: Source | None, regs: dict[int, int]) -> Source | None:
     if src.arg in regs:
         return replace(src, arg=regs[src.arg])
     return Source(constant="<type not passed to clone>")
+
+
+
+def _plan_usdt(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None:
+    """One probe per site of the USDT probe; the kernel owns its semaphore."""
+    probes = [p for p in sdt.sdt_probes(image) if p.full_name == role.usdt]
+    if not probes:
+        names = sorted({p.full_name for p in sdt.sdt_probes(image)})
+        listed = f" (it has: {', '.join(names[:12])})" if names else " (it has no SDT probes)"
+        plan.problems.append(f"{role.role}: no USDT probe {role.usdt} in {module}{listed}")
+        return
+    for probe in probes:
+        why = _plan_usdt_site(plan, role, image, module, probe)
+        if why:
+            plan.problems.append(f"{role.role}: USDT probe {role.usdt} at 0x{probe.pc:x} in "
+                                 f"{module}: {why}")
+
+
+def _plan_usdt_site(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
+                    probe: sdt.SdtProbe) -> str | None:
+    if probe.arg_text and not probe.args:
+        return f"cannot decode its argument specs '{probe.arg_text}'"
+    locs: dict[str, ArgLoc | None] = {}
+    for key, src in (("obj_loc", role.obj), ("type_loc", role.type_name),
+                     ("count_loc", role.initial_count)):
+        if src is not None and src.arg:
+            if src.arg > len(probe.args):
+                return f"has {len(probe.args)} arguments, the spec reads argument {src.arg}"
+            locs[key] = probe.args[src.arg - 1]
+    file_offset = image.vaddr_to_offset(probe.pc)
+    insn = probepoint.first_instruction(image.code_at(probe.pc, 16))
+    if file_offset is None or insn is None:
+        return "its location is not in the file"
+    refused = probepoint.refused_reason(insn)
+    if refused:
+        return f"the kernel cannot probe its instruction ({refused})"
+    sema = sdt.semaphore_file_offset(image, probe)
+    gate = f"semaphore at 0x{probe.semaphore:x} (file offset 0x{sema:x}), raised by the kernel" \
+        if sema else "no semaphore"
+    plan.sites.append(ProbeSite(
+        role.role, f"usdt {probe.full_name}", module, probe.pc, 0, file_offset,
+        probepoint.cost_of(insn), f"USDT probe site ({insn.mnemonic}); {gate}", -1, False,
+        role, ref_ctr_offset=sema, **locs))
+    return None
 
 
 DEFAULT_LOADER = "/lib64/ld-linux-x86-64.so.2"

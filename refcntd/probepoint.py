@@ -69,6 +69,10 @@ def _disassembler() -> capstone.Cs:
     return md
 
 
+def first_instruction(code: bytes) -> capstone.CsInsn | None:
+    return next(iter(_disassembler().disasm(code, 0)), None)
+
+
 def refused_reason(insn: capstone.CsInsn) -> str | None:
     """Why the kernel will not (or must not) place a uprobe on this instruction."""
     for prefix in insn.prefix:

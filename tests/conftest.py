@@ -84,6 +84,36 @@ class Build:
             cc(stub_obj, [EXAMPLES / "refcnt.c"], [*STUB_VARIANTS[variant], "-c"])
         return cc(out, [*sources, stub_obj], ["-O2", "-fno-omit-frame-pointer", *flags])
 
+    def usdt_objects(self, opt: str) -> tuple[Path, Path]:
+        """widget.c compiled with its SDT provider (dtrace -h / -G), position independent."""
+        out = self.root / f"usdt{opt}"
+        header, probes = out / "widgetprobes.h", out / "widgetprobes.o"
+        if not probes.exists():
+            out.mkdir(parents=True, exist_ok=True)
+            d = FIXTURES / "widgetprobes.d"
+            subprocess.run(["dtrace", "-h", "-s", str(d), "-o", str(header)], check=True)
+            subprocess.run(["dtrace", "-G", "-fPIC", "-s", str(d), "-o", str(probes)],
+                           check=True, capture_output=True)
+        return out, probes
+
+    def usdt_program(self, opt: str = "-O2", shared: bool = False) -> tuple[Path, Path]:
+        """(program, module holding the probes): widgetmain linked with widget.c or libwidget.so."""
+        out, probes = self.usdt_objects(opt)
+        flags = [opt, "-fno-omit-frame-pointer", f"-I{out}", f"-I{FIXTURES}"]
+        if not shared:
+            exe = out / "widgetmain"
+            if not exe.exists():
+                cc(exe, [FIXTURES / "widgetmain.c", FIXTURES / "widget.c", probes], flags)
+            return exe, exe
+        lib = out / "libwidget.so"
+        if not lib.exists():
+            cc(lib, [FIXTURES / "widget.c", probes], [*flags, "-fPIC", "-shared"])
+        exe = out / "widgetmain-lib"
+        if not exe.exists():
+            cc(exe, [FIXTURES / "widgetmain.c"],
+               [*flags, f"-L{out}", "-lwidget", f"-Wl,-rpath,{out}"])
+        return exe, lib
+
     def perflike(self, variant: str = "O2fp", shared_stubs: bool = False) -> Path:
         return self.program("perflike", [EXAMPLES / "perflike.c"], variant, shared_stubs)
 
