@@ -5,7 +5,7 @@
  * Compile-time knobs (-D) come from refcntd/kernel.py:bpf_cflags():
  *   FILTERED     1: only processes in `procs` (run / --pid); 0: system-wide
  *   HAS_DELETE   1: the spec has a delete role, a put to zero does not end life
- *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES
+ *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES, MAX_GRAVES
  *   EXIT_CODE_OFFSET  offset of exit_code in task_struct, when known (BTF)
  *   RDEBUG_DELTA      _r_debug minus _dl_debug_state in ld.so (on_loader)
  */
@@ -29,6 +29,9 @@ BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
 BPF_ARRAY(gen_counter, __u64, 1);
 BPF_PERCPU_ARRAY(scratch, struct event, 1);
 BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
+BPF_TABLE("lru_hash", struct obj_key, struct grave_val, graveyard, MAX_GRAVES);
+BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
+BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
 BPF_RINGBUF_OUTPUT(events, 256);
 
 static __always_inline void count_stat(int which)
@@ -145,10 +148,98 @@ static __always_inline void add_totals(struct obj_val *o)
 	t->released += 1;
 }
 
+static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg *cfg,
+					   __s32 *stack_id, __s32 *raw_stack_id, __u64 *caller_ip)
+{
+	*stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (*stack_id == -EEXIST)
+		count_stat(ST_STACK_COLLISION);
+	else if (*stack_id < 0)
+		count_stat(ST_STACK_LOST);
+	*raw_stack_id = raw_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (*raw_stack_id < 0)
+		count_stat(ST_RAW_STACK_LOST);
+	*caller_ip = 0;
+	if (cfg->caller_sp >= 0) {
+		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);
+		if (bpf_probe_read_user(caller_ip, sizeof(*caller_ip), slot) != 0)
+			count_stat(ST_CALLER_UNREAD);
+	}
+}
+
 static __always_inline void release(struct obj_key *key, struct obj_val *o)
 {
+	struct grave_val g = {.type_id = o->type_id, .gen = o->gen, .stack_id = o->stack_id,
+			      .raw_stack_id = o->raw_stack_id, .caller_ip = o->caller_ip,
+			      .name_ptr = o->name_ptr, .init_ns = o->init_ns,
+			      .released_ns = bpf_ktime_get_ns()};
+	graveyard.update(key, &g);
 	add_totals(o);
 	objs.delete(key);
+}
+
+/* Report misuse of `key` with the offending stack; `o` or `g` (or neither,
+ * for an object never seen) describe the object. */
+static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg *cfg,
+					   __u32 kind, struct obj_key *key, __s64 count_before,
+					   struct obj_val *o, struct grave_val *g)
+{
+	int zero = 0;
+	struct anomaly *a = anomaly_buf.lookup(&zero);
+	if (!a)
+		return;
+	__builtin_memset(a, 0, sizeof(*a));
+	a->kind = EV_ANOMALY;
+	a->tgid = key->tgid;
+	a->tid = (__u32)bpf_get_current_pid_tgid();
+	a->anomaly = kind;
+	a->ts = bpf_ktime_get_ns();
+	a->addr = key->addr;
+	a->count_before = count_before;
+	a->alloc_stack_id = -1;
+	a->alloc_raw_stack_id = -1;
+	capture_stacks(ctx, cfg, &a->stack_id, &a->raw_stack_id, &a->caller_ip);
+	if (o) {
+		a->type_id = o->type_id;
+		a->gen = o->gen;
+		a->alloc_stack_id = o->stack_id;
+		a->alloc_raw_stack_id = o->raw_stack_id;
+		a->alloc_caller_ip = o->caller_ip;
+		a->name_ptr = o->name_ptr;
+		a->init_ns = o->init_ns;
+	} else if (g) {
+		a->type_id = g->type_id;
+		a->gen = g->gen;
+		a->alloc_stack_id = g->stack_id;
+		a->alloc_raw_stack_id = g->raw_stack_id;
+		a->alloc_caller_ip = g->caller_ip;
+		a->name_ptr = g->name_ptr;
+		a->init_ns = g->init_ns;
+		a->released_ns = g->released_ns;
+	}
+	if (events.ringbuf_output(a, sizeof(*a), 0) != 0)
+		count_stat(ST_EVENT_LOST);
+}
+
+/* An operation on an object not in `objs`: after its delete, or never seen
+ * (each never-seen object is reported once; all are counted). */
+static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg *cfg,
+					   struct obj_key *key, __u32 after_delete,
+					   __u32 unknown, int unknown_stat)
+{
+	struct grave_val *g = graveyard.lookup(key);
+	if (g) {
+		report_anomaly(ctx, cfg, after_delete, key, 0, 0, g);
+		return;
+	}
+	if (FILTERED && !procs.lookup(&key->tgid))
+		return;
+	count_stat(unknown_stat);
+	__u32 one = 1;
+	if (unknown_seen.lookup(key))
+		return;
+	unknown_seen.update(key, &one);
+	report_anomaly(ctx, cfg, unknown, key, 0, 0, 0);
 }
 
 /* Arguments of an init: read now, or saved by the constructor's entry probe
@@ -212,19 +303,9 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	}
 	val.gen = proc->gen;
 	val.init_ns = bpf_ktime_get_ns();
-	val.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (val.stack_id == -EEXIST)
-		count_stat(ST_STACK_COLLISION);
-	else if (val.stack_id < 0)
-		count_stat(ST_STACK_LOST);
-	val.raw_stack_id = raw_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (val.raw_stack_id < 0)
-		count_stat(ST_RAW_STACK_LOST);
-	if (cfg->caller_sp >= 0) {
-		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);
-		if (bpf_probe_read_user(&val.caller_ip, sizeof(val.caller_ip), slot) != 0)
-			count_stat(ST_CALLER_UNREAD);
-	}
+	capture_stacks(ctx, cfg, &val.stack_id, &val.raw_stack_id, &val.caller_ip);
+	graveyard.delete(&key);
+	unknown_seen.delete(&key);
 	struct obj_val *old = objs.lookup(&key);
 	if (old)
 		count_stat(old->gen == val.gen ? ST_REINIT_LIVE : ST_STALE_REPLACED);
@@ -233,19 +314,13 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
-static __always_inline void count_unknown(__u32 tgid, int which)
-{
-	if (!FILTERED || procs.lookup(&tgid))
-		count_stat(which);
-}
-
 static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		count_unknown(key.tgid, ST_UNKNOWN_GET);
+		missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET, ST_UNKNOWN_GET);
 		return 0;
 	}
 	__sync_fetch_and_add(&o->count, 1);
@@ -259,14 +334,17 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		count_unknown(key.tgid, ST_UNKNOWN_PUT);
+		missing_object(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT, ST_UNKNOWN_PUT);
 		return 0;
 	}
 	__sync_fetch_and_add(&o->puts, 1);
-	__s64 after = __sync_fetch_and_add(&o->count, -1) - 1;
-	if (after < 0)
+	__s64 before = __sync_fetch_and_add(&o->count, -1);
+	if (before <= 0) {
 		count_stat(ST_PUT_BELOW_ZERO);
-	if (after == 0 && !HAS_DELETE)
+		report_anomaly(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
+			       before, o, 0);
+	}
+	if (before == 1 && !HAS_DELETE)
 		release(&key, o);
 	return 0;
 }
@@ -277,9 +355,12 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		count_unknown(key.tgid, ST_UNKNOWN_DELETE);
+		missing_object(ctx, cfg, &key, AN_DOUBLE_DELETE, AN_UNKNOWN_DELETE,
+			       ST_UNKNOWN_DELETE);
 		return 0;
 	}
+	if (o->count != 0)
+		report_anomaly(ctx, cfg, AN_DELETE_LIVE, &key, o->count, o, 0);
 	release(&key, o);
 	return 0;
 }

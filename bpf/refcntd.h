@@ -35,7 +35,20 @@ enum refcntd_stat {
 };
 
 enum refcntd_event { EV_PROC = 1, EV_FORK = 2, EV_EXECVE = 3, EV_EXIT = 4, EV_THREAD_GONE = 5,
-		     EV_LIBRARY = 6 };
+		     EV_LIBRARY = 6, EV_ANOMALY = 7 };
+
+/* Misuse caught at the offending operation. */
+enum refcntd_anomaly {
+	AN_DOUBLE_PUT = 1,        /* put on a live object whose count was already 0 */
+	AN_NEGATIVE_COUNT = 2,    /* put on a live object whose count was already below 0 */
+	AN_PUT_AFTER_DELETE = 3,  /* put on a deleted / released object */
+	AN_GET_AFTER_DELETE = 4,  /* get on a deleted / released object (use after put) */
+	AN_DELETE_LIVE = 5,       /* delete while the count is not 0 */
+	AN_DOUBLE_DELETE = 6,     /* delete of an already deleted object */
+	AN_UNKNOWN_GET = 7,       /* get on an object never seen initialised */
+	AN_UNKNOWN_PUT = 8,
+	AN_UNKNOWN_DELETE = 9,
+};
 
 enum refcntd_loc { LOC_NONE = 0, LOC_REG = 1, LOC_MEM = 2, LOC_IMM = 3 };
 
@@ -90,6 +103,43 @@ struct obj_val {
 	__u64 init_ns;
 	__u64 caller_ip;      /* raw return address into the init's caller, 0 if in the stack */
 	__u64 name_ptr;       /* type-name pointer when the page was not present at init */
+};
+
+/* A released object, remembered (LRU) to tell use-after-delete from an
+ * object that was never seen. */
+struct grave_val {
+	__u32 type_id;
+	__u32 gen;
+	__s32 stack_id;
+	__s32 raw_stack_id;
+	__u64 caller_ip;
+	__u64 name_ptr;
+	__u64 init_ns;
+	__u64 released_ns;
+};
+
+/* One anomaly, with the stacks of the offending operation and of the
+ * object's allocation.  Travels in the same ring buffer as `struct event`;
+ * both begin with `kind`. */
+struct anomaly {
+	__u32 kind;           /* EV_ANOMALY */
+	__u32 tgid;
+	__u32 tid;
+	__u32 anomaly;        /* enum refcntd_anomaly */
+	__u64 ts;
+	__u64 addr;
+	__s64 count_before;
+	__u32 type_id;
+	__u32 gen;
+	__s32 stack_id;       /* the offending operation */
+	__s32 raw_stack_id;
+	__u64 caller_ip;
+	__s32 alloc_stack_id; /* the object's init, -1 when never seen */
+	__s32 alloc_raw_stack_id;
+	__u64 alloc_caller_ip;
+	__u64 name_ptr;
+	__u64 init_ns;
+	__u64 released_ns;    /* 0 unless the object had been released */
 };
 
 struct proc_val {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from refcntd.model import LeakedObject, LeakGroup
-from refcntd.records import ObjectRecord, RawFrame
+from refcntd.model import AnomalyFinding, LeakedObject, LeakGroup
+from refcntd.records import AnomalyRecord, ObjectRecord, RawFrame, StackRef
 from refcntd.symbolize import Frame, Symbolizer
 
 
@@ -26,13 +26,13 @@ class ProcessModules:
 
 
 def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolizer,
-                now_ns: int) -> list[LeakGroup]:
+                now_ns: int, mods: ProcessModules | None = None) -> list[LeakGroup]:
     """Group by (type, allocation stack), most objects first, then by type name."""
-    mods = ProcessModules()
-    resolved = [(rec, _frames(rec, stacks, sym, mods)) for rec in records]
+    mods = mods or ProcessModules()
+    resolved = [(rec, symbolize_stack(_alloc_ref(rec), stacks, sym, mods)) for rec in records]
     groups: dict[tuple, LeakGroup] = {}
     for rec, (frames, truncated) in resolved:
-        type_name = _type_name(rec, sym, mods)
+        type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
         group = LeakGroup(type_name, frames, stack_truncated=truncated)
         group = groups.setdefault(group.key(), group)
         group.objects.append(LeakedObject(rec.addr, rec.count, rec.gets, rec.puts,
@@ -42,22 +42,39 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
     return sorted(groups.values(), key=lambda g: (-len(g.objects), g.type_name))
 
 
-def _type_name(rec: ObjectRecord, sym: Symbolizer, mods: ProcessModules) -> str:
-    if rec.type_name:
-        return rec.type_name
-    if rec.name_ptr:
-        name = sym.read_string(rec.name_ptr, mods.biases)
-        if name:
-            return name
-        return f"<type name at 0x{rec.name_ptr:x}>"
+def _alloc_ref(rec: ObjectRecord) -> StackRef:
+    return StackRef(rec.stack_id, rec.raw_stack_id, rec.caller_ip)
+
+
+def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Symbolizer,
+                     mods: ProcessModules | None = None) -> list[AnomalyFinding]:
+    """Symbolized anomalies; repeats of one kind at one stack are folded with a count."""
+    mods = mods or ProcessModules()
+    found: dict[tuple, AnomalyFinding] = {}
+    for rec in records:
+        frames, _ = symbolize_stack(rec.where, stacks, sym, mods)
+        alloc = symbolize_stack(rec.alloc, stacks, sym, mods)[0] if rec.alloc else ()
+        type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
+        finding = AnomalyFinding(rec.anomaly.name.lower().replace("_", "-"), type_name,
+                                 rec.addr, rec.count_before, frames, alloc)
+        finding = found.setdefault(finding.key(), finding)
+        finding.occurrences += 1
+    return sorted(found.values(), key=lambda f: (f.separate, -f.occurrences, f.kind))
+
+
+def _type_name(known: str, name_ptr: int, sym: Symbolizer, mods: ProcessModules) -> str:
+    if known:
+        return known
+    if name_ptr:
+        return sym.read_string(name_ptr, mods.biases) or f"<type name at 0x{name_ptr:x}>"
     return "<unnamed>"
 
 
-def _frames(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
-            ) -> tuple[tuple[Frame, ...], bool]:
-    """Symbolized allocation stack, with the caller restored when the walk skipped it."""
-    raw_frames = stacks.build_id_stack(rec.stack_id)
-    raw_ips = stacks.raw_stack(rec.raw_stack_id)
+def symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
+                    ) -> tuple[tuple[Frame, ...], bool]:
+    """Symbolized stack, with the caller restored when the walk skipped it."""
+    raw_frames = stacks.build_id_stack(ref.stack_id)
+    raw_ips = stacks.raw_stack(ref.raw_stack_id)
     placed = sym.place_frames(raw_frames)
     mods.biases.update(sym.biases(placed, raw_ips))
     for i, frame in enumerate(raw_frames):
@@ -69,9 +86,9 @@ def _frames(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: Proce
         sym.prefetch_lines(path, [p[1] - (i > 0) for i, p in enumerate(placed) if p])
     frames = [sym.frame(p, _describe_raw(f), i > 0)
               for i, (p, f) in enumerate(zip(placed, raw_frames, strict=True))]
-    if rec.caller_ip and not (len(raw_ips) > 1 and raw_ips[1] == rec.caller_ip):
-        caller = sym.frame(sym.place_raw(rec.caller_ip, mods.biases),
-                           f"ip 0x{rec.caller_ip:x}", True)
+    if ref.caller_ip and not (len(raw_ips) > 1 and raw_ips[1] == ref.caller_ip):
+        caller = sym.frame(sym.place_raw(ref.caller_ip, mods.biases),
+                           f"ip 0x{ref.caller_ip:x}", True)
         frames.insert(1 if frames else 0, caller)
     truncated = not frames or not _ends_in_start(frames)
     return tuple(frames), truncated

@@ -145,8 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_exit_status(result: RunResult) -> int:
-    """Leaks beat everything; then incompleteness; else the command's own status."""
-    if result.leaked_objects:
+    """Findings beat everything; then incompleteness; else the command's own status."""
+    if result.leaked_objects or result.anomalies:
         return EXIT_FINDINGS
     if not result.tracing.complete:
         return EXIT_INCOMPLETE

@@ -14,9 +14,9 @@ from pathlib import Path
 from refcntd import layout, perf_uprobe
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kheaders import find_kernel_source
-from refcntd.layout import EventKind, Role, Stat
+from refcntd.layout import AnomalyKind, EventKind, Role, Stat
 from refcntd.plan import ProbeSite
-from refcntd.records import LifecycleEvent, ObjectRecord, RawFrame
+from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord, RawFrame, StackRef
 from refcntd.sdt import ArgLoc
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -32,6 +32,7 @@ class KernelOptions:
     max_stacks: int = 8192
     max_procs: int = 16384
     max_types: int = 1024
+    max_graves: int = 16384
     exit_code_offset: int | None = None
     rdebug_delta: int | None = None  # set when the ld.so probe is used
 
@@ -41,7 +42,8 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
              f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
              f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
-             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={max(probe_count, 1)}"]
+             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={max(probe_count, 1)}",
+             f"-DMAX_GRAVES={opts.max_graves}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
     if opts.rdebug_delta is not None:
@@ -188,7 +190,7 @@ class Kernel:
         value = self.bpf["procs"].get(ctypes.c_uint32(tgid))
         return None if value is None else value.gen
 
-    def open_events(self, callback: Callable[[LifecycleEvent], None]) -> None:
+    def open_events(self, callback: Callable[[LifecycleEvent | AnomalyRecord], None]) -> None:
         """Deliver ring-buffer events to `callback`.
 
         ctypes only prints exceptions raised inside a C callback; we keep the
@@ -200,8 +202,13 @@ class Kernel:
             if self._callback_error is not None:
                 return 0
             try:
-                raw = ctypes.cast(data, ctypes.POINTER(layout.Event)).contents
-                callback(_decode_event(raw))
+                kind = ctypes.cast(data, ctypes.POINTER(ctypes.c_uint32)).contents.value
+                if kind == EventKind.ANOMALY:
+                    raw = ctypes.cast(data, ctypes.POINTER(layout.Anomaly)).contents
+                    callback(_decode_anomaly(raw, self._type_name))
+                else:
+                    raw = ctypes.cast(data, ctypes.POINTER(layout.Event)).contents
+                    callback(_decode_event(raw))
             except BaseException as err:  # noqa: BLE001 - re-raised in poll()
                 self._callback_error = err
             return 0
@@ -218,6 +225,12 @@ class Kernel:
     def stats(self) -> dict[Stat, int]:
         table = self.bpf["stats"]
         return {s: sum(table[ctypes.c_int(s.value)]) for s in Stat}
+
+    def _type_name(self, type_id: int) -> str:
+        if not type_id:
+            return ""
+        value = self.bpf["types"].get(ctypes.c_uint32(type_id))
+        return value.name.decode(errors="replace") if value is not None else ""
 
     def type_names(self) -> dict[int, str]:
         return {k.value: v.name.decode(errors="replace") for k, v in self.bpf["types"].items()}
@@ -306,6 +319,15 @@ def _decode_event(raw: layout.Event) -> LifecycleEvent:
     return LifecycleEvent(EventKind(raw.kind), raw.tgid, raw.pid, raw.gen, raw.ts,
                           raw.exit_code, raw.comm.decode(errors="replace"),
                           raw.path.decode(errors="replace"), argv)
+
+
+def _decode_anomaly(raw: layout.Anomaly, type_name: Callable[[int], str]) -> AnomalyRecord:
+    where = StackRef(raw.stack_id, raw.raw_stack_id, raw.caller_ip)
+    alloc = (StackRef(raw.alloc_stack_id, raw.alloc_raw_stack_id, raw.alloc_caller_ip)
+             if raw.alloc_stack_id != -1 or raw.init_ns else None)
+    return AnomalyRecord(AnomalyKind(raw.anomaly), raw.tgid, raw.tid, raw.gen, raw.ts, raw.addr,
+                         raw.count_before, type_name(raw.type_id), raw.name_ptr, where, alloc,
+                         raw.init_ns, raw.released_ns)
 
 
 def _argv_slot(raw: bytes) -> str:

@@ -48,6 +48,19 @@ class EventKind(IntEnum):
     EXIT = 4
     THREAD_GONE = 5
     LIBRARY = 6
+    ANOMALY = 7
+
+
+class AnomalyKind(IntEnum):
+    DOUBLE_PUT = 1
+    NEGATIVE_COUNT = 2
+    PUT_AFTER_DELETE = 3
+    GET_AFTER_DELETE = 4
+    DELETE_LIVE = 5
+    DOUBLE_DELETE = 6
+    UNKNOWN_GET = 7
+    UNKNOWN_PUT = 8
+    UNKNOWN_DELETE = 9
 
 
 class ArgLoc(C.Structure):
@@ -75,6 +88,22 @@ class ObjVal(C.Structure):
 
 class ProcVal(C.Structure):
     _fields_ = [("gen", C.c_uint32), ("flags", C.c_uint32), ("start_ns", C.c_uint64)]
+
+
+class GraveVal(C.Structure):
+    _fields_ = [("type_id", C.c_uint32), ("gen", C.c_uint32), ("stack_id", C.c_int32),
+                ("raw_stack_id", C.c_int32), ("caller_ip", C.c_uint64), ("name_ptr", C.c_uint64),
+                ("init_ns", C.c_uint64), ("released_ns", C.c_uint64)]
+
+
+class Anomaly(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("tgid", C.c_uint32), ("tid", C.c_uint32),
+                ("anomaly", C.c_uint32), ("ts", C.c_uint64), ("addr", C.c_uint64),
+                ("count_before", C.c_int64), ("type_id", C.c_uint32), ("gen", C.c_uint32),
+                ("stack_id", C.c_int32), ("raw_stack_id", C.c_int32), ("caller_ip", C.c_uint64),
+                ("alloc_stack_id", C.c_int32), ("alloc_raw_stack_id", C.c_int32),
+                ("alloc_caller_ip", C.c_uint64), ("name_ptr", C.c_uint64),
+                ("init_ns", C.c_uint64), ("released_ns", C.c_uint64)]
 
 
 class TypeName(C.Structure):
@@ -108,5 +137,6 @@ MAP_LAYOUT = {
     "procs": (C.c_uint32, ProcVal),
     "types": (C.c_uint32, TypeName),
     "stacks": (C.c_int32, StackFrames),
+    "graveyard": (ObjKey, GraveVal),
 }
 EVENT_SIZE = C.sizeof(Event)

@@ -33,6 +33,44 @@ class LeakGroup:
         return (self.type_name, tuple(f.key() for f in self.frames))
 
 
+ANOMALY_TEXT = {
+    "double-put": "put on an object whose count was already 0",
+    "negative-count": "put on an object whose count was already below 0",
+    "put-after-delete": "put on an object already deleted (or released by its last put)",
+    "get-after-delete": "get on an object already deleted (use after put)",
+    "delete-live": "delete while the count was not 0",
+    "double-delete": "delete of an object already deleted",
+    "unknown-get": "get on an object never seen initialised (it may predate tracing)",
+    "unknown-put": "put on an object never seen initialised (it may predate tracing)",
+    "unknown-delete": "delete of an object never seen initialised (it may predate tracing)",
+}
+
+
+@dataclass
+class AnomalyFinding:
+    """One kind of misuse at one stack (repeats folded into `occurrences`)."""
+
+    kind: str
+    type_name: str
+    address: int  # of the first occurrence
+    count_before: int
+    frames: tuple[Frame, ...]
+    alloc_frames: tuple[Frame, ...]  # empty when the object was never seen initialised
+    occurrences: int = 0
+
+    @property
+    def separate(self) -> bool:
+        """Operations on never-seen objects are listed apart and do not fail a run."""
+        return self.kind.startswith("unknown-")
+
+    @property
+    def description(self) -> str:
+        return ANOMALY_TEXT[self.kind]
+
+    def key(self) -> tuple:
+        return (self.kind, self.type_name, tuple(f.key() for f in self.frames))
+
+
 @dataclass
 class ProcessReport:
     pid: int
@@ -42,10 +80,16 @@ class ProcessReport:
     exit_status: str = ""  # "exit 0", "killed by SIGSEGV", "" when unknown
     exit_code: int | None = None  # shell-style: 128+signal when killed
     groups: list[LeakGroup] = field(default_factory=list)
+    anomalies: list[AnomalyFinding] = field(default_factory=list)
 
     @property
     def leaked_objects(self) -> int:
         return sum(len(g.objects) for g in self.groups)
+
+    @property
+    def misuse(self) -> list[AnomalyFinding]:
+        """Anomalies that are findings (not operations on never-seen objects)."""
+        return [a for a in self.anomalies if not a.separate]
 
     @property
     def leaked_types(self) -> int:
@@ -89,3 +133,7 @@ class RunResult:
     @property
     def leaked_objects(self) -> int:
         return sum(p.leaked_objects for p in self.processes if p.state != STATE_LIVE_AT_DETACH)
+
+    @property
+    def anomalies(self) -> int:
+        return sum(a.occurrences for p in self.processes for a in p.misuse)

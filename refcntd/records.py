@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refcntd.layout import EventKind
+from refcntd.layout import AnomalyKind, EventKind
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,29 @@ class LifecycleEvent:
     path: str
     argv: tuple[str, ...] = field(default_factory=tuple)
 
+
+
+@dataclass(frozen=True)
+class StackRef:
+    """A stack as the kernel stored it: both walks plus the caller read at the probe."""
+
+    stack_id: int
+    raw_stack_id: int
+    caller_ip: int
+
+
+@dataclass(frozen=True)
+class AnomalyRecord:
+    anomaly: AnomalyKind
+    tgid: int
+    tid: int
+    gen: int
+    ts: int
+    addr: int
+    count_before: int
+    type_name: str
+    name_ptr: int
+    where: StackRef  # the offending operation
+    alloc: StackRef | None  # None: the object was never seen initialised
+    init_ns: int
+    released_ns: int

@@ -6,7 +6,14 @@ import json
 import shlex
 
 from refcntd import __version__
-from refcntd.model import STATE_LIVE_AT_DETACH, LeakGroup, ProcessReport, RunResult, TracingStatus
+from refcntd.model import (
+    STATE_LIVE_AT_DETACH,
+    AnomalyFinding,
+    LeakGroup,
+    ProcessReport,
+    RunResult,
+    TracingStatus,
+)
 from refcntd.symbolize import Frame
 
 JSON_SCHEMA = "refcntd-report"
@@ -15,7 +22,8 @@ MAX_LISTED_OBJECTS = 8
 
 
 def _plural(n: int, word: str) -> str:
-    plural = word + ("es" if word.endswith("s") else "s")
+    plural = word[:-1] + "ies" if word.endswith("y") else word + (
+        "es" if word.endswith("s") else "s")
     return f"{n} {word if n == 1 else plural}"
 
 
@@ -33,11 +41,27 @@ def process_header(p: ProcessReport) -> str:
 
 def render_process(p: ProcessReport) -> str:
     lines = [process_header(p)]
+    for finding in p.anomalies:
+        lines += ["", *render_anomaly(finding)]
     word = "live" if p.state == STATE_LIVE_AT_DETACH else "leaked"
     for group in p.groups:
         lines += ["", *render_group(group, word)]
     lines += ["", summary_line(p)]
     return "\n".join(lines) + "\n"
+
+
+def render_anomaly(a: AnomalyFinding) -> list[str]:
+    label = "NOTE" if a.separate else "ANOMALY"
+    times = f", {_plural(a.occurrences, 'time')}" if a.occurrences > 1 else ""
+    count = f", count {a.count_before} before" if a.kind in ("double-put", "negative-count",
+                                                              "delete-live") else ""
+    lines = [f"{label} {a.kind}: {a.description}",
+             f"  object 0x{a.address:x} of type '{a.type_name}'{count}{times}, at:"]
+    lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(a.frames)]
+    if a.alloc_frames:
+        lines.append("  allocated at:")
+        lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(a.alloc_frames)]
+    return lines
 
 
 def render_group(g: LeakGroup, word: str) -> list[str]:
@@ -61,10 +85,12 @@ def summary_line(p: ProcessReport) -> str:
         return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
                 f"{_plural(p.leaked_types, 'type')} still live at detach in process {p.pid} "
                 "(not counted as leaks)")
+    misuse = sum(a.occurrences for a in p.misuse)
+    extra = f", {_plural(misuse, 'anomaly')}" if misuse else ""
     if not p.groups:
-        return f"SUMMARY: refcntd: no leaks in process {p.pid} ({p.comm})"
+        return f"SUMMARY: refcntd: no leaks{extra} in process {p.pid} ({p.comm})"
     return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
-            f"{_plural(p.leaked_types, 'type')} leaked in process {p.pid} ({p.comm})")
+            f"{_plural(p.leaked_types, 'type')} leaked{extra} in process {p.pid} ({p.comm})")
 
 
 def render_tracing(t: TracingStatus) -> str:
@@ -89,7 +115,7 @@ def render_run(result: RunResult) -> str:
     text = render_tracing(result.tracing)
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
              f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
-             f"{_plural(len(leaking), 'process')}\n")
+             f"{_plural(len(leaking), 'process')}, {_plural(result.anomalies, 'anomaly')}\n")
     return text
 
 
@@ -114,10 +140,19 @@ def group_json(g: LeakGroup) -> dict:
     }
 
 
+def anomaly_json(a: AnomalyFinding) -> dict:
+    return {"kind": a.kind, "description": a.description, "type": a.type_name,
+            "address": f"0x{a.address:x}", "count_before": a.count_before,
+            "occurrences": a.occurrences, "separate": a.separate,
+            "stack": [frame_json(f) for f in a.frames],
+            "alloc_stack": [frame_json(f) for f in a.alloc_frames]}
+
+
 def process_json(p: ProcessReport) -> dict:
     return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
             "exit_status": p.exit_status or None, "exit_code": p.exit_code,
             "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
+            "anomalies": [anomaly_json(a) for a in p.anomalies],
             "groups": [group_json(g) for g in p.groups]}
 
 
@@ -130,7 +165,7 @@ def run_json(result: RunResult) -> dict:
     return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
             "mode": result.mode, "spec": result.spec, "target": result.target,
             "command_status": result.command_status, "tracing": tracing_json(result.tracing),
-            "leaked_objects": result.leaked_objects,
+            "leaked_objects": result.leaked_objects, "anomalies": result.anomalies,
             "processes": [process_json(p) for p in result.processes]}
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from refcntd.analysis import StackSource, group_leaks
+from refcntd.analysis import ProcessModules, StackSource, anomaly_findings, group_leaks
 from refcntd.layout import EventKind
 from refcntd.model import (
     STATE_EXIT_NOT_SEEN,
@@ -22,7 +22,7 @@ from refcntd.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
-from refcntd.records import LifecycleEvent, ObjectRecord
+from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord
 from refcntd.symbolize import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
@@ -55,12 +55,15 @@ class SessionTracker:
         self.sessions: dict[int, Session] = {}
         self.reported: set[tuple[int, int]] = set()
         self._argv: OrderedDict[int, list[str]] = OrderedDict()
+        self._anomalies: dict[int, list[AnomalyRecord]] = {}
         self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
         self.wait_status: Callable[[int], int | None] = lambda tgid: None
 
     # ---- events ------------------------------------------------------------
-    def handle(self, ev: LifecycleEvent) -> None:
-        if ev.kind == EventKind.EXECVE:
+    def handle(self, ev: LifecycleEvent | AnomalyRecord) -> None:
+        if isinstance(ev, AnomalyRecord):
+            self._anomalies.setdefault(ev.tgid, []).append(ev)
+        elif ev.kind == EventKind.EXECVE:
             self._on_execve(ev)
         elif ev.kind in (EventKind.PROC, EventKind.FORK):
             self._on_new(ev)
@@ -118,25 +121,31 @@ class SessionTracker:
             alive = (self.proc_root / str(session.tgid)).exists()
             records = self.kernel.drain(session.tgid, session.gen)
             state = STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN
-            if records:
+            if records or session.tgid in self._anomalies:
                 self._report(session, state, records, now, "", None)
         self.sessions.clear()
         orphans: dict[int, list[ObjectRecord]] = {}
         for rec in self.kernel.live_objects():
             orphans.setdefault(rec.tgid, []).append(rec)
+        for tgid in self._anomalies:
+            orphans.setdefault(tgid, [])
         for tgid, records in orphans.items():
             self.kernel.drain(tgid, None)
             alive = (self.proc_root / str(tgid)).exists()
-            session = Session(tgid, records[0].gen, "", self._read_cmdline(tgid) if alive else [])
+            gen = records[0].gen if records else 0
+            session = Session(tgid, gen, "", self._read_cmdline(tgid) if alive else [])
             self._report(session, STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN,
                          records, now, "", None)
 
     def _report(self, session: Session, state: str, records: list[ObjectRecord], now: int,
                 status: str, code: int | None) -> None:
         self.reported.add((session.tgid, session.gen))
-        groups = group_leaks(records, self.stacks, self.sym, now)
+        mods = ProcessModules()
+        groups = group_leaks(records, self.stacks, self.sym, now, mods)
+        anomalies = anomaly_findings(self._anomalies.pop(session.tgid, []), self.stacks,
+                                     self.sym, mods)
         self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,
-                                     status, code, groups))
+                                     status, code, groups, anomalies))
 
 
 def _exit_status(kernel_code: int, waited: int | None) -> tuple[str, int | None]:

@@ -21,7 +21,7 @@ from refcntd.model import (
     TracingStatus,
 )
 from refcntd.plan import Plan
-from refcntd.records import LifecycleEvent
+from refcntd.records import AnomalyRecord, LifecycleEvent
 from refcntd.sessions import SessionTracker
 from refcntd.symbolize import BuildIdIndex, Symbolizer
 
@@ -46,7 +46,7 @@ NOTE_REASONS = {
                       "or by a function the spec does not name)",
     Stat.UNKNOWN_PUT: "puts on objects never seen initialised",
     Stat.UNKNOWN_DELETE: "deletes of objects never seen initialised",
-    Stat.PUT_BELOW_ZERO: "puts that took a count below zero",
+    Stat.PUT_BELOW_ZERO: "puts on a count already at or below zero (see the anomalies)",
 }
 
 
@@ -107,7 +107,10 @@ class Tracer:
                 self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                        "libraries unloaded before exit may stay unresolved")
 
-    def _on_event(self, ev: LifecycleEvent) -> None:
+    def _on_event(self, ev: LifecycleEvent | AnomalyRecord) -> None:
+        if isinstance(ev, AnomalyRecord):
+            self.tracker.handle(ev)
+            return
         if ev.kind == EventKind.LIBRARY:
             self.index.add_library(ev.path)
             return
