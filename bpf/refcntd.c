@@ -8,6 +8,8 @@
  *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES, MAX_GRAVES
  *   EXIT_CODE_OFFSET  offset of exit_code in task_struct, when known (BTF)
  *   RDEBUG_DELTA      _r_debug minus _dl_debug_state in ld.so (on_loader)
+ *   HISTORY      1: keep get/put history of objects whose type is in
+ *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
@@ -32,6 +34,12 @@ BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
 BPF_TABLE("lru_hash", struct obj_key, struct grave_val, graveyard, MAX_GRAVES);
 BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
+#if HISTORY
+BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(hist_buf, struct hist_val, 1);
+BPF_HASH(released_sites, struct site_key, __u64, MAX_SITES);
+BPF_HASH(history_types, __u32, __u32, 256);
+#endif
 BPF_RINGBUF_OUTPUT(events, 256);
 
 static __always_inline void count_stat(int which)
@@ -167,6 +175,86 @@ static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg
 	}
 }
 
+#if HISTORY
+static __always_inline void start_history(struct obj_key *key, __u32 type_id)
+{
+	__u32 zero = 0;
+	if (!HISTORY_ALL && type_id && !history_types.lookup(&type_id))
+		return;  /* an unread type name (0) keeps history: filtered when shown */
+	struct hist_val *blank = hist_buf.lookup(&zero);
+	if (!blank)
+		return;
+	__builtin_memset(blank, 0, sizeof(*blank));
+	if (history.update(key, blank) != 0)
+		count_stat(ST_HISTORY_MAP_FULL);
+}
+
+static __always_inline void count_site(struct hist_val *h, __u32 op, struct hist_entry *e)
+{
+#pragma unroll
+	for (int i = 0; i < HISTORY_SITES; i++) {
+		struct hist_site *s = &h->site[i];
+		if (s->count && s->op == op && s->stack_id == e->stack_id &&
+		    s->caller_ip == e->caller_ip) {
+			__sync_fetch_and_add(&s->count, 1);
+			return;
+		}
+		if (!s->count) {
+			s->op = op;
+			s->stack_id = e->stack_id;
+			s->raw_stack_id = e->raw_stack_id;
+			s->caller_ip = e->caller_ip;
+			__sync_fetch_and_add(&s->count, 1);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&h->site_overflow, 1);
+}
+
+static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
+				   struct obj_key *key, __u32 op, __s64 count_after)
+{
+	struct hist_val *h = history.lookup(key);
+	if (!h)
+		return;
+	struct hist_entry e = {.op = op, .count_after = count_after, .ts = bpf_ktime_get_ns()};
+	capture_stacks(ctx, cfg, &e.stack_id, &e.raw_stack_id, &e.caller_ip);
+	count_site(h, op, &e);
+	__u64 i = __sync_fetch_and_add(&h->n, 1);
+	if (i < HISTORY_DEPTH)
+		h->e[i & (HISTORY_DEPTH - 1)] = e;
+}
+
+/* A released object's sites go to the per-process baseline of balanced paths. */
+static __always_inline void fold_history(struct obj_key *key, __u32 type_id)
+{
+	struct hist_val *h = history.lookup(key);
+	if (!h)
+		return;
+#pragma unroll
+	for (int i = 0; i < HISTORY_SITES; i++) {
+		struct hist_site *s = &h->site[i];
+		if (!s->count)
+			break;
+		struct site_key k = {.tgid = key->tgid, .type_id = type_id, .op = s->op,
+				     .stack_id = s->stack_id, .raw_stack_id = s->raw_stack_id,
+				     .caller_ip = s->caller_ip};
+		__u64 zero = 0;
+		__u64 *total = released_sites.lookup_or_try_init(&k, &zero);
+		if (total)
+			__sync_fetch_and_add(total, s->count);
+		else
+			count_stat(ST_SITES_MAP_FULL);
+	}
+	history.delete(key);
+}
+#else
+static __always_inline void start_history(struct obj_key *key, __u32 type_id) {}
+static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
+				   struct obj_key *key, __u32 op, __s64 count_after) {}
+static __always_inline void fold_history(struct obj_key *key, __u32 type_id) {}
+#endif
+
 static __always_inline void release(struct obj_key *key, struct obj_val *o)
 {
 	struct grave_val g = {.type_id = o->type_id, .gen = o->gen, .stack_id = o->stack_id,
@@ -175,6 +263,7 @@ static __always_inline void release(struct obj_key *key, struct obj_val *o)
 			      .released_ns = bpf_ktime_get_ns()};
 	graveyard.update(key, &g);
 	add_totals(o);
+	fold_history(key, o->type_id);
 	objs.delete(key);
 }
 
@@ -309,8 +398,14 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	struct obj_val *old = objs.lookup(&key);
 	if (old)
 		count_stat(old->gen == val.gen ? ST_REINIT_LIVE : ST_STALE_REPLACED);
-	if (objs.update(&key, &val) != 0)
+	if (objs.update(&key, &val) != 0) {
 		count_stat(ST_OBJ_MAP_FULL);
+		return 0;
+	}
+	if (HISTORY) {
+		start_history(&key, val.type_id);
+		record(ctx, cfg, &key, ROLE_INIT, val.count);
+	}
 	return 0;
 }
 
@@ -323,8 +418,10 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 		missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET, ST_UNKNOWN_GET);
 		return 0;
 	}
-	__sync_fetch_and_add(&o->count, 1);
+	__s64 before = __sync_fetch_and_add(&o->count, 1);
 	__sync_fetch_and_add(&o->gets, 1);
+	if (HISTORY)
+		record(ctx, cfg, &key, ROLE_GET, before + 1);
 	return 0;
 }
 
@@ -339,6 +436,8 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 	}
 	__sync_fetch_and_add(&o->puts, 1);
 	__s64 before = __sync_fetch_and_add(&o->count, -1);
+	if (HISTORY)
+		record(ctx, cfg, &key, ROLE_PUT, before - 1);
 	if (before <= 0) {
 		count_stat(ST_PUT_BELOW_ZERO);
 		report_anomaly(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
@@ -361,6 +460,8 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 	}
 	if (o->count != 0)
 		report_anomaly(ctx, cfg, AN_DELETE_LIVE, &key, o->count, o, 0);
+	if (HISTORY)
+		record(ctx, cfg, &key, ROLE_DELETE, o->count);
 	release(&key, o);
 	return 0;
 }

@@ -31,6 +31,8 @@ enum refcntd_stat {
 	ST_TYPE_MAP_FULL,       /* type-name table full */
 	ST_RAW_STACK_LOST,      /* raw-address stack could not be captured */
 	ST_INIT_ARGS_LOST,      /* constructor returned without its saved arguments */
+	ST_HISTORY_MAP_FULL,    /* object not given a history: history map full */
+	ST_SITES_MAP_FULL,      /* released-object sites not recorded: map full */
 	ST_COUNT
 };
 
@@ -76,6 +78,49 @@ struct probe_cfg {
 	struct arg_loc obj;
 	struct arg_loc type;   /* a const char * */
 	struct arg_loc count;
+};
+
+#ifndef HISTORY_DEPTH
+#define HISTORY_DEPTH 16
+#endif
+#define HISTORY_SITES 8
+
+/* One get/put/init/delete of an object with history (--history). */
+struct hist_entry {
+	__u32 op;            /* enum refcntd_role */
+	__s32 count_after;
+	__s32 stack_id;
+	__s32 raw_stack_id;
+	__u64 caller_ip;
+	__u64 ts;
+};
+
+/* A distinct place an object was got, put, initialised or deleted, counted. */
+struct hist_site {
+	__u32 op;
+	__s32 stack_id;
+	__s32 raw_stack_id;
+	__u32 pad;
+	__u64 caller_ip;
+	__u64 count;
+};
+
+struct hist_val {
+	__u64 n;             /* operations seen; entries beyond HISTORY_DEPTH were dropped */
+	__u64 site_overflow; /* operations at sites beyond HISTORY_SITES */
+	struct hist_site site[HISTORY_SITES];
+	struct hist_entry e[HISTORY_DEPTH];
+};
+
+/* Per process, what released objects did where: attribution's baseline. */
+struct site_key {
+	__u32 tgid;
+	__u32 type_id;
+	__u32 op;
+	__s32 stack_id;
+	__s32 raw_stack_id;
+	__u32 pad;
+	__u64 caller_ip;
 };
 
 /* A constructor's arguments, saved at its entry for the return probe. */

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from refcntd.model import AnomalyFinding, LeakedObject, LeakGroup
-from refcntd.records import AnomalyRecord, ObjectRecord, RawFrame, StackRef
+from refcntd.attribution import PathOp, attribute
+from refcntd.model import AnomalyFinding, HistoryStep, LeakedObject, LeakGroup
+from refcntd.records import AnomalyRecord, ObjectRecord, RawFrame, ReleasedSite, StackRef
 from refcntd.symbolize import Frame, Symbolizer
 
 
@@ -25,21 +26,66 @@ class ProcessModules:
     biases: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class HistoryContext:
+    """What attribution needs besides the leaked objects themselves."""
+
+    stub_names: frozenset[str]  # the probed functions: dropped from operation paths
+    released: list[ReleasedSite] = field(default_factory=list)
+
+
 def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolizer,
-                now_ns: int, mods: ProcessModules | None = None) -> list[LeakGroup]:
+                now_ns: int, mods: ProcessModules | None = None,
+                history: HistoryContext | None = None) -> list[LeakGroup]:
     """Group by (type, allocation stack), most objects first, then by type name."""
     mods = mods or ProcessModules()
     resolved = [(rec, symbolize_stack(_alloc_ref(rec), stacks, sym, mods)) for rec in records]
     groups: dict[tuple, LeakGroup] = {}
+    paths: dict[tuple, list[tuple[int, list[PathOp]]]] = {}
     for rec, (frames, truncated) in resolved:
         type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
         group = LeakGroup(type_name, frames, stack_truncated=truncated)
         group = groups.setdefault(group.key(), group)
+        steps, ops = _history(rec, stacks, sym, mods, history)
         group.objects.append(LeakedObject(rec.addr, rec.count, rec.gets, rec.puts,
-                                          max(0, now_ns - rec.init_ns)))
+                                          max(0, now_ns - rec.init_ns), steps,
+                                          rec.history.total_ops if rec.history else 0))
+        if ops:
+            paths.setdefault(group.key(), []).append((rec.addr, ops))
+    for key, objects in paths.items():
+        released = _released_paths(groups[key].type_name, stacks, sym, mods, history)
+        groups[key].culprits = attribute(objects, released)
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)
     return sorted(groups.values(), key=lambda g: (-len(g.objects), g.type_name))
+
+
+def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
+               stubs: frozenset[str]) -> tuple[Frame, ...]:
+    frames = symbolize_stack(ref, stacks, sym, mods)[0]
+    return frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+
+
+def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
+             ctx: HistoryContext | None) -> tuple[tuple[HistoryStep, ...], list[PathOp]]:
+    if rec.history is None or ctx is None:
+        return (), []
+    stubs = ctx.stub_names
+    steps = tuple(HistoryStep(e.op.name.lower(), e.count_after,
+                              _op_frames(e.where, stacks, sym, mods, stubs),
+                              max(0, e.ts - rec.init_ns)) for e in rec.history.events)
+    ops = [PathOp(s.op, _op_frames(s.where, stacks, sym, mods, stubs), s.count)
+           for s in rec.history.sites]
+    return steps, ops
+
+
+def _released_paths(type_name: str, stacks: StackSource, sym: Symbolizer,
+                    mods: ProcessModules, ctx: HistoryContext | None) -> list[PathOp]:
+    if ctx is None:
+        return []
+    return [PathOp(r.site.op, _op_frames(r.site.where, stacks, sym, mods, ctx.stub_names),
+                   r.site.count)
+            for r in ctx.released if r.type_name in (type_name, "")]
 
 
 def _alloc_ref(rec: ObjectRecord) -> StackRef:

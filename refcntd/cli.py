@@ -60,6 +60,13 @@ def _spec_arg(p: argparse.ArgumentParser) -> None:
 
 def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--history", nargs="?", const="all", metavar="TYPES",
+                   help="keep each object's get/put stacks and name the likely culprit of "
+                        "each leak: 'all' (the default when given) or a comma-separated "
+                        "list of type names; costs a stack walk per get/put")
+    p.add_argument("--history-depth", type=int, default=16, metavar="N",
+                   help="operations kept per object, oldest first (power of two, "
+                        "4..256; default 16); the rest are counted as dropped")
     p.add_argument("--max-objects", type=int, default=1 << 20,
                    help="object map capacity (default 1048576)")
 
@@ -135,10 +142,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
+    opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
+                        **history_options(args))
     exe = _resolve_command(command[0])
     plan = build_plan(load_spec(args.spec), exe)
     plan.require_complete()
-    opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants)
     result = run_command(plan, command, opts, _printer(sys.stderr))
     _finish_output(result, args, sys.stderr)
     return run_exit_status(result)
@@ -154,14 +162,26 @@ def run_exit_status(result: RunResult) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    opts = TraceOptions(max_objects=args.max_objects, **history_options(args))
     plan = build_plan(load_spec(args.spec), args.binary)
     plan.require_complete()
-    opts = TraceOptions(max_objects=args.max_objects)
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731
                           file=sys.stderr, flush=True)
     result = attach(plan, args.pid, opts, _printer(sys.stdout), ready)
     _finish_output(result, args, sys.stdout)
     return 0 if result.tracing.complete else EXIT_INCOMPLETE
+
+
+def history_options(args: argparse.Namespace) -> dict:
+    depth = args.history_depth
+    if depth < 4 or depth > 256 or depth & (depth - 1):
+        raise UsageError(f"--history-depth {depth}: must be a power of two in 4..256")
+    if args.history is None:
+        return {"history": None, "history_depth": depth}
+    names = tuple(n.strip() for n in args.history.split(",") if n.strip())
+    if not names:
+        raise UsageError("--history: give 'all' or type names")
+    return {"history": ("all",) if "all" in names else names, "history_depth": depth}
 
 
 def _resolve_command(name: str) -> str:

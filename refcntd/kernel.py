@@ -16,7 +16,17 @@ from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kheaders import find_kernel_source
 from refcntd.layout import AnomalyKind, EventKind, Role, Stat
 from refcntd.plan import ProbeSite
-from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord, RawFrame, StackRef
+from refcntd.records import (
+    AnomalyRecord,
+    HistoryEvent,
+    HistoryRecord,
+    LifecycleEvent,
+    ObjectRecord,
+    RawFrame,
+    ReleasedSite,
+    SiteCount,
+    StackRef,
+)
 from refcntd.sdt import ArgLoc
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -35,7 +45,10 @@ class KernelOptions:
     max_graves: int = 16384
     exit_code_offset: int | None = None
     rdebug_delta: int | None = None  # set when the ld.so probe is used
-
+    history: tuple[str, ...] | None = None  # type names, ("all",), or None: no history
+    history_depth: int = 16  # events kept per object; a power of two
+    max_history: int = 65536  # objects with a history at once
+    max_sites: int = 16384
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     """Every -D the BPF program is compiled with, from one validated options object."""
@@ -48,6 +61,10 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
     if opts.rdebug_delta is not None:
         flags.append(f"-DRDEBUG_DELTA={opts.rdebug_delta}LL")
+    flags += [f"-DHISTORY={int(opts.history is not None)}",
+              f"-DHISTORY_ALL={int(opts.history == ('all',))}",
+              f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
+              f"-DMAX_SITES={opts.max_sites}"]
     return flags
 
 
@@ -104,7 +121,7 @@ class Kernel:
         try:
             self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
                                cflags=bpf_cflags(opts, len(sites)))
-            _check_layout(self.bpf)
+            _check_layout(self.bpf, opts)
             self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
         except EnvironmentProblem:
             raise
@@ -246,7 +263,45 @@ class Kernel:
                 del objs[key]
             except KeyError:
                 pass
-        return [_decode_object(k, v, names) for k, v in picked]
+        history = self._history([k for k, _ in picked])
+        return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
+
+    def set_history_types(self, type_ids: list[int]) -> None:
+        table = self.bpf["history_types"]
+        for type_id in type_ids:
+            table[ctypes.c_uint32(type_id)] = ctypes.c_uint32(1)
+
+    def _history(self, keys: list[layout.ObjKey]) -> dict[int, HistoryRecord]:
+        """History of each drained object, removed from the map."""
+        if self.opts.history is None:
+            return {}
+        table, out = self.bpf["history"], {}
+        for key in keys:
+            value = table.get(key)
+            if value is None:
+                continue
+            out[key.addr] = _decode_history(value, self.opts.history_depth)
+            try:
+                del table[key]
+            except KeyError:
+                pass
+        return out
+
+    def released_sites(self, tgid: int) -> list[ReleasedSite]:
+        """What released objects of `tgid` did where (history only); removed from the map."""
+        if self.opts.history is None:
+            return []
+        table, names = self.bpf["released_sites"], self.type_names()
+        picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
+        for key, _ in picked:
+            try:
+                del table[key]
+            except KeyError:
+                pass
+        return [ReleasedSite(names.get(k.type_id, ""), SiteCount(
+                    Role(k.op), StackRef(k.stack_id, k.raw_stack_id, k.caller_ip),
+                    int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
+                for k, v in picked]
 
     def live_objects(self) -> list[ObjectRecord]:
         names = self.type_names()
@@ -303,8 +358,12 @@ def _arg_loc(loc: ArgLoc) -> layout.ArgLoc:
                          reg_off=loc.reg_offset, value=loc.value)
 
 
-def _check_layout(bpf: object) -> None:
-    for name, (key_t, val_t) in layout.MAP_LAYOUT.items():
+def _check_layout(bpf: object, opts: KernelOptions) -> None:
+    maps = dict(layout.MAP_LAYOUT)
+    if opts.history is not None:
+        maps["history"] = (layout.ObjKey, layout.hist_val_type(opts.history_depth))
+        maps["released_sites"] = (layout.SiteKey, ctypes.c_uint64)
+    for name, (key_t, val_t) in maps.items():
         table = bpf[name]
         for what, mine, theirs in (("key", key_t, table.Key), ("value", val_t, table.Leaf)):
             if ctypes.sizeof(mine) != ctypes.sizeof(theirs):
@@ -337,9 +396,19 @@ def _argv_slot(raw: bytes) -> str:
     return text.decode(errors="replace") + suffix
 
 
-def _decode_object(key: layout.ObjKey, val: layout.ObjVal, names: dict[int, str]
-                   ) -> ObjectRecord:
+def _decode_object(key: layout.ObjKey, val: layout.ObjVal, names: dict[int, str],
+                   history: HistoryRecord | None = None) -> ObjectRecord:
     type_name = names.get(val.type_id, "") if val.type_id else ""
     return ObjectRecord(key.tgid, val.gen, key.addr, val.count, type_name, val.init_ns,
                         val.stack_id, val.raw_stack_id, val.caller_ip, val.name_ptr, val.gets,
-                        val.puts)
+                        val.puts, history)
+
+
+def _decode_history(value: ctypes.Structure, depth: int) -> HistoryRecord:
+    kept = min(value.n, depth)
+    events = tuple(HistoryEvent(Role(e.op), e.count_after,
+                                StackRef(e.stack_id, e.raw_stack_id, e.caller_ip), e.ts)
+                   for e in value.e[:kept])
+    sites = tuple(SiteCount(Role(s.op), StackRef(s.stack_id, s.raw_stack_id, s.caller_ip),
+                            s.count) for s in value.site if s.count)
+    return HistoryRecord(value.n, events, sites, value.site_overflow)

@@ -36,6 +36,8 @@ class Stat(IntEnum):
     TYPE_MAP_FULL = 12
     RAW_STACK_LOST = 13
     INIT_ARGS_LOST = 14
+    HISTORY_MAP_FULL = 15
+    SITES_MAP_FULL = 16
 
 
 STAT_COUNT = len(Stat)
@@ -104,6 +106,32 @@ class Anomaly(C.Structure):
                 ("alloc_stack_id", C.c_int32), ("alloc_raw_stack_id", C.c_int32),
                 ("alloc_caller_ip", C.c_uint64), ("name_ptr", C.c_uint64),
                 ("init_ns", C.c_uint64), ("released_ns", C.c_uint64)]
+
+
+HISTORY_SITES = 8
+
+
+class HistEntry(C.Structure):
+    _fields_ = [("op", C.c_uint32), ("count_after", C.c_int32), ("stack_id", C.c_int32),
+                ("raw_stack_id", C.c_int32), ("caller_ip", C.c_uint64), ("ts", C.c_uint64)]
+
+
+class HistSite(C.Structure):
+    _fields_ = [("op", C.c_uint32), ("stack_id", C.c_int32), ("raw_stack_id", C.c_int32),
+                ("pad", C.c_uint32), ("caller_ip", C.c_uint64), ("count", C.c_uint64)]
+
+
+def hist_val_type(depth: int) -> type[C.Structure]:
+    """struct hist_val for a HISTORY_DEPTH chosen at compile time."""
+    return type(f"HistVal{depth}", (C.Structure,), {"_fields_": [
+        ("n", C.c_uint64), ("site_overflow", C.c_uint64),
+        ("site", HistSite * HISTORY_SITES), ("e", HistEntry * depth)]})
+
+
+class SiteKey(C.Structure):
+    _fields_ = [("tgid", C.c_uint32), ("type_id", C.c_uint32), ("op", C.c_uint32),
+                ("stack_id", C.c_int32), ("raw_stack_id", C.c_int32), ("pad", C.c_uint32),
+                ("caller_ip", C.c_uint64)]
 
 
 class TypeName(C.Structure):

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from refcntd.attribution import Culprit
 from refcntd.symbolize import Frame
 
 STATE_EXITED = "exited"
 STATE_LIVE_AT_DETACH = "live at detach"
 STATE_EXIT_NOT_SEEN = "exit not seen"
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    op: str  # init, get, put, delete
+    count_after: int
+    frames: tuple[Frame, ...]
+    at_ns: int  # since the object's init
 
 
 @dataclass(frozen=True)
@@ -18,6 +27,8 @@ class LeakedObject:
     gets: int
     puts: int
     age_ns: int
+    history: tuple[HistoryStep, ...] = ()
+    history_total: int = 0  # operations seen; those beyond len(history) were dropped
 
 
 @dataclass
@@ -28,6 +39,7 @@ class LeakGroup:
     frames: tuple[Frame, ...]
     objects: list[LeakedObject] = field(default_factory=list)
     stack_truncated: bool = False
+    culprits: list[Culprit] = field(default_factory=list)
 
     def key(self) -> tuple:
         return (self.type_name, tuple(f.key() for f in self.frames))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refcntd.layout import AnomalyKind, EventKind
+from refcntd.layout import AnomalyKind, EventKind, Role
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,46 @@ class RawFrame:
 
     build_id: str | None  # hex; None when the kernel fell back to a raw ip
     offset: int  # file offset when build_id is set, else a raw virtual address
+
+
+@dataclass(frozen=True)
+class StackRef:
+    """A stack as the kernel stored it: both walks plus the caller read at the probe."""
+
+    stack_id: int
+    raw_stack_id: int
+    caller_ip: int
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    op: Role
+    count_after: int
+    where: StackRef
+    ts: int
+
+
+@dataclass(frozen=True)
+class SiteCount:
+    """How often one object (or, for ReleasedSite, released objects) had `op` at `where`."""
+
+    op: Role
+    where: StackRef
+    count: int
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    total_ops: int  # the first len(events) are kept, the rest dropped
+    events: tuple[HistoryEvent, ...]
+    sites: tuple[SiteCount, ...]
+    site_overflow: int  # operations at more distinct sites than were kept
+
+
+@dataclass(frozen=True)
+class ReleasedSite:
+    type_name: str
+    site: SiteCount
 
 
 @dataclass(frozen=True)
@@ -33,6 +73,7 @@ class ObjectRecord:
     name_ptr: int
     gets: int
     puts: int
+    history: HistoryRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -47,15 +88,6 @@ class LifecycleEvent:
     path: str
     argv: tuple[str, ...] = field(default_factory=tuple)
 
-
-
-@dataclass(frozen=True)
-class StackRef:
-    """A stack as the kernel stored it: both walks plus the caller read at the probe."""
-
-    stack_id: int
-    raw_stack_id: int
-    caller_ip: int
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from refcntd import __version__
 from refcntd.model import (
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
+    LeakedObject,
     LeakGroup,
     ProcessReport,
     RunResult,
@@ -72,11 +73,50 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
     if g.stack_truncated:
         lines.append("    (stack likely truncated: frames without frame pointers end the walk)")
+    lines += render_culprits(g)
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
                      f"{obj.puts} puts, age {_age(obj.age_ns)}")
+        lines += render_history(obj)
     if len(g.objects) > MAX_LISTED_OBJECTS:
         lines.append(f"  ... and {len(g.objects) - MAX_LISTED_OBJECTS} more objects")
+    return lines
+
+
+def short_path(frames: tuple[Frame, ...], limit: int = 4) -> str:
+    """`f1+0x1 (file.c:12) < f2 < f3`: where an operation happened, innermost first."""
+    if not frames:
+        return "?"
+    parts = [f.function or f"0x{f.vaddr:x}" for f in frames[:limit]]
+    first = frames[0]
+    parts[0] += f"+0x{first.offset:x}" if first.function else ""
+    if first.file:
+        parts[0] += f" ({first.file.rsplit('/', 1)[-1]}:{first.line})"
+    return " < ".join(parts) + (" < ..." if len(frames) > limit else "")
+
+
+def render_culprits(g: LeakGroup) -> list[str]:
+    lines = []
+    for rank, c in enumerate(g.culprits):
+        label = "Likely culprit" if rank == 0 else "Also"
+        lines.append(f"  {label}: {c.kind} in {c.function.function or '??'}: the reference "
+                     f"got at {short_path(c.frames, 8)} is never put")
+        lines.append(f"    unmatched in {c.objects} of {len(g.objects)} leaked objects "
+                     f"({_plural(c.references, 'reference')}); the same path got "
+                     f"{_plural(c.released_uses, 'reference')} in objects released correctly")
+    return lines
+
+
+def render_history(obj: LeakedObject) -> list[str]:
+    if not obj.history_total:
+        return []
+    kept = len(obj.history)
+    dropped = obj.history_total - kept
+    note = f", {dropped} later ones dropped (bound {kept} per object)" if dropped else ""
+    lines = [f"    history: {kept} of {_plural(obj.history_total, 'operation')}{note}:"]
+    for step in obj.history:
+        lines.append(f"      +{_age(step.at_ns):>9}  {step.op:<6} -> {step.count_after:<4} "
+                     f"{short_path(step.frames)}")
     return lines
 
 
@@ -135,9 +175,23 @@ def group_json(g: LeakGroup) -> dict:
     return {
         "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
         "stack": [frame_json(f) for f in g.frames],
-        "instances": [{"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets,
-                       "puts": o.puts, "age_ns": o.age_ns} for o in g.objects],
+        "culprits": [{"kind": c.kind, "function": c.function.function,
+                      "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
+                      "references": c.references, "released_uses": c.released_uses}
+                     for c in g.culprits],
+        "instances": [instance_json(o) for o in g.objects],
     }
+
+
+def instance_json(o: LeakedObject) -> dict:
+    out = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets, "puts": o.puts,
+           "age_ns": o.age_ns}
+    if o.history_total:
+        out["history_total"] = o.history_total
+        out["history_dropped"] = o.history_total - len(o.history)
+        out["history"] = [{"op": s.op, "count_after": s.count_after, "at_ns": s.at_ns,
+                           "stack": [frame_json(f) for f in s.frames]} for s in o.history]
+    return out
 
 
 def anomaly_json(a: AnomalyFinding) -> dict:

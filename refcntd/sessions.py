@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from refcntd.analysis import ProcessModules, StackSource, anomaly_findings, group_leaks
+from refcntd.analysis import (
+    HistoryContext,
+    ProcessModules,
+    StackSource,
+    anomaly_findings,
+    group_leaks,
+)
 from refcntd.layout import EventKind
 from refcntd.model import (
     STATE_EXIT_NOT_SEEN,
@@ -22,7 +28,7 @@ from refcntd.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
-from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord
+from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord, ReleasedSite
 from refcntd.symbolize import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
@@ -42,6 +48,7 @@ class KernelView(Protocol):
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
     def live_objects(self) -> list[ObjectRecord]: ...
+    def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
 
 
 class SessionTracker:
@@ -58,6 +65,7 @@ class SessionTracker:
         self._anomalies: dict[int, list[AnomalyRecord]] = {}
         self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
         self.wait_status: Callable[[int], int | None] = lambda tgid: None
+        self.stub_names: frozenset[str] | None = None  # set when history is on
 
     # ---- events ------------------------------------------------------------
     def handle(self, ev: LifecycleEvent | AnomalyRecord) -> None:
@@ -141,7 +149,10 @@ class SessionTracker:
                 status: str, code: int | None) -> None:
         self.reported.add((session.tgid, session.gen))
         mods = ProcessModules()
-        groups = group_leaks(records, self.stacks, self.sym, now, mods)
+        history = None
+        if self.stub_names is not None:
+            history = HistoryContext(self.stub_names, self.kernel.released_sites(session.tgid))
+        groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
         anomalies = anomaly_findings(self._anomalies.pop(session.tgid, []), self.stacks,
                                      self.sym, mods)
         self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,

@@ -54,12 +54,19 @@ NOTE_REASONS = {
 class TraceOptions:
     max_objects: int = 1 << 20
     descendant_grace_s: float = 10.0
+    history: tuple[str, ...] | None = None  # type names, ("all",), or None
+    history_depth: int = 16
+
+
+def type_id(name: str) -> int:
+    """The id bpf/refcntd.c:intern_type gives a type name (FNV-1a, low bit set)."""
+    return _fnv1a(name.encode()[:31]) | 1
 
 
 def _fixed_type_ids(plan: Plan) -> dict[str, int]:
     names = {str(r.type_name.constant) for r in plan.spec.roles.values()
              if r.type_name is not None and r.type_name.constant is not None}
-    return {name: (_fnv1a(name.encode()[:31]) | 1) for name in sorted(names)}
+    return {name: type_id(name) for name in sorted(names)}
 
 
 def _fnv1a(data: bytes) -> int:
@@ -80,13 +87,19 @@ class Tracer:
         kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
                               max_objects=opts.max_objects,
                               exit_code_offset=btf.member_offset("task_struct", "exit_code"),
-                              rdebug_delta=plan.loader.rdebug_delta if plan.loader else None)
+                              rdebug_delta=plan.loader.rdebug_delta if plan.loader else None,
+                              history=opts.history, history_depth=opts.history_depth)
         self.kernel = Kernel(kopts, plan.sites)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
         stacks = StackSource(self.kernel.stack, self.kernel.raw_stack)
         self.tracker = SessionTracker(self.kernel, stacks, Symbolizer(self.index), self._report)
+        if opts.history is not None:
+            self.tracker.stub_names = frozenset(
+                f for role in plan.spec.roles.values() for f in role.functions)
+            if opts.history != ("all",):
+                self.kernel.set_history_types([type_id(n) for n in opts.history])
 
     def __enter__(self) -> Tracer:
         return self
