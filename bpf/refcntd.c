@@ -8,6 +8,8 @@
  *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES, MAX_GRAVES
  *   EXIT_CODE_OFFSET  offset of exit_code in task_struct, when known (BTF)
  *   RDEBUG_DELTA      _r_debug minus _dl_debug_state in ld.so (on_loader)
+ *   FILTER_COMM  1: only processes whose comm is in comm_allow (system-wide)
+ *   CGROUP_ID    when set: only processes in that cgroup v2 (system-wide)
  *   HISTORY      1: keep get/put history of objects whose type is in
  *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES
  */
@@ -22,6 +24,7 @@ struct stack_frames {
 BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
+BPF_HASH(comm_allow, struct comm_key, __u32, 64);
 BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
 BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
 BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
@@ -101,6 +104,22 @@ static __always_inline struct event *new_event(__u32 kind, __u32 tgid, __u32 pid
 	return ev;
 }
 
+/* Whether a process found system-wide passes the target's comm / cgroup filters. */
+static __always_inline int allowed(void)
+{
+#ifdef CGROUP_ID
+	if (bpf_get_current_cgroup_id() != CGROUP_ID)
+		return 0;
+#endif
+#if FILTER_COMM
+	struct comm_key key = {};
+	bpf_get_current_comm(key.comm, sizeof(key.comm));
+	if (!comm_allow.lookup(&key))
+		return 0;
+#endif
+	return 1;
+}
+
 static __always_inline struct proc_val *register_proc(__u32 tgid, __u32 kind, __u32 pid)
 {
 	int zero = 0;
@@ -110,13 +129,17 @@ static __always_inline struct proc_val *register_proc(__u32 tgid, __u32 kind, __
 	struct proc_val p = {};
 	p.gen = __sync_fetch_and_add(counter, 1) + 1;
 	p.start_ns = bpf_ktime_get_ns();
+	if (kind == EV_PROC && !allowed())
+		p.flags = PROC_IGNORED;
 	if (procs.update(&tgid, &p) != 0) {
 		count_stat(ST_PROC_MAP_FULL);
 		return 0;
 	}
-	struct event *ev = new_event(kind, tgid, pid, p.gen);
-	if (ev)
-		emit(ev);
+	if (!(p.flags & PROC_IGNORED)) {
+		struct event *ev = new_event(kind, tgid, pid, p.gen);
+		if (ev)
+			emit(ev);
+	}
 	return procs.lookup(&tgid);
 }
 
@@ -321,7 +344,8 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 		report_anomaly(ctx, cfg, after_delete, key, 0, 0, g);
 		return;
 	}
-	if (FILTERED && !procs.lookup(&key->tgid))
+	struct proc_val *proc = procs.lookup(&key->tgid);
+	if ((FILTERED && !proc) || (proc && (proc->flags & PROC_IGNORED)))
 		return;
 	count_stat(unknown_stat);
 	__u32 one = 1;
@@ -376,6 +400,8 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 		if (!proc)
 			return 0;
 	}
+	if (proc->flags & PROC_IGNORED)
+		return 0;
 	struct init_args args = {};
 	if (init_args(ctx, cfg, &args) != 0)
 		return 0;

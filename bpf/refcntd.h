@@ -187,6 +187,12 @@ struct anomaly {
 	__u64 released_ns;    /* 0 unless the object had been released */
 };
 
+#define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */
+
+struct comm_key {
+	char comm[16];
+};
+
 struct proc_val {
 	__u32 gen;
 	__u32 flags;

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from refcntd import __version__, report
+from refcntd.config import DEFAULT_CONFIG, load_config
 from refcntd.elf import ElfImage
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, RefcntdError, UsageError
 from refcntd.model import ProcessReport, RunResult
@@ -50,6 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the command exits, wait this long for its traced "
                           "descendants (default 10)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    serve = sub.add_parser("serve", help="trace configured programs continuously; export "
+                                         "Prometheus metrics and write reports")
+    serve.add_argument("--config", default=str(DEFAULT_CONFIG),
+                       help=f"YAML config (default {DEFAULT_CONFIG})")
+    serve.add_argument("--strict", action="store_true",
+                       help="exit if any target cannot be attached")
+    serve.add_argument("--check", action="store_true",
+                       help="only check the config file and exit")
     return parser
 
 
@@ -74,7 +84,8 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"check": cmd_check, "attach": cmd_attach, "run": cmd_run}[args.command](args)
+        commands = {"check": cmd_check, "attach": cmd_attach, "run": cmd_run, "serve": cmd_serve}
+        return commands[args.command](args)
     except RefcntdError as err:
         print(err.line(), file=sys.stderr)
         return err.exit_code
@@ -182,6 +193,35 @@ def history_options(args: argparse.Namespace) -> dict:
     if not names:
         raise UsageError("--history: give 'all' or type names")
     return {"history": ("all",) if "all" in names else names, "history_depth": depth}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
+    from refcntd import httpserver
+    from refcntd.daemon import Daemon, setup_logging
+    config = load_config(args.config)
+    if args.check:
+        print(f"{config.path}: ok, {len(config.targets)} target(s), metrics on "
+              f"{config.listen_host}:{config.listen_port}, reports in {config.report_dir}")
+        return 0
+    setup_logging()
+    daemon = Daemon(config, strict=args.strict)
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    registry.register(daemon.collector())
+    try:
+        httpserver.start(config.listen_host, config.listen_port, registry)
+    except OSError as err:
+        raise UsageError(f"cannot listen on {config.listen_host}:{config.listen_port}: "
+                         f"{err.strerror}", f"change 'listen' in {config.path}") from None
+    try:
+        daemon.attach_all()
+    except RefcntdError:
+        daemon.shutdown()
+        raise
+    daemon.run()
+    return 0
 
 
 def _resolve_command(name: str) -> str:

@@ -49,6 +49,8 @@ class KernelOptions:
     history_depth: int = 16  # events kept per object; a power of two
     max_history: int = 65536  # objects with a history at once
     max_sites: int = 16384
+    comm_filter: tuple[str, ...] = ()  # system-wide: only these command names
+    cgroup_id: int | None = None  # system-wide: only this cgroup v2
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     """Every -D the BPF program is compiled with, from one validated options object."""
@@ -61,6 +63,9 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
     if opts.rdebug_delta is not None:
         flags.append(f"-DRDEBUG_DELTA={opts.rdebug_delta}LL")
+    flags.append(f"-DFILTER_COMM={int(bool(opts.comm_filter))}")
+    if opts.cgroup_id is not None:
+        flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
     flags += [f"-DHISTORY={int(opts.history is not None)}",
               f"-DHISTORY_ALL={int(opts.history == ('all',))}",
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
@@ -265,6 +270,30 @@ class Kernel:
                 pass
         history = self._history([k for k, _ in picked])
         return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
+
+    def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
+        """Per type name: (inits, gets, puts, releases) of objects released so far."""
+        names, out = self.type_names(), {}
+        for key, per_cpu in self.bpf["totals"].items():
+            name = names.get(key.value, "") or "unknown"
+            sums = [sum(getattr(c, f) for c in per_cpu)
+                    for f in ("inits", "gets", "puts", "released")]
+            old = out.get(name, (0, 0, 0, 0))
+            out[name] = tuple(a + b for a, b in zip(old, sums, strict=True))
+        return out
+
+    def map_fill(self) -> dict[str, tuple[int, int]]:
+        """Entries in use and capacity of the maps that can fill up."""
+        def used(name: str) -> int:
+            return sum(1 for _ in self.bpf[name].keys())
+        return {"objects": (used("objs"), self.opts.max_objects),
+                "processes": (used("procs"), self.opts.max_procs),
+                "types": (used("types"), self.opts.max_types)}
+
+    def set_comm_filter(self, names: tuple[str, ...]) -> None:
+        table = self.bpf["comm_allow"]
+        for name in names:
+            table[table.Key(name.encode()[:15])] = ctypes.c_uint32(1)
 
     def set_history_types(self, type_ids: list[int]) -> None:
         table = self.bpf["history_types"]

@@ -39,6 +39,20 @@ def read_u16(pid: int, address: int, proc: Path = Path("/proc")) -> int | None:
     return int.from_bytes(data, "little") if len(data) == 2 else None
 
 
+def read_string(pid: int, address: int, limit: int = 64, proc: Path = Path("/proc")
+                ) -> str | None:
+    """A NUL-terminated string from a live process (type names for metrics)."""
+    try:
+        with open(proc / str(pid) / "mem", "rb") as mem:
+            mem.seek(address)
+            data = mem.read(limit)
+    except (OSError, OverflowError, ValueError):
+        return None
+    if b"\0" not in data:
+        return None
+    return data.split(b"\0", 1)[0].decode(errors="replace") or None
+
+
 def semaphore_value(pid: int, path: str, file_offset: int) -> int | None:
     address = mapped_address(pid, path, file_offset)
     return None if address is None else read_u16(pid, address)

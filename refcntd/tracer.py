@@ -56,6 +56,8 @@ class TraceOptions:
     descendant_grace_s: float = 10.0
     history: tuple[str, ...] | None = None  # type names, ("all",), or None
     history_depth: int = 16
+    comm_filter: tuple[str, ...] = ()
+    cgroup_id: int | None = None
 
 
 def type_id(name: str) -> int:
@@ -88,13 +90,16 @@ class Tracer:
                               max_objects=opts.max_objects,
                               exit_code_offset=btf.member_offset("task_struct", "exit_code"),
                               rdebug_delta=plan.loader.rdebug_delta if plan.loader else None,
-                              history=opts.history, history_depth=opts.history_depth)
+                              history=opts.history, history_depth=opts.history_depth,
+                              comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
         self.kernel = Kernel(kopts, plan.sites)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
         stacks = StackSource(self.kernel.stack, self.kernel.raw_stack)
         self.tracker = SessionTracker(self.kernel, stacks, Symbolizer(self.index), self._report)
+        if opts.comm_filter:
+            self.kernel.set_comm_filter(opts.comm_filter)
         if opts.history is not None:
             self.tracker.stub_names = frozenset(
                 f for role in plan.spec.roles.values() for f in role.functions)
