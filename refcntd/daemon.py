@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -244,6 +245,28 @@ def _sd_notify(state: str) -> None:
         s.sendto(state.encode(), address)
 
 
+PROC_EVENT_EXEC = 0x2
+_NLMSG_HDR, _CN_MSG_HDR, _PROC_EVENT_HDR = 16, 20, 16  # then the event's own fields
+
+
+def _exec_tgids(data: bytes) -> list[int]:
+    """tgids of PROC_EVENT_EXEC messages in one datagram (linux/cn_proc.h layout).
+
+    Decoded here because pyroute2 0.9's ProcEventSocket.get() drops all but
+    the first event when several are pending.
+    """
+    out, offset = [], 0
+    while offset + _NLMSG_HDR + _CN_MSG_HDR + _PROC_EVENT_HDR + 8 <= len(data):
+        length = struct.unpack_from("<I", data, offset)[0]
+        event = offset + _NLMSG_HDR + _CN_MSG_HDR
+        if struct.unpack_from("<I", data, event)[0] == PROC_EVENT_EXEC:
+            out.append(struct.unpack_from("<I", data, event + _PROC_EVENT_HDR + 4)[0])
+        if length < _NLMSG_HDR:
+            break
+        offset += (length + 3) & ~3
+    return out
+
+
 class _ProcConnector:
     """exec events from the netlink proc connector: prompt discovery of new binaries.
 
@@ -263,16 +286,21 @@ class _ProcConnector:
             self.sock = None
 
     def execs(self, timeout: float) -> list[tuple[int, str]]:
+        """(tgid, executable) of programs exec'd since the last call."""
         if self.sock is None:
             time.sleep(timeout)
             return []
         ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
-            return []
         out = []
-        for msg in self.sock.get():
-            if msg.get("event") == "PROC_EVENT_EXEC":
-                tgid = msg.get("process_tgid")
+        while ready:
+            try:
+                data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as err:  # ENOBUFS: events were lost; globs catch up on reload
+                log.warning("proc connector: %s", err.strerror)
+                break
+            for tgid in _exec_tgids(data):
                 with contextlib.suppress(OSError):
                     out.append((tgid, os.readlink(f"/proc/{tgid}/exe")))
         return out

@@ -243,3 +243,26 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path):
                           text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == "", proc.stderr
+
+
+def test_new_binary_matching_a_glob_is_attached_at_exec(bpf, build, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy(build.perflike("O2"), bindir / "first")
+    with Serve(tmp_path, target_yaml("apps", f"{bindir}/*")) as serve:
+        assert f"binary={bindir}/first attached" in serve.log
+        late = bindir / "second"
+        shutil.copy(build.program("waiter", [Path(__file__).parent / "fixtures" / "waiter.c"],
+                                  "O2"), late)
+        proc = subprocess.Popen([str(late)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        serve.wait_log(f"binary={late} attached")  # noticed at exec, before any object
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+        serve.wait_log(f"target=apps pid={proc.pid} ")
+        m = serve.scrape()
+        assert serve.stop() == 0
+    assert metric(m, "refcntd_leaked_objects_total", target="apps", type="session") == 1
+    assert f"new binary {late} (pid {proc.pid})" in serve.log
