@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from refcntd import __version__, report
+from refcntd import __version__, ciformats, report
 from refcntd.config import DEFAULT_CONFIG, load_config
 from refcntd.elf import ElfImage
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, RefcntdError, UsageError
 from refcntd.model import ProcessReport, RunResult
 from refcntd.plan import Plan, build_plan
+from refcntd.policy import Policy, Verdict
 from refcntd.procmem import semaphore_value
+from refcntd.runjson import load_run
 from refcntd.sdt import semaphore_file_offset
 from refcntd.spec import load_spec
 from refcntd.tracer import TraceOptions, attach, run_command
@@ -50,7 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--wait-descendants", type=float, default=10.0, metavar="SECONDS",
                      help="after the command exits, wait this long for its traced "
                           "descendants (default 10)")
+    _ci_args(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    rep = sub.add_parser("report", help="render a saved run (--json) again")
+    rep.add_argument("run_json", metavar="RUN.json")
+    rep.add_argument("--format", choices=("text", "sarif", "junit", "github"), default="text")
+    rep.add_argument("--output", metavar="FILE", help="write there instead of stdout")
+    _ci_args(rep)
 
     serve = sub.add_parser("serve", help="trace configured programs continuously; export "
                                          "Prometheus metrics and write reports")
@@ -66,6 +77,22 @@ def build_parser() -> argparse.ArgumentParser:
 def _spec_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default="perf-stubs",
                    help="bundled spec name or YAML file (default: perf-stubs)")
+
+
+def _ci_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sarif", metavar="FILE", help="also write SARIF 2.1.0")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    p.add_argument("--suppressions", metavar="FILE",
+                   help="rules (leak:, type:, anomaly:) for findings that must not fail")
+    p.add_argument("--baseline", metavar="OLD.json",
+                   help="fail only on findings absent from this earlier run")
+    p.add_argument("--max-leaks", action="append", default=[], metavar="TYPE=N",
+                   help="fail only above N leaked objects of TYPE (* for any type)")
+    p.add_argument("--exitcode", type=int, default=EXIT_FINDINGS, metavar="N",
+                   help=f"exit status when findings fail the run (default {EXIT_FINDINGS})")
+    p.add_argument("--source-root", default=".", metavar="DIR",
+                   help="the user's source tree: SARIF and annotations point into it "
+                        "(default: the current directory)")
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:
@@ -84,7 +111,8 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        commands = {"check": cmd_check, "attach": cmd_attach, "run": cmd_run, "serve": cmd_serve}
+        commands = {"check": cmd_check, "attach": cmd_attach, "run": cmd_run, "serve": cmd_serve,
+                    "report": cmd_report}
         return commands[args.command](args)
     except RefcntdError as err:
         print(err.line(), file=sys.stderr)
@@ -155,21 +183,68 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
                         **history_options(args))
+    policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = _resolve_command(command[0])
     plan = build_plan(load_spec(args.spec), exe)
     plan.require_complete()
     result = run_command(plan, command, opts, _printer(sys.stderr))
+    verdict = policy.evaluate(result)
     _finish_output(result, args, sys.stderr)
-    return run_exit_status(result)
+    _ci_outputs(result, verdict, args, sys.stderr)
+    return run_exit_status(result, verdict, args.exitcode)
 
 
-def run_exit_status(result: RunResult) -> int:
-    """Findings beat everything; then incompleteness; else the command's own status."""
-    if result.leaked_objects or result.anomalies:
-        return EXIT_FINDINGS
+def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS
+                    ) -> int:
+    """Failing findings beat everything; then incompleteness; else the command's status."""
+    if verdict.failing():
+        return findings_code
     if not result.tracing.complete:
         return EXIT_INCOMPLETE
     return result.command_status or 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    result = load_run(args.run_json)
+    verdict = Policy.build(args.suppressions, args.baseline, args.max_leaks).evaluate(result)
+    root = Path(args.source_root)
+    if args.format == "text":
+        text = "".join(report.render_process(p) + "\n" for p in result.processes)
+        text += report.render_run(result) + ciformats.verdict_text(verdict)
+    elif args.format == "sarif":
+        text = json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n"
+    elif args.format == "junit":
+        text = ciformats.junit(result, verdict)
+    else:
+        text = "\n".join(ciformats.github_annotations(result, verdict, root)) + "\n"
+        text += ciformats.github_summary(result, verdict)
+    _emit(text, args.output)
+    _ci_outputs(result, verdict, args, sys.stderr, annotate=False)
+    return run_exit_status(result, verdict, args.exitcode)
+
+
+def _emit(text: str, path: str | None) -> None:
+    if path is None:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(path).write_text(text)
+    except OSError as err:
+        raise UsageError(f"cannot write {path}: {err.strerror}") from None
+
+
+def _ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
+                stream: TextIO, annotate: bool = True) -> None:
+    """--sarif, --junit, and GitHub annotations + step summary under GitHub Actions."""
+    root = Path(args.source_root)
+    if args.sarif:
+        _emit(json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n", args.sarif)
+    if args.junit:
+        _emit(ciformats.junit(result, verdict), args.junit)
+    if annotate:
+        print(ciformats.verdict_text(verdict), file=stream, end="")
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            ciformats.write_github(result, verdict, root, sys.stdout)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -225,10 +300,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _resolve_command(name: str) -> str:
+    """The ELF file that will run: the command, or a script's interpreter."""
     found = name if "/" in name else shutil.which(name)
     if not found or not Path(found).exists():
         raise UsageError(f"command not found: {name}")
-    return found
+    interpreter = _shebang(found)
+    return _resolve_command(interpreter) if interpreter else found
+
+
+def _shebang(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if not words:
+        return None
+    return words[1] if Path(words[0]).name == "env" and len(words) > 1 else words[0]
 
 
 def _printer(stream: TextIO) -> Callable[[ProcessReport], None]:
