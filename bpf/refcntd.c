@@ -7,7 +7,8 @@
  *   HAS_DELETE   1: the spec has a delete role, a put to zero does not end life
  *   MAX_OBJECTS, MAX_STACKS, MAX_PROCS, MAX_PROBES, MAX_TYPES, MAX_GRAVES
  *   EXIT_CODE_OFFSET  offset of exit_code in task_struct, when known (BTF)
- *   RDEBUG_DELTA      _r_debug minus _dl_debug_state in ld.so (on_loader)
+ *   LOADER_PROBE 1: on_loader is attached at ld.so's calls to _dl_debug_state; the
+ *                cookie of each is _r_debug minus that call's address
  *   FILTER_COMM  1: only processes whose comm is in comm_allow (system-wide)
  *   CGROUP_ID    when set: only processes in that cgroup v2 (system-wide)
  *   HISTORY      1: keep get/put history of objects whose type is in
@@ -572,7 +573,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	return 0;
 }
 
-#ifdef RDEBUG_DELTA
+#if LOADER_PROBE
 /* ld.so calls _dl_debug_state() after every change to its list of loaded
  * objects.  Reporting each object's path here, in order with the exit event,
  * lets user space symbolize frames of libraries dlclose'd before exit. */
@@ -589,7 +590,7 @@ int on_loader(struct pt_regs *ctx)
 	__u32 tgid = id >> 32;
 	if (FILTERED && !procs.lookup(&tgid))
 		return 0;
-	__u64 rdebug = PT_REGS_IP(ctx) + RDEBUG_DELTA;
+	__u64 rdebug = PT_REGS_IP(ctx) + (__s64)bpf_get_attach_cookie(ctx);
 	int state = 0;
 	__u64 map = 0;
 	bpf_probe_read_user(&state, sizeof(state), (void *)(rdebug + 24));

@@ -44,7 +44,7 @@ class KernelOptions:
     max_types: int = 1024
     max_graves: int = 16384
     exit_code_offset: int | None = None
-    rdebug_delta: int | None = None  # set when the ld.so probe is used
+    loader_probe: bool = False  # attach on_loader at ld.so's _dl_debug_state calls
     history: tuple[str, ...] | None = None  # type names, ("all",), or None: no history
     history_depth: int = 16  # events kept per object; a power of two
     max_history: int = 65536  # objects with a history at once
@@ -61,8 +61,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
              f"-DMAX_GRAVES={opts.max_graves}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
-    if opts.rdebug_delta is not None:
-        flags.append(f"-DRDEBUG_DELTA={opts.rdebug_delta}LL")
+    flags.append(f"-DLOADER_PROBE={int(opts.loader_probe)}")
     flags.append(f"-DFILTER_COMM={int(bool(opts.comm_filter))}")
     if opts.cgroup_id is not None:
         flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
@@ -166,18 +165,17 @@ class Kernel:
                 self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
                                           f"{err.strerror}")
 
-    def attach_loader(self, path: str, file_offset: int) -> str | None:
-        """Probe ld.so's _dl_debug_state; returns why not, if it could not be placed."""
+    def attach_loader(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
+        """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
         try:
             prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE)
-            perf_fd = perf_uprobe.open_uprobe(path, file_offset)
+            for file_offset, delta in sites:
+                perf_fd = perf_uprobe.open_uprobe(path, file_offset)
+                self._perf_fds.append(perf_fd)
+                cookie = delta & 0xFFFFFFFFFFFFFFFF  # two's complement in the u64 cookie
+                self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, cookie))
         except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
             return str(err)
-        self._perf_fds.append(perf_fd)
-        try:
-            self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, 0))
-        except perf_uprobe.UprobeError as err:
-            return err.strerror
         return None
 
     def require_all_attached(self) -> None:

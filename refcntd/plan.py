@@ -58,11 +58,12 @@ class ModuleInfo:
 
 @dataclass(frozen=True)
 class LoaderProbe:
-    """ld.so's _dl_debug_state: where the BPF side learns each loaded library's path."""
+    """Where ld.so calls _dl_debug_state(): the BPF side learns each loaded
+    library's path there.  The call sites, not the function: its body is a
+    `ret` the kernel would single-step, a `call` it emulates."""
 
     path: str
-    file_offset: int
-    rdebug_delta: int  # _r_debug minus _dl_debug_state
+    sites: tuple[tuple[int, int], ...]  # (file offset, _r_debug minus the site's address)
 
 
 @dataclass
@@ -323,7 +324,7 @@ DEFAULT_LOADER = "/lib64/ld-linux-x86-64.so.2"
 
 
 def find_loader_probe(exe: ElfImage) -> LoaderProbe | None:
-    """Locate _dl_debug_state and _r_debug in the program's dynamic loader."""
+    """Locate the calls to _dl_debug_state and _r_debug in the program's dynamic loader."""
     interp = exe.interpreter() or DEFAULT_LOADER
     try:
         loader = ElfImage(Path(interp).resolve())
@@ -333,10 +334,7 @@ def find_loader_probe(exe: ElfImage) -> LoaderProbe | None:
     rdebug = loader.data_symbol("_r_debug")
     if not state or rdebug is None:
         return None
-    choice = probepoint.choose(loader.code_at(state[0].vaddr, state[0].size or 16), set())
-    if isinstance(choice, probepoint.Refusal):
-        return None
-    offset = loader.vaddr_to_offset(state[0].vaddr + choice.offset)
-    if offset is None:
-        return None
-    return LoaderProbe(str(loader.path), offset, rdebug - (state[0].vaddr + choice.offset))
+    calls = probepoint.call_sites(loader, state[0].vaddr)
+    sites = tuple((off, rdebug - vaddr) for vaddr in calls
+                  if (off := loader.vaddr_to_offset(vaddr)) is not None)
+    return LoaderProbe(str(loader.path), sites) if sites else None

@@ -224,3 +224,40 @@ def frame_setup(code: bytes) -> tuple[bool, bool]:
         elif capstone.CS_GRP_CALL in insn.groups:
             calls = True
     return framed, calls
+
+
+def call_sites(image: object, target: int) -> list[int]:
+    """Addresses of `call target` instructions, each confirmed to be an instruction
+    boundary by disassembling its function from the start (.eh_frame FDEs), since a
+    uprobe placed inside an instruction would corrupt the code."""
+    candidates = []
+    for seg in image.segments:
+        if not seg.executable:
+            continue
+        code = image.code_at(seg.vaddr, seg.filesz)
+        i = code.find(b"\xe8")
+        while 0 <= i <= len(code) - 5:
+            if seg.vaddr + i + 5 + int.from_bytes(code[i + 1:i + 5], "little",
+                                                  signed=True) == target:
+                candidates.append(seg.vaddr + i)
+            i = code.find(b"\xe8", i + 1)
+    functions = _fde_ranges(image)
+    return [c for c in candidates if _starts_instruction(image, functions, c)]
+
+
+def _fde_ranges(image: object) -> list[tuple[int, int]]:
+    elf = image.elffile()
+    if elf.get_section_by_name(".eh_frame") is None:
+        return []
+    return [(e.header["initial_location"], e.header["address_range"])
+            for e in elf.get_dwarf_info().EH_CFI_entries() if type(e).__name__ == "FDE"]
+
+
+def _starts_instruction(image: object, functions: list[tuple[int, int]], addr: int) -> bool:
+    for start, size in functions:
+        if start <= addr < start + size:
+            for insn in _disassembler().disasm(image.code_at(start, size), start):
+                if insn.address >= addr:
+                    return insn.address == addr and insn.id == X.X86_INS_CALL
+            return False
+    return False

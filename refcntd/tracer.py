@@ -89,7 +89,7 @@ class Tracer:
         kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
                               max_objects=opts.max_objects,
                               exit_code_offset=btf.member_offset("task_struct", "exit_code"),
-                              rdebug_delta=plan.loader.rdebug_delta if plan.loader else None,
+                              loader_probe=plan.loader is not None,
                               history=opts.history, history_depth=opts.history_depth,
                               comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
         self.kernel = Kernel(kopts, plan.sites)
@@ -120,7 +120,7 @@ class Tracer:
         self.kernel.open_events(self._on_event)
         self.kernel.attach_all()
         if self.plan.loader:
-            why = self.kernel.attach_loader(self.plan.loader.path, self.plan.loader.file_offset)
+            why = self.kernel.attach_loader(self.plan.loader.path, self.plan.loader.sites)
             if why:
                 self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                        "libraries unloaded before exit may stay unresolved")
