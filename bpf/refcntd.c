@@ -15,7 +15,7 @@
  *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES
  */
 #include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
+
 #include "refcntd.h"
 
 struct stack_frames {
@@ -564,7 +564,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	if (!ev)
 		return 0;
 #ifdef EXIT_CODE_OFFSET
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	void *task = (void *)bpf_get_current_task();  /* read at a BTF offset, no headers */
 	int code = 0;
 	if (bpf_probe_read_kernel(&code, sizeof(code), (void *)task + EXIT_CODE_OFFSET) == 0)
 		ev->exit_code = code;

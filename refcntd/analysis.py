@@ -21,9 +21,11 @@ class StackSource:
 
 @dataclass
 class ProcessModules:
-    """Load biases learnt for one process, shared by all its objects."""
+    """Load biases learnt for one process, and its stacks already symbolized:
+    objects of one process mostly share a few allocation stacks."""
 
     biases: dict[str, int] = field(default_factory=dict)
+    stacks: dict[StackRef, tuple[tuple[Frame, ...], bool]] = field(default_factory=dict)
 
 
 @dataclass
@@ -39,13 +41,17 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
                 history: HistoryContext | None = None) -> list[LeakGroup]:
     """Group by (type, allocation stack), most objects first, then by type name."""
     mods = mods or ProcessModules()
-    resolved = [(rec, symbolize_stack(_alloc_ref(rec), stacks, sym, mods)) for rec in records]
+    by_ref: dict[tuple, LeakGroup] = {}  # cheap key first: objects share few stacks
     groups: dict[tuple, LeakGroup] = {}
     paths: dict[tuple, list[tuple[int, list[PathOp]]]] = {}
-    for rec, (frames, truncated) in resolved:
-        type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
-        group = LeakGroup(type_name, frames, stack_truncated=truncated)
-        group = groups.setdefault(group.key(), group)
+    for rec in records:
+        ref = (rec.type_name, rec.name_ptr, _alloc_ref(rec))
+        if ref not in by_ref:  # the stack first: it teaches the biases the name may need
+            frames, truncated = symbolize_stack(ref[2], stacks, sym, mods)
+            type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
+            group = LeakGroup(type_name, frames, stack_truncated=truncated)
+            by_ref[ref] = groups.setdefault(group.key(), group)
+        group = by_ref[ref]
         steps, ops = _history(rec, stacks, sym, mods, history)
         group.objects.append(LeakedObject(rec.addr, rec.count, rec.gets, rec.puts,
                                           max(0, now_ns - rec.init_ns), steps,
@@ -119,6 +125,13 @@ def _type_name(known: str, name_ptr: int, sym: Symbolizer, mods: ProcessModules)
 def symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
                     ) -> tuple[tuple[Frame, ...], bool]:
     """Symbolized stack, with the caller restored when the walk skipped it."""
+    if ref not in mods.stacks:
+        mods.stacks[ref] = _symbolize_stack(ref, stacks, sym, mods)
+    return mods.stacks[ref]
+
+
+def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
+                     mods: ProcessModules) -> tuple[tuple[Frame, ...], bool]:
     raw_frames = stacks.build_id_stack(ref.stack_id)
     raw_ips = stacks.raw_stack(ref.raw_stack_id)
     placed = sym.place_frames(raw_frames)

@@ -261,11 +261,7 @@ class Kernel:
         names = self.type_names()
         picked = [(k, v) for k, v in _items(objs)
                   if k.tgid == tgid and (gen is None or v.gen == gen)]
-        for key, _ in picked:
-            try:
-                del objs[key]
-            except KeyError:
-                pass
+        _delete(objs, [k for k, _ in picked])
         history = self._history([k for k, _ in picked])
         return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
 
@@ -356,6 +352,24 @@ class Kernel:
             build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
             frames.append(RawFrame(build_id, frame.offset))
         return tuple(frames)
+
+
+def _delete(table: object, keys: list) -> None:
+    """Delete many keys in one syscall where the kernel allows it."""
+    if not keys:
+        return
+    try:
+        batch = (type(keys[0]) * len(keys))(*keys)
+        for _ in table.items_delete_batch(batch):
+            pass
+        return
+    except Exception:  # noqa: BLE001 - map types or kernels without batch deletes
+        pass
+    for key in keys:
+        try:
+            del table[key]
+        except KeyError:
+            pass
 
 
 def _items(table: object) -> Iterable[tuple[object, object]]:
