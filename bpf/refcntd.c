@@ -44,7 +44,7 @@ BPF_PERCPU_ARRAY(hist_buf, struct hist_val, 1);
 BPF_HASH(released_sites, struct site_key, __u64, MAX_SITES);
 BPF_HASH(history_types, __u32, __u32, 256);
 #endif
-BPF_RINGBUF_OUTPUT(events, 256);
+BPF_RINGBUF_OUTPUT(events, 1024);  /* 4 MiB: bursts of short-lived processes */
 
 static __always_inline void count_stat(int which)
 {
@@ -588,7 +588,7 @@ int on_loader(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (FILTERED && !procs.lookup(&tgid))
+	if (!procs.lookup(&tgid))  /* libraries loaded before tracing starts are on disk */
 		return 0;
 	__u64 rdebug = PT_REGS_IP(ctx) + (__s64)bpf_get_attach_cookie(ctx);
 	int state = 0;

@@ -106,6 +106,8 @@ def _output_args(p: argparse.ArgumentParser) -> None:
                         "4..256; default 16); the rest are counted as dropped")
     p.add_argument("--max-objects", type=int, default=1 << 20,
                    help="object map capacity (default 1048576)")
+    p.add_argument("--max-stacks", type=int, default=8192,
+                   help="stack store capacity (default 8192 distinct stacks)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
-                        **history_options(args))
+                        max_stacks=args.max_stacks, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = _resolve_command(command[0])
     plan = build_plan(load_spec(args.spec), exe)
@@ -248,7 +250,8 @@ def _ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    opts = TraceOptions(max_objects=args.max_objects, **history_options(args))
+    opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
+                        **history_options(args))
     plan = build_plan(load_spec(args.spec), args.binary)
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731

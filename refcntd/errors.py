@@ -37,6 +37,7 @@ class ConfigError(RefcntdError):
     """A spec or config file is malformed; the message names file, line and key."""
 
     def __init__(self, path: str, line: int, key: str, problem: str) -> None:
+        problem = " ".join(problem.split())  # parser messages can span lines: keep one
         super().__init__(f"{path}:{line}: {key}: {problem}")
         self.path, self.lineno, self.key, self.problem = path, line, key, problem
 

@@ -5,6 +5,7 @@ Everything it returns is a frozen dataclass from records.py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from collections.abc import Callable, Iterable
@@ -329,6 +330,20 @@ class Kernel:
     def live_objects(self) -> list[ObjectRecord]:
         names = self.type_names()
         return [_decode_object(k, v, names) for k, v in _items(self.bpf["objs"])]
+
+    def forget_stacks(self, refs: Iterable[StackRef]) -> None:
+        """Free the stack-store entries of a reported process.
+
+        Stack ids are never freed by the kernel, and with ASLR every process's
+        stacks are distinct: without this a long attach fills the stores.
+        """
+        stacks, raws = self.bpf["stacks"], self.bpf["raw_stacks"]
+        for table, ids in ((stacks, {r.stack_id for r in refs}),
+                           (raws, {r.raw_stack_id for r in refs})):
+            for stack_id in ids:
+                if stack_id >= 0:
+                    with contextlib.suppress(KeyError):
+                        del table[ctypes.c_int(stack_id)]
 
     def raw_stack(self, stack_id: int) -> tuple[int, ...]:
         if stack_id < 0:

@@ -6,6 +6,8 @@ run anywhere.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 from dataclasses import dataclass, field, replace
@@ -14,6 +16,7 @@ from pathlib import Path
 from refcntd import dwarfinfo, probepoint, sdt
 from refcntd.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.errors import BinaryError, ProbeError
+from refcntd.kheaders import CACHE_DIR
 from refcntd.sdt import ArgLoc
 from refcntd.spec import RoleSpec, Source, Spec
 
@@ -52,8 +55,12 @@ def function_locations(role: RoleSpec) -> dict[str, ArgLoc | None]:
 class ModuleInfo:
     path: str
     build_id: str | None
-    frame_pointers: str
     has_symtab: bool
+
+    @property
+    def frame_pointers(self) -> str:
+        """Computed when shown (check): it disassembles hundreds of functions."""
+        return frame_pointer_summary(ElfImage(self.path))
 
 
 @dataclass(frozen=True)
@@ -156,8 +163,7 @@ def build_plan(spec: Spec, binary: str) -> Plan:
                           "resolved only if the library sits next to a known module")
     for path, image in images.items():
         plan.usdt[path] = sdt.sdt_probes(image)
-        plan.modules[path] = ModuleInfo(path, image.build_id, frame_pointer_summary(image),
-                                        image.has_symtab)
+        plan.modules[path] = ModuleInfo(path, image.build_id, image.has_symtab)
         if image.build_id is None:
             plan.notes.append(f"{path} has no build-id: stacks through it are resolved only "
                               "while the process lives")
@@ -334,7 +340,23 @@ def find_loader_probe(exe: ElfImage) -> LoaderProbe | None:
     rdebug = loader.data_symbol("_r_debug")
     if not state or rdebug is None:
         return None
-    calls = probepoint.call_sites(loader, state[0].vaddr)
+    calls = _cached_call_sites(loader, state[0].vaddr)
     sites = tuple((off, rdebug - vaddr) for vaddr in calls
                   if (off := loader.vaddr_to_offset(vaddr)) is not None)
     return LoaderProbe(str(loader.path), sites) if sites else None
+
+
+def _cached_call_sites(loader: ElfImage, target: int) -> list[int]:
+    """Confirming call sites parses .eh_frame (0.1 s): kept per ld.so build-id."""
+    cache = CACHE_DIR / f"ldso-{loader.build_id}-{target:x}.json"
+    if loader.build_id:
+        try:
+            return [int(x) for x in json.loads(cache.read_text())]
+        except (OSError, ValueError):
+            pass
+    calls = probepoint.call_sites(loader, target)
+    if loader.build_id:
+        with contextlib.suppress(OSError):
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(calls))
+    return calls

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -28,7 +28,7 @@ from refcntd.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
-from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord, ReleasedSite
+from refcntd.records import AnomalyRecord, LifecycleEvent, ObjectRecord, ReleasedSite, StackRef
 from refcntd.symbolize import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
@@ -49,6 +49,7 @@ class KernelView(Protocol):
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
     def live_objects(self) -> list[ObjectRecord]: ...
     def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
+    def forget_stacks(self, refs: Iterable[StackRef]) -> None: ...
 
 
 class SessionTracker:
@@ -153,10 +154,25 @@ class SessionTracker:
         if self.stub_names is not None:
             history = HistoryContext(self.stub_names, self.kernel.released_sites(session.tgid))
         groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
-        anomalies = anomaly_findings(self._anomalies.pop(session.tgid, []), self.stacks,
-                                     self.sym, mods)
+        anomaly_records = self._anomalies.pop(session.tgid, [])
+        anomalies = anomaly_findings(anomaly_records, self.stacks, self.sym, mods)
+        self.kernel.forget_stacks(_stack_refs(records, anomaly_records, history))
         self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,
                                      status, code, groups, anomalies))
+
+
+def _stack_refs(records: list[ObjectRecord], anomalies: list[AnomalyRecord],
+                history: HistoryContext | None) -> list[StackRef]:
+    """Every stack a process's report used: the kernel may free them now."""
+    refs = [StackRef(r.stack_id, r.raw_stack_id, r.caller_ip) for r in records]
+    for r in records:
+        if r.history:
+            refs += [e.where for e in r.history.events] + [s.where for s in r.history.sites]
+    for a in anomalies:
+        refs += [a.where, *([a.alloc] if a.alloc else [])]
+    if history:
+        refs += [r.site.where for r in history.released]
+    return refs
 
 
 def _exit_status(kernel_code: int, waited: int | None) -> tuple[str, int | None]:

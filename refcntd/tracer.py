@@ -53,6 +53,7 @@ NOTE_REASONS = {
 @dataclass
 class TraceOptions:
     max_objects: int = 1 << 20
+    max_stacks: int = 8192
     descendant_grace_s: float = 10.0
     history: tuple[str, ...] | None = None  # type names, ("all",), or None
     history_depth: int = 16
@@ -87,7 +88,7 @@ class Tracer:
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
         kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
-                              max_objects=opts.max_objects,
+                              max_objects=opts.max_objects, max_stacks=opts.max_stacks,
                               exit_code_offset=btf.member_offset("task_struct", "exit_code"),
                               loader_probe=plan.loader is not None,
                               history=opts.history, history_depth=opts.history_depth,

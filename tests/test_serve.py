@@ -38,7 +38,11 @@ class Serve:
         self.proc = subprocess.Popen([*REFCNTD, "serve", "--config", str(self.config)],
                                      cwd=ROOT, stderr=subprocess.PIPE)
         self.log = ""
-        self.wait_log("serving", 120)
+        try:
+            self.wait_log("serving", 120)
+        except BaseException:  # __exit__ will not run: never leave a daemon behind
+            self.__exit__()
+            raise
 
     def write_config(self, targets: str) -> None:
         self.config.write_text(f"version: 1\nlisten: 127.0.0.1:{self.port}\n"

@@ -1,0 +1,4 @@
+provider bench {
+	probe get(void *obj);
+	probe put(void *obj);
+};

@@ -1,0 +1,427 @@
+"""What refcntd costs the traced program, against the uprobe floor and the
+alternatives.  One command (see benchmarks/README.md):
+
+    sudo .venv/bin/python benchmarks/run.py [--smoke] [--out DIR]
+
+Prints a table and writes results.md and results.json into DIR.  Ratios are
+taken against the uprobe floor measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from refcntd import perf_uprobe  # noqa: E402
+from refcntd.kheaders import find_kernel_source  # noqa: E402
+from refcntd.plan import build_plan  # noqa: E402
+from refcntd.spec import load_spec  # noqa: E402
+
+REFCNTD = [sys.executable, "-m", "refcntd.cli"]
+HERE = Path(__file__).resolve().parent
+EXAMPLES = ROOT / "examples"
+
+
+@dataclass
+class Sizes:
+    calls: int  # get+put pairs per run
+    churn: int
+    runs: int
+    scale: tuple[int, ...]
+    perflike_samples: int
+
+
+FULL = Sizes(calls=100_000, churn=20_000, runs=5, scale=(10_000, 100_000, 1_000_000),
+             perflike_samples=20_000)
+SMOKE = Sizes(calls=2_000, churn=500, runs=2, scale=(1_000,), perflike_samples=200)
+
+
+@dataclass
+class Row:
+    name: str
+    values: list[float]
+    unit: str = "ns/call"
+    note: str = ""
+    ratio_to: str = ""  # row name this is a ratio against
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    @property
+    def spread(self) -> str:
+        return f"{min(self.values):.0f}-{max(self.values):.0f}" if self.values else "-"
+
+
+def sh(cmd: list[str], **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+# ---- builds ------------------------------------------------------------------------
+def build(out: Path) -> dict[str, Path]:
+    b = out / "build"
+    b.mkdir(parents=True, exist_ok=True)
+    inc = [f"-I{EXAMPLES}", f"-I{b}"]
+    common = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread", *inc]
+    sh(["dtrace", "-h", "-s", str(HERE / "benchprobes.d"), "-o", str(b / "benchprobes.h")])
+    sh(["dtrace", "-G", "-s", str(HERE / "benchprobes.d"), "-o", str(b / "benchprobes.o")])
+    for opt in ("O0", "O2"):
+        sh(["gcc", f"-{opt}", "-c", "-o", str(b / f"refcnt-{opt}.o"), str(EXAMPLES / "refcnt.c")])
+        sh(["gcc", *common, "-o", str(b / f"bench-{opt}"), str(HERE / "bench.c"),
+            str(b / f"refcnt-{opt}.o")])
+    sh(["gcc", "-O2", "-fPIC", "-shared", "-o", str(b / "librefcnt.so"),
+        str(EXAMPLES / "refcnt.c")])
+    sh(["gcc", *common, "-o", str(b / "bench-lib"), str(HERE / "bench.c"), f"-L{b}",
+        "-lrefcnt", f"-Wl,-rpath,{b}"])
+    sh(["gcc", "-O2", "-fPIC", "-shared", *inc, "-o", str(b / "interposer.so"),
+        str(HERE / "interposer.c")])
+    sh(["gcc", *common, "-DWITH_USDT", "-o", str(b / "bench-usdt"), str(HERE / "bench.c"),
+        str(b / "refcnt-O0.o"), str(b / "benchprobes.o")])
+    sh(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(b / "perflike"),
+        str(EXAMPLES / "perflike.c"), str(EXAMPLES / "refcnt.c"), *inc])
+    usdt_spec = b / "bench-usdt.yaml"
+    usdt_spec.write_text("version: 1\nname: bench-usdt\nroles:\n"
+                         "  init: {functions: [__refcnt__init], object: arg3, type: arg4,"
+                         " initial_count: arg2}\n"
+                         "  get: {usdt: \"bench:get\", object: arg1}\n"
+                         "  put: {usdt: \"bench:put\", object: arg1}\n")
+    return {p.name: p for p in b.iterdir()}
+
+
+# ---- measurements ------------------------------------------------------------------
+def ns_of(output: str) -> float:
+    return float(re.search(r"^ns ([0-9.]+)$", output, re.M).group(1))
+
+
+def untraced(exe: Path, mode: str, n: int, env: dict | None = None) -> float:
+    return ns_of(sh([str(exe), mode, str(n)], env=env).stdout)
+
+
+def traced(exe: Path, mode: str, n: int, extra: list[str] = ()) -> tuple[float, str]:
+    proc = subprocess.run([*REFCNTD, "run", *extra, "--", str(exe), mode, str(n)],
+                          capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode not in (0, 23):
+        raise RuntimeError(f"refcntd run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return ns_of(proc.stdout), proc.stdout
+
+
+class Floor:
+    """An empty BPF program on the instructions refcntd probes for get and put."""
+
+    def __init__(self, exe: Path, spec: str = "perf-stubs") -> None:
+        os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
+        from bcc import BPF
+        plan = build_plan(load_spec(spec), str(exe))
+        self.sites = [s for s in plan.sites if s.role in ("get", "put")]
+        self.bpf = BPF(src_file=str(HERE / "empty.bpf.c"))
+        prog = self.bpf.load_func("on_probe", BPF.KPROBE)
+        self.fds = []
+        for site in self.sites:
+            fd = perf_uprobe.open_uprobe(site.module, site.file_offset,
+                                         ref_ctr_offset=site.ref_ctr_offset)
+            self.fds += [fd, perf_uprobe.link_bpf(prog.fd, fd, 0)]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.bpf.cleanup()
+
+    def describe(self) -> str:
+        return ", ".join(f"{s.role} +{s.probe_offset} ({s.cost})" for s in self.sites)
+
+
+def repeat(n: int, fn: callable) -> list[float]:
+    return [fn() for _ in range(n)]
+
+
+def memleak(exe: Path, n: int) -> float:
+    """bcc's memleak tracing the process's malloc/free (attached by pid before the loop)."""
+    proc = subprocess.Popen([str(exe), "malloc", str(n), "wait"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    tool = subprocess.Popen(["memleak-bpfcc", "-p", str(proc.pid), "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # memleak prints this once its probes are attached
+        line = tool.stdout.readline()
+        if "Attaching to pid" in line or not line:
+            break
+    time.sleep(1.0)
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    out = proc.stdout.read()
+    proc.wait()
+    tool.send_signal(signal.SIGINT)
+    tool.wait(timeout=30)
+    return ns_of(out)
+
+
+def scale(exe: Path, n: int, out: Path) -> dict:
+    """Time from the process's exit to its report (the SUMMARY line refcntd prints when
+    the exit is processed), with n live objects; and to the run's JSON file."""
+    report = out / f"scale-{n}.json"
+    t0 = time.time()
+    proc = subprocess.Popen([*REFCNTD, "run", "--max-objects", str(max(n * 2, 1 << 20)),
+                             "--json", str(report), "--", str(exe), "live", str(n)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    summary_at = None
+    for line in proc.stderr:
+        if line.startswith("SUMMARY: refcntd:") and summary_at is None:
+            summary_at = time.time()
+    out_text = proc.stdout.read()
+    proc.wait()
+    done = time.time()
+    exit_at = float(re.search(r"exit_at ([0-9.]+)", out_text).group(1))
+    leaked = json.loads(report.read_text())["leaked_objects"]
+    return {"objects": n, "leaked_reported": leaked, "exit_to_report_s": summary_at - exit_at,
+            "exit_to_run_json_s": report.stat().st_mtime - exit_at,
+            "refcntd_exit_s": done - exit_at, "total_s": done - t0,
+            "run_json_mib": round(report.stat().st_size / 2**20, 1),
+            "maxrss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def map_bytes_per_object(n: int) -> dict:
+    """bytes_memlock of the object map, empty and with n entries (kernel accounting)."""
+    os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
+    from refcntd import layout
+    from refcntd.kernel import Kernel, KernelOptions
+    kernel = Kernel(KernelOptions(filtered=True, has_delete=True), [])
+    try:
+        objs = kernel.bpf["objs"]
+        before = _memlock(objs.map_fd)
+        for i in range(n):
+            objs[layout.ObjKey(tgid=1, addr=0x1000 + 64 * i)] = layout.ObjVal(count=1)
+        after = _memlock(objs.map_fd)
+    finally:
+        kernel.detach()
+    return {"entries": n, "bytes_before": before, "bytes_after": after,
+            "bytes_per_object": (after - before) / n}
+
+
+def _memlock(fd: int) -> int:
+    text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    return int(re.search(r"^memlock:\s+(\d+)", text, re.M).group(1))
+
+
+def attach_time(lib: Path) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*REFCNTD, "attach", "--binary", str(lib)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.stderr.readline()
+    elapsed = time.monotonic() - t0
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    return elapsed
+
+
+def wall(cmd: list[str]) -> float:
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=False, capture_output=True, cwd=ROOT)
+    return time.monotonic() - t0
+
+
+def xol_mapping(exe: Path) -> int:
+    """[uprobes] XOL mappings in a target during an entry-probe-only refcntd run."""
+    proc = subprocess.Popen([*REFCNTD, "attach", "--binary", str(exe)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.stderr.readline()
+    target = subprocess.Popen([str(exe), "getput", "1000", "wait"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    target.stdout.readline()
+    target.stdin.write("go\n")
+    target.stdin.flush()
+    target.stdout.readline()  # ns line: the loop ran; the process is exiting
+    count = 0
+    try:
+        count = Path(f"/proc/{target.pid}/maps").read_text().count("[uprobes]")
+    except OSError:
+        pass
+    target.wait()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    return count
+
+
+# ---- the whole benchmark -----------------------------------------------------------
+def measure(sizes: Sizes, out: Path) -> dict:
+    b = build(out)
+    rows: list[Row] = []
+    n, r = sizes.calls, sizes.runs
+    o0, o2, lib = b["bench-O0"], b["bench-O2"], b["bench-lib"]
+
+    rows.append(Row("no tracer (-O0 stubs)", repeat(r, lambda: untraced(o0, "getput", n))))
+    floor = Floor(o0)
+    rows.append(Row("uprobe floor: empty program, same instructions", repeat(
+        r, lambda: untraced(o0, "getput", n)), note=floor.describe()))
+    floor.close()
+    rows.append(Row("refcntd counting", repeat(r, lambda: traced(o0, "getput", n)[0]),
+                    ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("refcntd counting + --history", repeat(
+        r, lambda: traced(o0, "getput", n, ["--history"])[0]),
+        ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("no tracer (-O2 lock-prefixed stubs)",
+                    repeat(r, lambda: untraced(o2, "getput", n))))
+    floor2 = Floor(o2)
+    rows.append(Row("uprobe floor on the -O2 build's probe points", repeat(
+        r, lambda: untraced(o2, "getput", n)), note=floor2.describe()))
+    floor2.close()
+    rows.append(Row("refcntd counting, -O2 lock-prefixed stubs", repeat(
+        r, lambda: traced(o2, "getput", n)[0]),
+        ratio_to="uprobe floor on the -O2 build's probe points"))
+    rows.append(Row("USDT probes, semaphore off (not traced)", repeat(
+        r, lambda: untraced(b["bench-usdt"], "usdt", n))))
+    rows.append(Row("refcntd on USDT probes, semaphore on", repeat(
+        r, lambda: traced(b["bench-usdt"], "usdt", n,
+                          ["--spec", str(b["bench-usdt.yaml"])])[0]),
+        ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("init+release pair, no tracer", repeat(
+        r, lambda: untraced(o0, "churn", sizes.churn)), unit="ns/pair"))
+    rows.append(Row("init+release pair, refcntd (allocation stack per init)", repeat(
+        r, lambda: traced(o0, "churn", sizes.churn)[0]), unit="ns/pair"))
+    rows.append(Row("LD_PRELOAD interposer (user-space hash), PLT stubs", repeat(
+        r, lambda: untraced(lib, "getput", n, dict(os.environ,
+                                                   LD_PRELOAD=str(b["interposer.so"]))))))
+    rows.append(Row("malloc/free, no tracer", repeat(r, lambda: untraced(o0, "malloc", n))))
+    rows.append(Row("bcc memleak (-p PID) on malloc/free", repeat(
+        r, lambda: memleak(o0, n)), note="per malloc or free call"))
+    thread_runs = [traced(o0, "threads", n) for _ in range(r)]
+    exact = all("counts 1 1 1 1" in out for _, out in thread_runs)
+    rows.append(Row("2 threads sharing 4 objects, refcntd counting",
+                    [ns for ns, _ in thread_runs], extra={"counts_exact": exact},
+                    note=f"final counts exact: {exact}"))
+    results = {"rows": rows, "scale": [scale(o0, k, out) for k in sizes.scale],
+               "map_memory": map_bytes_per_object(min(100_000, max(sizes.scale))),
+               "attach_s": statistics.median(repeat(3, lambda: attach_time(b["librefcnt.so"]))),
+               "xol_mappings_entry_probes": xol_mapping(o0),
+               "perflike": {
+                   "samples": sizes.perflike_samples,
+                   "untraced_s": wall([str(b["perflike"]), str(sizes.perflike_samples)]),
+                   "traced_tiny_s": wall([*REFCNTD, "run", "--", str(b["perflike"]), "10"]),
+                   "traced_s": wall([*REFCNTD, "run", "--", str(b["perflike"]),
+                                     str(sizes.perflike_samples)]),
+                   "traced_history_s": wall([*REFCNTD, "run", "--history", "--",
+                                             str(b["perflike"]), str(sizes.perflike_samples)])}}
+    return results
+
+
+# ---- output ------------------------------------------------------------------------
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+    return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
+            "memory_gib": round(mem / 2**20, 1), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def row_json(row: Row, by_name: dict[str, Row]) -> dict:
+    base = by_name.get(row.ratio_to) or by_name["uprobe floor: empty program, same instructions"]
+    return {"name": row.name, "unit": row.unit, "median": round(row.median, 1),
+            "min": round(min(row.values), 1), "max": round(max(row.values), 1),
+            "runs": len(row.values), "ratio_to_floor": round(row.median / base.median, 2),
+            "floor_row": base.name, "note": row.note, **row.extra}
+
+
+def goals(results: dict, rows: dict[str, dict]) -> list[dict]:
+    floor = rows["uprobe floor: empty program, same instructions"]["median"]
+    counting = rows["refcntd counting"]["median"]
+    memleak_op = rows["bcc memleak (-p PID) on malloc/free"]["median"] - \
+        rows["malloc/free, no tracer"]["median"]
+    ours_op = counting - rows["no tracer (-O0 stubs)"]["median"]
+    big = max(results["scale"], key=lambda s: s["objects"])
+    per_obj = results["map_memory"]["bytes_per_object"]
+    return [
+        {"goal": "counting only <= 1.15x the uprobe floor", "value":
+         f"{counting / floor:.2f}x", "met": counting / floor <= 1.15},
+        {"goal": "no [uprobes] XOL mapping in an entry-probe-only run (-O0 stubs)",
+         "value": f"{results['xol_mappings_entry_probes']} mapping(s)",
+         "met": results["xol_mappings_entry_probes"] == 0},
+        {"goal": "per operation >= 5x cheaper than bcc memleak", "value":
+         f"{memleak_op / ours_op:.1f}x cheaper ({ours_op:.0f} vs {memleak_op:.0f} ns added)",
+         "met": memleak_op / ours_op >= 5},
+        {"goal": f"report of {big['objects']} live objects within 3 s of exit",
+         "value": f"{big['exit_to_report_s']:.2f} s", "met": big["exit_to_report_s"] <= 3
+         and big["objects"] >= 1_000_000},
+        {"goal": "kernel memory <= 128 bytes per tracked object", "value":
+         f"{per_obj:.0f} bytes", "met": per_obj <= 128},
+        {"goal": "attach <= 1.5 s for the default spec", "value":
+         f"{results['attach_s']:.2f} s", "met": results["attach_s"] <= 1.5},
+    ]
+
+
+def render(results: dict, sizes: Sizes) -> tuple[str, dict]:
+    by_name = {r.name: r for r in results["rows"]}
+    rows = {r.name: row_json(r, by_name) for r in results["rows"]}
+    g = goals(results, rows)
+    md = [f"# refcntd benchmark results ({'smoke' if sizes is SMOKE else 'full'} size)", "",
+          "Machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()), "",
+          f"{sizes.runs} runs of {sizes.calls} get+put pairs each (churn: {sizes.churn} "
+          "init+release pairs); median and min-max of the runs; ratios against the uprobe "
+          "floor measured in the same run.", "",
+          "| workload | median | min-max | unit | x floor | note |", "|---|---|---|---|---|---|"]
+    for r in rows.values():
+        md.append(f"| {r['name']} | {r['median']} | {r['min']}-{r['max']} | {r['unit']} | "
+                  f"{r['ratio_to_floor']} | {r['note']} |")
+    md += ["", "| live objects at exit | exit to process report | exit to run JSON | "
+           "run JSON | refcntd max RSS |", "|---|---|---|---|---|"]
+    md += [f"| {s['objects']} ({s['leaked_reported']} reported) | {s['exit_to_report_s']:.2f} s"
+           f" | {s['exit_to_run_json_s']:.2f} s | {s['run_json_mib']} MiB | "
+           f"{s['maxrss_mib']:.0f} MiB |" for s in results["scale"]]
+    mm, pl = results["map_memory"], results["perflike"]
+    md += ["", f"Object map kernel memory: {mm['bytes_per_object']:.0f} bytes per object "
+           f"(memlock {mm['bytes_before']} -> {mm['bytes_after']} bytes for {mm['entries']} "
+           "entries).", f"Attach time (start to all probes installed, default spec): "
+           f"{results['attach_s']:.2f} s.", f"[uprobes] XOL mappings in an entry-probe-only "
+           f"target: {results['xol_mappings_entry_probes']}.", "",
+           f"Real workload, perflike (-O2 stubs: single-stepped probes) with {pl['samples']} "
+           f"samples: untraced {pl['untraced_s']:.2f} s, refcntd run {pl['traced_s']:.2f} s, "
+           f"with --history {pl['traced_history_s']:.2f} s (wall); refcntd's own start and "
+           f"exit (the same with 10 samples) {pl['traced_tiny_s']:.2f} s.", "",
+           "| goal | measured | met |", "|---|---|---|"]
+    md += [f"| {x['goal']} | {x['value']} | {'yes' if x['met'] else '**no**'} |" for x in g]
+    data = {"machine": machine(), "sizes": vars(sizes) | {"scale": list(sizes.scale)},
+            "rows": list(rows.values()), "scale": results["scale"],
+            "map_memory": results["map_memory"], "attach_s": results["attach_s"],
+            "xol_mappings_entry_probes": results["xol_mappings_entry_probes"],
+            "perflike": results["perflike"], "goals": g}
+    return "\n".join(md) + "\n", data
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
+    parser.add_argument("--out", default=str(HERE / "results"), help="output directory")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("benchmarks/run.py: needs root (BPF)", file=sys.stderr)
+        return 1
+    sizes = SMOKE if args.smoke else FULL
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="refcntd-bench-") as scratch:  # builds, big JSON
+        md, data = render(measure(sizes, Path(scratch)), sizes)
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The benchmark command runs (smoke size) and its JSON has every row and goal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+ROWS = {
+    "no tracer (-O0 stubs)", "uprobe floor: empty program, same instructions",
+    "refcntd counting", "refcntd counting + --history", "no tracer (-O2 lock-prefixed stubs)",
+    "uprobe floor on the -O2 build's probe points", "refcntd counting, -O2 lock-prefixed stubs",
+    "USDT probes, semaphore off (not traced)", "refcntd on USDT probes, semaphore on",
+    "init+release pair, no tracer", "init+release pair, refcntd (allocation stack per init)",
+    "LD_PRELOAD interposer (user-space hash), PLT stubs", "malloc/free, no tracer",
+    "bcc memleak (-p PID) on malloc/free", "2 threads sharing 4 objects, refcntd counting",
+}
+
+
+def test_benchmark_smoke(bpf, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {r["name"] for r in data["rows"]} == ROWS
+    assert all(r["median"] > 0 and r["runs"] == 2 for r in data["rows"])
+    threads = next(r for r in data["rows"] if r["name"].startswith("2 threads"))
+    assert threads["counts_exact"] is True
+    assert [s["leaked_reported"] for s in data["scale"]] == [s["objects"] for s in data["scale"]]
+    assert len(data["goals"]) == 6
+    assert (tmp_path / "results.md").read_text().startswith("# refcntd benchmark results")
