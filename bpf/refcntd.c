@@ -26,6 +26,7 @@ BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
 BPF_HASH(comm_allow, struct comm_key, __u32, 64);
+BPF_HASH(proc_stacks, struct proc_stack, __u32, MAX_STACKS * 2);  /* -> process gen */
 BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
 BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
 BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
@@ -191,6 +192,12 @@ static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg
 	*raw_stack_id = raw_stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (*raw_stack_id < 0)
 		count_stat(ST_RAW_STACK_LOST);
+	struct proc_stack owner = {.tgid = bpf_get_current_pid_tgid() >> 32,
+				   .stack_id = *stack_id, .raw_stack_id = *raw_stack_id};
+	struct proc_val *proc = procs.lookup(&owner.tgid);
+	__u32 gen = proc ? proc->gen : 0;  /* a reused pid must not free its predecessor's */
+	if (*stack_id >= 0 || *raw_stack_id >= 0)
+		proc_stacks.update(&owner, &gen);  /* best effort: an untracked stack just stays */
 	*caller_ip = 0;
 	if (cfg->caller_sp >= 0) {
 		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);

@@ -112,6 +112,15 @@ struct hist_val {
 	struct hist_entry e[HISTORY_DEPTH];
 };
 
+/* Stacks a process created, so all of them (released objects' too) are
+ * freed when the process is reported: the kernel never frees stack ids. */
+struct proc_stack {
+	__u32 tgid;
+	__s32 stack_id;
+	__s32 raw_stack_id;
+	__u32 pad;
+};
+
 /* Per process, what released objects did where: attribution's baseline. */
 struct site_key {
 	__u32 tgid;

@@ -123,6 +123,7 @@ class Kernel:
         self._links: list[int] = []
         self._perf_fds: list[int] = []
         self.failed_probes: list[str] = []
+        self.stacks_freed_early = 0  # counted in the report: never silent
         try:
             self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
                                cflags=bpf_cflags(opts, len(sites)))
@@ -331,16 +332,20 @@ class Kernel:
         names = self.type_names()
         return [_decode_object(k, v, names) for k, v in _items(self.bpf["objs"])]
 
-    def forget_stacks(self, refs: Iterable[StackRef]) -> None:
-        """Free the stack-store entries of a reported process.
+    def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
+        """Free every stack-store entry a reported process created.
 
-        Stack ids are never freed by the kernel, and with ASLR every process's
-        stacks are distinct: without this a long attach fills the stores.
+        The kernel never frees stack ids, and with ASLR every process's stacks
+        are distinct: without this a long attach fills the stores, and bucket
+        collisions (a stack refused because its bucket holds another) multiply.
         """
-        stacks, raws = self.bpf["stacks"], self.bpf["raw_stacks"]
-        for table, ids in ((stacks, {r.stack_id for r in refs}),
-                           (raws, {r.raw_stack_id for r in refs})):
-            for stack_id in ids:
+        owned = [k for k, v in _items(self.bpf["proc_stacks"])
+                 if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
+        _delete(self.bpf["proc_stacks"], owned)
+        ids = {(r.stack_id, r.raw_stack_id) for r in refs}
+        ids |= {(k.stack_id, k.raw_stack_id) for k in owned}
+        for table, column in ((self.bpf["stacks"], 0), (self.bpf["raw_stacks"], 1)):
+            for stack_id in {pair[column] for pair in ids}:
                 if stack_id >= 0:
                     with contextlib.suppress(KeyError):
                         del table[ctypes.c_int(stack_id)]
@@ -359,6 +364,8 @@ class Kernel:
         try:
             value = self.bpf["stacks"][ctypes.c_int(stack_id)]
         except KeyError:
+            # freed with an exited process that had the very same stack (no ASLR)
+            self.stacks_freed_early += 1
             return ()
         frames = []
         for frame in value.frame:

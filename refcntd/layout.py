@@ -128,6 +128,11 @@ def hist_val_type(depth: int) -> type[C.Structure]:
         ("site", HistSite * HISTORY_SITES), ("e", HistEntry * depth)]})
 
 
+class ProcStack(C.Structure):
+    _fields_ = [("tgid", C.c_uint32), ("stack_id", C.c_int32), ("raw_stack_id", C.c_int32),
+                ("pad", C.c_uint32)]
+
+
 class SiteKey(C.Structure):
     _fields_ = [("tgid", C.c_uint32), ("type_id", C.c_uint32), ("op", C.c_uint32),
                 ("stack_id", C.c_int32), ("raw_stack_id", C.c_int32), ("pad", C.c_uint32),
@@ -166,5 +171,6 @@ MAP_LAYOUT = {
     "types": (C.c_uint32, TypeName),
     "stacks": (C.c_int32, StackFrames),
     "graveyard": (ObjKey, GraveVal),
+    "proc_stacks": (ProcStack, C.c_uint32),
 }
 EVENT_SIZE = C.sizeof(Event)

@@ -49,7 +49,7 @@ class KernelView(Protocol):
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
     def live_objects(self) -> list[ObjectRecord]: ...
     def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
-    def forget_stacks(self, refs: Iterable[StackRef]) -> None: ...
+    def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None: ...
 
 
 class SessionTracker:
@@ -156,7 +156,8 @@ class SessionTracker:
         groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
         anomaly_records = self._anomalies.pop(session.tgid, [])
         anomalies = anomaly_findings(anomaly_records, self.stacks, self.sym, mods)
-        self.kernel.forget_stacks(_stack_refs(records, anomaly_records, history))
+        self.kernel.forget_stacks(session.tgid, session.gen,
+                                  _stack_refs(records, anomaly_records, history))
         self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,
                                      status, code, groups, anomalies))
 

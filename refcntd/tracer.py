@@ -158,6 +158,9 @@ class Tracer:
                   for s in self.plan.sites]
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
+        if self.kernel.stacks_freed_early:
+            lost["allocation stacks freed with another process that shared them"] = \
+                self.kernel.stacks_freed_early
         unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
         if unseen:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
