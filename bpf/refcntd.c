@@ -286,23 +286,31 @@ static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
 static __always_inline void fold_history(struct obj_key *key, __u32 type_id) {}
 #endif
 
-static __always_inline void release(struct obj_key *key, struct obj_val *o)
+/* What is remembered of an object: kept in the graveyard once it is released
+ * (released_ns set), and what an anomaly says about it. */
+static __always_inline struct grave_val describe(struct obj_val *o, __u64 released_ns)
 {
 	struct grave_val g = {.type_id = o->type_id, .gen = o->gen, .stack_id = o->stack_id,
 			      .raw_stack_id = o->raw_stack_id, .caller_ip = o->caller_ip,
 			      .name_ptr = o->name_ptr, .init_ns = o->init_ns,
-			      .released_ns = bpf_ktime_get_ns()};
+			      .released_ns = released_ns};
+	return g;
+}
+
+static __always_inline void release(struct obj_key *key, struct obj_val *o)
+{
+	struct grave_val g = describe(o, bpf_ktime_get_ns());
 	graveyard.update(key, &g);
 	add_totals(o);
 	fold_history(key, o->type_id);
 	objs.delete(key);
 }
 
-/* Report misuse of `key` with the offending stack; `o` or `g` (or neither,
- * for an object never seen) describe the object. */
+/* Report misuse of `key` with the offending stack; `g` describes the object
+ * (describe() of a live one, its graveyard entry), NULL if never seen. */
 static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg *cfg,
 					   __u32 kind, struct obj_key *key, __s64 count_before,
-					   struct obj_val *o, struct grave_val *g)
+					   struct grave_val *g)
 {
 	int zero = 0;
 	struct anomaly *a = anomaly_buf.lookup(&zero);
@@ -319,15 +327,7 @@ static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg
 	a->alloc_stack_id = -1;
 	a->alloc_raw_stack_id = -1;
 	capture_stacks(ctx, cfg, &a->stack_id, &a->raw_stack_id, &a->caller_ip);
-	if (o) {
-		a->type_id = o->type_id;
-		a->gen = o->gen;
-		a->alloc_stack_id = o->stack_id;
-		a->alloc_raw_stack_id = o->raw_stack_id;
-		a->alloc_caller_ip = o->caller_ip;
-		a->name_ptr = o->name_ptr;
-		a->init_ns = o->init_ns;
-	} else if (g) {
+	if (g) {
 		a->type_id = g->type_id;
 		a->gen = g->gen;
 		a->alloc_stack_id = g->stack_id;
@@ -349,7 +349,7 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 {
 	struct grave_val *g = graveyard.lookup(key);
 	if (g) {
-		report_anomaly(ctx, cfg, after_delete, key, 0, 0, g);
+		report_anomaly(ctx, cfg, after_delete, key, 0, g);
 		return;
 	}
 	struct proc_val *proc = procs.lookup(&key->tgid);
@@ -360,7 +360,7 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 	if (unknown_seen.lookup(key))
 		return;
 	unknown_seen.update(key, &one);
-	report_anomaly(ctx, cfg, unknown, key, 0, 0, 0);
+	report_anomaly(ctx, cfg, unknown, key, 0, 0);
 }
 
 /* Arguments of an init: read now, or saved by the constructor's entry probe
@@ -474,8 +474,9 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 		record(ctx, cfg, &key, ROLE_PUT, before - 1);
 	if (before <= 0) {
 		count_stat(ST_PUT_BELOW_ZERO);
+		struct grave_val g = describe(o, 0);
 		report_anomaly(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
-			       before, o, 0);
+			       before, &g);
 	}
 	if (before == 1 && !HAS_DELETE)
 		release(&key, o);
@@ -492,8 +493,10 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 			       ST_UNKNOWN_DELETE);
 		return 0;
 	}
-	if (o->count != 0)
-		report_anomaly(ctx, cfg, AN_DELETE_LIVE, &key, o->count, o, 0);
+	if (o->count != 0) {
+		struct grave_val g = describe(o, 0);
+		report_anomaly(ctx, cfg, AN_DELETE_LIVE, &key, o->count, &g);
+	}
 	if (HISTORY)
 		record(ctx, cfg, &key, ROLE_DELETE, o->count);
 	release(&key, o);
