@@ -89,23 +89,30 @@ def test_system_wide_attach_on_a_library(bpf, build, tmp_path):
     assert out.count("SUMMARY: refcntd: 8 objects of 3 types leaked") == 2
 
 
+def attach_to_pid(lib: Path, target: subprocess.Popen, unrelated: Path, json_path: Path
+                  ) -> tuple[subprocess.CompletedProcess, dict]:
+    """Attach to `target` (waiting at its "ready"), run `unrelated` meanwhile, then let
+    the target go and report; the target is killed if anything fails."""
+    try:
+        with Attached(["--binary", str(lib), "--pid", str(target.pid)], json_path) as att:
+            other = subprocess.run([str(unrelated)], capture_output=True)
+            target.stdin.write("go\n")
+            target.stdin.flush()
+            assert target.wait(timeout=30) == 0
+            time.sleep(0.5)
+            _, _, report = att.stop()
+    finally:
+        if target.poll() is None:
+            target.kill()
+    return other, report
+
+
 def test_attach_to_one_pid_ignores_other_processes(bpf, build, tmp_path):
     lib = build.stub_lib("O0")
     waiter = build.program("waiter", [FIXTURES / "waiter.c"], "O0", shared_stubs=True)
     perflike = build.perflike("O0", shared_stubs=True)
     target = start_waiter(waiter)
-    try:
-        with Attached(["--binary", str(lib), "--pid", str(target.pid)],
-                      tmp_path / "a.json") as att:
-            other = subprocess.run([str(perflike)], capture_output=True)
-            target.stdin.write("go\n")
-            target.stdin.flush()
-            assert target.wait(timeout=30) == 0
-            time.sleep(0.5)
-            code, out, report = att.stop()
-    finally:
-        if target.poll() is None:
-            target.kill()
+    other, report = attach_to_pid(lib, target, perflike, tmp_path / "a.json")
     assert other.returncode == 0
     assert [p["pid"] for p in report["processes"]] == [target.pid]
     (process,) = report["processes"]
@@ -121,18 +128,7 @@ def test_attach_to_a_pid_follows_its_descendants(bpf, build, tmp_path):
     script.write_text(f"#!/bin/sh\necho ready\nread line\n{perflike}\n{perflike}\n")
     script.chmod(0o755)
     parent = start_waiter(script)
-    try:
-        with Attached(["--binary", str(lib), "--pid", str(parent.pid)],
-                      tmp_path / "a.json") as att:
-            unrelated = subprocess.run([str(perflike)], capture_output=True)
-            parent.stdin.write("go\n")
-            parent.stdin.flush()
-            assert parent.wait(timeout=30) == 0
-            time.sleep(0.5)
-            code, out, report = att.stop()
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+    unrelated, report = attach_to_pid(lib, parent, perflike, tmp_path / "a.json")
     assert unrelated.returncode == 0
     leaking = [p for p in report["processes"] if p["groups"]]
     assert len(leaking) == 2, report["processes"]
