@@ -9,7 +9,8 @@ exited processes, so they never go down.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from prometheus_client.core import (
@@ -47,7 +48,8 @@ class TargetStats:
 class RefcntdCollector:
     """prometheus_client custom collector; `view()` returns the targets under a lock."""
 
-    def __init__(self, view: callable, report_stats: callable) -> None:
+    def __init__(self, view: Callable[[], AbstractContextManager[list[TargetStats]]],
+                 report_stats: Callable[[], object]) -> None:
         self.view = view
         self.report_stats = report_stats
         self._type_cache: dict[tuple[int, int], str] = {}

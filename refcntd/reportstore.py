@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +32,7 @@ class StoreStats:
 
 class ReportStore:
     def __init__(self, directory: str, retention: Retention,
-                 clock: callable = time.time) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self.dir = Path(directory)
         self.retention = retention
         self.clock = clock

@@ -104,11 +104,7 @@ class SessionTracker:
         self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command or [ev.comm])
 
     def _read_cmdline(self, tgid: int) -> list[str]:
-        try:
-            raw = (self.proc_root / str(tgid) / "cmdline").read_bytes()
-        except OSError:
-            return []
-        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        return read_cmdline(tgid, self.proc_root)
 
     def _on_exit(self, ev: LifecycleEvent) -> None:
         session = self.sessions.pop(ev.tgid, None)
@@ -160,6 +156,15 @@ class SessionTracker:
                                   _stack_refs(records, anomaly_records, history))
         self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,
                                      status, code, groups, anomalies))
+
+
+def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
+    """A live process's arguments; empty once it is gone."""
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _stack_refs(records: list[ObjectRecord], anomalies: list[AnomalyRecord],

@@ -22,7 +22,7 @@ from refcntd.model import (
 )
 from refcntd.plan import Plan
 from refcntd.records import AnomalyRecord, LifecycleEvent
-from refcntd.sessions import SessionTracker
+from refcntd.sessions import SessionTracker, read_cmdline
 from refcntd.symbolize import BuildIdIndex, Symbolizer
 
 POLL_MS = 100
@@ -308,7 +308,7 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
             tracer.start()
             for tgid in _process_tree(pid) if pid is not None else []:
                 gen = tracer.kernel.register_process(tgid)
-                tracer.tracker.add_root(tgid, gen, _cmdline(tgid))
+                tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
                 tracer.index.add_process_maps(f"/proc/{tgid}/maps")
             ready()
             while not flag.stop:
@@ -337,10 +337,3 @@ def _process_tree(root: int) -> list[int]:
         todo.extend(children.get(pid, []))
     return out
 
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return [str(pid)]
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
