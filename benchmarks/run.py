@@ -27,12 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from refcntd import perf_uprobe  # noqa: E402
-from refcntd.kheaders import find_kernel_source  # noqa: E402
-from refcntd.plan import build_plan  # noqa: E402
-from refcntd.spec import load_spec  # noqa: E402
+from refcntd.binary.plan import build_plan  # noqa: E402
+from refcntd.inputs.spec import load_spec  # noqa: E402
+from refcntd.kernel import perf_uprobe  # noqa: E402
+from refcntd.kernel.kheaders import find_kernel_source  # noqa: E402
 
-REFCNTD = [sys.executable, "-m", "refcntd.cli"]
+REFCNTD = [sys.executable, "-m", "refcntd"]
 HERE = Path(__file__).resolve().parent
 EXAMPLES = ROOT / "examples"
 
@@ -199,14 +199,14 @@ def scale(exe: Path, n: int, out: Path) -> dict:
 def map_bytes_per_object(n: int) -> dict:
     """bytes_memlock of the object map, empty and with n entries (kernel accounting)."""
     os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
-    from refcntd import layout
-    from refcntd.kernel import Kernel, KernelOptions
+    from refcntd.kernel import abi
+    from refcntd.kernel.loader import Kernel, KernelOptions
     kernel = Kernel(KernelOptions(filtered=True, has_delete=True), [])
     try:
         objs = kernel.bpf["objs"]
         before = _memlock(objs.map_fd)
         for i in range(n):
-            objs[layout.ObjKey(tgid=1, addr=0x1000 + 64 * i)] = layout.ObjVal(count=1)
+            objs[abi.ObjKey(tgid=1, addr=0x1000 + 64 * i)] = abi.ObjVal(count=1)
         after = _memlock(objs.map_fd)
     finally:
         kernel.detach()

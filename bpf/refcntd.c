@@ -18,10 +18,6 @@
 
 #include "refcntd.h"
 
-struct stack_frames {
-	struct bpf_stack_build_id frame[STACK_DEPTH];
-};
-
 BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
@@ -41,7 +37,9 @@ BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
 #if HISTORY
 BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F_NO_PREALLOC);
-BPF_PERCPU_ARRAY(hist_buf, struct hist_val, 1);
+/* A zero hist_val to start a history from: memset of a large struct is not
+ * inlined by LLVM (it aborts the whole process at --history-depth >= 32). */
+BPF_ARRAY(hist_zero, struct hist_val, 1);
 BPF_HASH(released_sites, struct site_key, __u64, MAX_SITES);
 BPF_HASH(history_types, __u32, __u32, 256);
 #endif
@@ -156,12 +154,12 @@ static __always_inline __u32 intern_type(__u64 name_ptr)
 	__builtin_memset(buf->name, 0, TYPE_NAME_LEN);
 	if (bpf_probe_read_user_str(buf->name, TYPE_NAME_LEN, (void *)name_ptr) <= 0)
 		return 0;
-	__u32 hash = 2166136261u;  /* FNV-1a */
+	__u32 hash = FNV_OFFSET;
 #pragma unroll
 	for (int i = 0; i < TYPE_NAME_LEN; i++) {
 		if (buf->name[i] == 0)
 			break;
-		hash = (hash ^ (__u8)buf->name[i]) * 16777619u;
+		hash = (hash ^ (__u8)buf->name[i]) * FNV_PRIME;
 	}
 	hash |= 1;  /* 0 means "not read" */
 	if (types.lookup(&hash) == 0 && types.update(&hash, buf) != 0)
@@ -212,10 +210,9 @@ static __always_inline void start_history(struct obj_key *key, __u32 type_id)
 	__u32 zero = 0;
 	if (!HISTORY_ALL && type_id && !history_types.lookup(&type_id))
 		return;  /* an unread type name (0) keeps history: filtered when shown */
-	struct hist_val *blank = hist_buf.lookup(&zero);
+	struct hist_val *blank = hist_zero.lookup(&zero);  /* never written: all zero */
 	if (!blank)
 		return;
-	__builtin_memset(blank, 0, sizeof(*blank));
 	if (history.update(key, blank) != 0)
 		count_stat(ST_HISTORY_MAP_FULL);
 }

@@ -1,6 +1,13 @@
-/* Kernel/user contract of refcntd.  refcntd/layout.py mirrors every struct
- * here; refcntd/kernel.py compares both sizes at load time and refuses to run
- * when they differ. */
+/* Kernel/user contract of refcntd: the only place the ABI is written.
+ *
+ * refcntd/kernel/abi.py is generated from this file (python -m
+ * refcntd.kernel.abigen; a unit test fails on drift), and at load time every
+ * map's key and value is compared field by field with what bcc compiled.
+ * Keep to the subset abigen reads: #define constants, enums with one comment
+ * per member, structs of __u8..__s64 / char / nested structs / arrays.
+ * Every member of enum refcntd_stat needs a comment starting with "loss:"
+ * (a record was lost: the run is incomplete) or "note:" (shown, not a
+ * loss); the rest of the comment is the text the report and /metrics show. */
 #ifndef REFCNTD_H
 #define REFCNTD_H
 
@@ -10,29 +17,31 @@
 #define ARGV_LEN 128
 #define PATH_LEN 128
 #define LINK_MAP_MAX 64
+#define FNV_OFFSET 2166136261  /* FNV-1a 32-bit: type ids (intern_type) */
+#define FNV_PRIME 16777619
 
 enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 		   ROLE_INIT_ENTRY = 4 /* saves a constructor's arguments for its return probe */ };
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
-	ST_OBJ_MAP_FULL = 0,    /* init not recorded: object map full */
-	ST_STACK_LOST,          /* allocation stack could not be captured */
-	ST_STACK_COLLISION,     /* stack store bucket held another stack */
-	ST_UNKNOWN_GET,         /* get on an object never seen initialised */
-	ST_UNKNOWN_PUT,         /* put on an object never seen initialised */
-	ST_UNKNOWN_DELETE,      /* delete of an object never seen initialised */
-	ST_REINIT_LIVE,         /* init on an address whose object was still live */
-	ST_STALE_REPLACED,      /* undrained object of an earlier process with this pid */
-	ST_EVENT_LOST,          /* ring buffer full: a lifecycle event was lost */
-	ST_PROC_MAP_FULL,       /* process table full: a process was not traced */
-	ST_CALLER_UNREAD,       /* return address into the caller could not be read */
-	ST_PUT_BELOW_ZERO,      /* put took a count below zero */
-	ST_TYPE_MAP_FULL,       /* type-name table full */
-	ST_RAW_STACK_LOST,      /* raw-address stack could not be captured */
-	ST_INIT_ARGS_LOST,      /* constructor returned without its saved arguments */
-	ST_HISTORY_MAP_FULL,    /* object not given a history: history map full */
-	ST_SITES_MAP_FULL,      /* released-object sites not recorded: map full */
+	ST_OBJ_MAP_FULL = 0,    /* loss: inits not recorded: object map full */
+	ST_STACK_LOST,          /* loss: allocation stacks not captured */
+	ST_STACK_COLLISION,     /* loss: allocation stacks lost to stack-store collisions */
+	ST_UNKNOWN_GET,         /* note: gets on objects never seen initialised (created before tracing began, or by a function the spec does not name) */
+	ST_UNKNOWN_PUT,         /* note: puts on objects never seen initialised */
+	ST_UNKNOWN_DELETE,      /* note: deletes of objects never seen initialised */
+	ST_REINIT_LIVE,         /* loss: objects re-initialised at a live address (earlier record replaced) */
+	ST_STALE_REPLACED,      /* loss: records of an exited process replaced before they were drained */
+	ST_EVENT_LOST,          /* loss: lifecycle events lost: ring buffer full */
+	ST_PROC_MAP_FULL,       /* loss: processes not traced: process table full */
+	ST_CALLER_UNREAD,       /* loss: callers of init not read */
+	ST_PUT_BELOW_ZERO,      /* note: puts on a count already at or below zero (see the anomalies) */
+	ST_TYPE_MAP_FULL,       /* loss: type names not recorded: type table full */
+	ST_RAW_STACK_LOST,      /* loss: raw stacks not captured (some frames may stay unplaced) */
+	ST_INIT_ARGS_LOST,      /* loss: constructors returned without the arguments saved at entry */
+	ST_HISTORY_MAP_FULL,    /* loss: objects without a get/put history: history map full */
+	ST_SITES_MAP_FULL,      /* loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline) */
 	ST_COUNT
 };
 
@@ -194,6 +203,11 @@ struct anomaly {
 	__u64 name_ptr;
 	__u64 init_ns;
 	__u64 released_ns;    /* 0 unless the object had been released */
+};
+
+/* A build-id stack as the kernel stores it (bpf_stack_build_id from linux/bpf.h). */
+struct stack_frames {
+	struct bpf_stack_build_id frame[STACK_DEPTH];
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */

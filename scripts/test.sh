@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Install everything and run the test suite (real BPF: needs root).
+# Install everything and run the checks and the test suite (real BPF: needs root).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k check -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check refcntd tests
+.venv/bin/ruff check refcntd tests benchmarks
+.venv/bin/lint-imports --no-cache
+.venv/bin/python -m refcntd.kernel.abigen --check \
+    || { echo "refcntd/kernel/abi.py is stale: python -m refcntd.kernel.abigen" >&2; exit 1; }
+# tests/unit runs first (seconds, no root), then tests/bpf (real kernel).
 .venv/bin/python -m pytest -ra "$@"

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-REFCNTD = [sys.executable, "-m", "refcntd.cli"]
+REFCNTD = [sys.executable, "-m", "refcntd"]
 STUB_VARIANTS = {"O0": ["-O0"], "O2": ["-O2"], "O2fp": ["-O2", "-fno-omit-frame-pointer"]}
 
 
@@ -31,7 +31,7 @@ def bpf_unavailable_reason() -> str | None:
     except ImportError:
         return "bcc (python3-bpfcc) not importable"
     try:
-        from refcntd.kheaders import find_kernel_source
+        from refcntd.kernel.kheaders import find_kernel_source
         find_kernel_source()
     except Exception as err:  # noqa: BLE001 - report any reason
         return f"no kernel headers: {err}"
@@ -164,3 +164,35 @@ def assert_one_line_error(result: Result, *needles: str) -> None:
     assert len(lines) == 1, result.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/bpf loads real BPF: marked `bpf` (-m bpf / -m 'not bpf')."""
+    for item in items:
+        if f"{os.sep}tests{os.sep}bpf{os.sep}" in str(item.fspath):
+            item.add_marker(pytest.mark.bpf)
+
+
+def bad_binaries(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    true = Path("/bin/true").read_bytes()
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o755)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    elf32 = tmp_path / "elf32"
+    elf32.write_bytes(true[:4] + b"\x01" + true[5:])
+    trunc = tmp_path / "truncated"
+    trunc.write_bytes(true[:40])
+    trunc2 = tmp_path / "truncated2"
+    trunc2.write_bytes(true[:300])
+    return {
+        "missing": (tmp_path / "nope", "no such file"),
+        "directory": (tmp_path, "is a directory"),
+        "script": (script, "a script"),
+        "text": (text, "not an ELF file"),
+        "elf32": (elf32, "32-bit ELF"),
+        "truncated": (trunc, "truncated ELF"),
+        "truncated-headers": (trunc2, "ELF"),
+        "no-stubs": (Path("/bin/true"), "no function __refcnt__init"),
+    }

@@ -1,0 +1,5 @@
+"""`python -m refcntd`."""
+
+from refcntd.cli.main import entry
+
+entry()

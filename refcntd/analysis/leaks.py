@@ -1,0 +1,168 @@
+"""From drained object records to symbolized, grouped leaks of one process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from refcntd.analysis.attribution import PathOp, attribute
+from refcntd.analysis.model import AnomalyFinding, HistoryStep, LeakedObject, LeakGroup
+from refcntd.kernel.records import AnomalyRecord, ObjectRecord, RawFrame, ReleasedSite, StackRef
+from refcntd.symbolize.symbolizer import Frame, Symbolizer
+
+
+@dataclass
+class StackSource:
+    """Read access to the kernel's two stack stores (kernel.Kernel provides it)."""
+
+    build_id_stack: Callable[[int], tuple[RawFrame, ...]]
+    raw_stack: Callable[[int], tuple[int, ...]]
+
+
+@dataclass
+class ProcessModules:
+    """Load biases learnt for one process, and its stacks already symbolized:
+    objects of one process mostly share a few allocation stacks."""
+
+    biases: dict[str, int] = field(default_factory=dict)
+    stacks: dict[StackRef, tuple[tuple[Frame, ...], bool]] = field(default_factory=dict)
+
+
+@dataclass
+class HistoryContext:
+    """What attribution needs besides the leaked objects themselves."""
+
+    stub_names: frozenset[str]  # the probed functions: dropped from operation paths
+    released: list[ReleasedSite] = field(default_factory=list)
+
+
+def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolizer,
+                now_ns: int, mods: ProcessModules | None = None,
+                history: HistoryContext | None = None) -> list[LeakGroup]:
+    """Group by (type, allocation stack), most objects first, then by type name."""
+    mods = mods or ProcessModules()
+    by_ref: dict[tuple, LeakGroup] = {}  # cheap key first: objects share few stacks
+    groups: dict[tuple, LeakGroup] = {}
+    paths: dict[tuple, list[tuple[int, list[PathOp]]]] = {}
+    for rec in records:
+        ref = (rec.type_name, rec.name_ptr, _alloc_ref(rec))
+        if ref not in by_ref:  # the stack first: it teaches the biases the name may need
+            frames, truncated = symbolize_stack(ref[2], stacks, sym, mods)
+            type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
+            group = LeakGroup(type_name, frames, stack_truncated=truncated)
+            by_ref[ref] = groups.setdefault(group.key(), group)
+        group = by_ref[ref]
+        steps, ops = _history(rec, stacks, sym, mods, history)
+        group.objects.append(LeakedObject(rec.addr, rec.count, rec.gets, rec.puts,
+                                          max(0, now_ns - rec.init_ns), steps,
+                                          rec.history.total_ops if rec.history else 0))
+        if ops:
+            paths.setdefault(group.key(), []).append((rec.addr, ops))
+    for key, objects in paths.items():
+        released = _released_paths(groups[key].type_name, stacks, sym, mods, history)
+        groups[key].culprits = attribute(objects, released)
+    for group in groups.values():
+        group.objects.sort(key=lambda o: o.address)
+    return sorted(groups.values(), key=lambda g: (-len(g.objects), g.type_name))
+
+
+def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
+               stubs: frozenset[str]) -> tuple[Frame, ...]:
+    frames = symbolize_stack(ref, stacks, sym, mods)[0]
+    return frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+
+
+def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
+             ctx: HistoryContext | None) -> tuple[tuple[HistoryStep, ...], list[PathOp]]:
+    if rec.history is None or ctx is None:
+        return (), []
+    stubs = ctx.stub_names
+    steps = tuple(HistoryStep(e.op.name.lower(), e.count_after,
+                              _op_frames(e.where, stacks, sym, mods, stubs),
+                              max(0, e.ts - rec.init_ns)) for e in rec.history.events)
+    ops = [PathOp(s.op, _op_frames(s.where, stacks, sym, mods, stubs), s.count)
+           for s in rec.history.sites]
+    return steps, ops
+
+
+def _released_paths(type_name: str, stacks: StackSource, sym: Symbolizer,
+                    mods: ProcessModules, ctx: HistoryContext | None) -> list[PathOp]:
+    if ctx is None:
+        return []
+    return [PathOp(r.site.op, _op_frames(r.site.where, stacks, sym, mods, ctx.stub_names),
+                   r.site.count)
+            for r in ctx.released if r.type_name in (type_name, "")]
+
+
+def _alloc_ref(rec: ObjectRecord) -> StackRef:
+    return StackRef(rec.stack_id, rec.raw_stack_id, rec.caller_ip)
+
+
+def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Symbolizer,
+                     mods: ProcessModules | None = None) -> list[AnomalyFinding]:
+    """Symbolized anomalies; repeats of one kind at one stack are folded with a count."""
+    mods = mods or ProcessModules()
+    found: dict[tuple, AnomalyFinding] = {}
+    for rec in records:
+        frames, _ = symbolize_stack(rec.where, stacks, sym, mods)
+        alloc = symbolize_stack(rec.alloc, stacks, sym, mods)[0] if rec.alloc else ()
+        type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
+        finding = AnomalyFinding(rec.anomaly.name.lower().replace("_", "-"), type_name,
+                                 rec.addr, rec.count_before, frames, alloc)
+        finding = found.setdefault(finding.key(), finding)
+        finding.occurrences += 1
+    return sorted(found.values(), key=lambda f: (f.separate, -f.occurrences, f.kind))
+
+
+def _type_name(known: str, name_ptr: int, sym: Symbolizer, mods: ProcessModules) -> str:
+    if known:
+        return known
+    if name_ptr:
+        return sym.read_string(name_ptr, mods.biases) or f"<type name at 0x{name_ptr:x}>"
+    return "<unnamed>"
+
+
+def symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
+                    ) -> tuple[tuple[Frame, ...], bool]:
+    """Symbolized stack, with the caller restored when the walk skipped it."""
+    if ref not in mods.stacks:
+        mods.stacks[ref] = _symbolize_stack(ref, stacks, sym, mods)
+    return mods.stacks[ref]
+
+
+def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
+                     mods: ProcessModules) -> tuple[tuple[Frame, ...], bool]:
+    raw_frames = stacks.build_id_stack(ref.stack_id)
+    raw_ips = stacks.raw_stack(ref.raw_stack_id)
+    placed = sym.place_frames(raw_frames)
+    mods.biases.update(sym.biases(placed, raw_ips))
+    for i, frame in enumerate(raw_frames):
+        if placed[i] is None and frame.build_id is None:
+            placed[i] = sym.place_raw(frame.offset, mods.biases)
+    if placed and placed[-1] is None and raw_frames[-1].build_id:
+        placed, raw_frames = placed[:-1], raw_frames[:-1]  # bogus trailing frame (ip 0)
+    for path in {p[0] for p in placed if p}:
+        sym.prefetch_lines(path, [p[1] - (i > 0) for i, p in enumerate(placed) if p])
+    frames = [sym.frame(p, _describe_raw(f), i > 0)
+              for i, (p, f) in enumerate(zip(placed, raw_frames, strict=True))]
+    if ref.caller_ip and not (len(raw_ips) > 1 and raw_ips[1] == ref.caller_ip):
+        caller = sym.frame(sym.place_raw(ref.caller_ip, mods.biases),
+                           f"ip 0x{ref.caller_ip:x}", True)
+        frames.insert(1 if frames else 0, caller)
+    truncated = not frames or not _ends_in_start(frames)
+    return tuple(frames), truncated
+
+
+def _describe_raw(frame: RawFrame) -> str:
+    if frame.build_id:
+        return f"build-id {frame.build_id[:16]}.. +0x{frame.offset:x}"
+    return f"ip 0x{frame.offset:x}"
+
+
+def _ends_in_start(frames: list[Frame]) -> bool:
+    """A walk that reaches main, a thread start or the C library got to the bottom."""
+    names = {f.function for f in frames}
+    if names & {"main", "_start", "__libc_start_main", "__libc_start_call_main",
+                "start_thread", "clone3", "__clone3", "clone"}:
+        return True
+    return frames[-1].module.rsplit("/", 1)[-1].startswith(("libc.so", "libc-"))

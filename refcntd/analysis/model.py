@@ -1,0 +1,151 @@
+"""The report's data model: what a run found, independent of any output format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from refcntd.analysis.attribution import Culprit
+from refcntd.symbolize.symbolizer import Frame
+
+STATE_EXITED = "exited"
+STATE_LIVE_AT_DETACH = "live at detach"
+STATE_EXIT_NOT_SEEN = "exit not seen"
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    op: str  # init, get, put, delete
+    count_after: int
+    frames: tuple[Frame, ...]
+    at_ns: int  # since the object's init
+
+
+@dataclass(frozen=True)
+class LeakedObject:
+    address: int
+    count: int
+    gets: int
+    puts: int
+    age_ns: int
+    history: tuple[HistoryStep, ...] = ()
+    history_total: int = 0  # operations seen; those beyond len(history) were dropped
+
+
+@dataclass
+class LeakGroup:
+    """Leaked objects sharing a type and an allocation stack."""
+
+    type_name: str
+    frames: tuple[Frame, ...]
+    objects: list[LeakedObject] = field(default_factory=list)
+    stack_truncated: bool = False
+    culprits: list[Culprit] = field(default_factory=list)
+
+    def key(self) -> tuple:
+        return (self.type_name, tuple(f.key() for f in self.frames))
+
+
+ANOMALY_TEXT = {
+    "double-put": "put on an object whose count was already 0",
+    "negative-count": "put on an object whose count was already below 0",
+    "put-after-delete": "put on an object already deleted (or released by its last put)",
+    "get-after-delete": "get on an object already deleted (use after put)",
+    "delete-live": "delete while the count was not 0",
+    "double-delete": "delete of an object already deleted",
+    "unknown-get": "get on an object never seen initialised (it may predate tracing)",
+    "unknown-put": "put on an object never seen initialised (it may predate tracing)",
+    "unknown-delete": "delete of an object never seen initialised (it may predate tracing)",
+}
+
+
+@dataclass
+class AnomalyFinding:
+    """One kind of misuse at one stack (repeats folded into `occurrences`)."""
+
+    kind: str
+    type_name: str
+    address: int  # of the first occurrence
+    count_before: int
+    frames: tuple[Frame, ...]
+    alloc_frames: tuple[Frame, ...]  # empty when the object was never seen initialised
+    occurrences: int = 0
+
+    @property
+    def separate(self) -> bool:
+        """Operations on never-seen objects are listed apart and do not fail a run."""
+        return self.kind.startswith("unknown-")
+
+    @property
+    def description(self) -> str:
+        return ANOMALY_TEXT[self.kind]
+
+    def key(self) -> tuple:
+        return (self.kind, self.type_name, tuple(f.key() for f in self.frames))
+
+
+@dataclass
+class ProcessReport:
+    pid: int
+    comm: str
+    command: list[str]
+    state: str
+    exit_status: str = ""  # "exit 0", "killed by SIGSEGV", "" when unknown
+    exit_code: int | None = None  # shell-style: 128+signal when killed
+    groups: list[LeakGroup] = field(default_factory=list)
+    anomalies: list[AnomalyFinding] = field(default_factory=list)
+
+    @property
+    def leaked_objects(self) -> int:
+        return sum(len(g.objects) for g in self.groups)
+
+    @property
+    def misuse(self) -> list[AnomalyFinding]:
+        """Anomalies that are findings (not operations on never-seen objects)."""
+        return [a for a in self.anomalies if not a.separate]
+
+    @property
+    def leaked_types(self) -> int:
+        return len({g.type_name for g in self.groups})
+
+
+@dataclass
+class ProbeStatus:
+    role: str
+    function: str
+    module: str
+    probe_offset: int
+    cost: str
+    reason: str
+    installed: bool
+    error: str = ""
+
+
+@dataclass
+class TracingStatus:
+    """What makes a result trustworthy: every probe installed, nothing dropped."""
+
+    probes: list[ProbeStatus] = field(default_factory=list)
+    lost: dict[str, int] = field(default_factory=dict)  # reason -> count, zero entries omitted
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return all(p.installed for p in self.probes) and not self.lost
+
+
+@dataclass
+class RunResult:
+    mode: str  # "run" | "attach"
+    spec: str
+    target: str
+    processes: list[ProcessReport] = field(default_factory=list)
+    tracing: TracingStatus = field(default_factory=TracingStatus)
+    command_status: int | None = None  # run: the command's own exit status
+
+    @property
+    def leaked_objects(self) -> int:
+        return sum(p.leaked_objects for p in self.processes if p.state != STATE_LIVE_AT_DETACH)
+
+    @property
+    def anomalies(self) -> int:
+        return sum(a.occurrences for p in self.processes for a in p.misuse)

@@ -1,0 +1,362 @@
+"""Binary analysis: turn a spec and a binary into the list of probes to place.
+
+Pure file analysis (no root, no bcc) so `refcntd check` and the unit tests
+run anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from refcntd.binary import dwarfinfo, probepoint, sdt
+from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
+from refcntd.binary.sdt import ArgLoc
+from refcntd.errors import BinaryError, ProbeError
+from refcntd.inputs.spec import RoleSpec, Source, Spec
+from refcntd.paths import CACHE_DIR
+
+FP_SAMPLE = 400
+
+
+@dataclass(frozen=True)
+class ProbeSite:
+    role: str
+    function: str  # symbol name actually probed (may be a clone)
+    module: str  # absolute path of the ELF file
+    symbol_vaddr: int
+    probe_offset: int  # from the symbol's start
+    file_offset: int  # what the kernel's uprobe wants
+    cost: str
+    reason: str
+    caller_sp_offset: int
+    is_return: bool
+    spec_role: RoleSpec
+    obj_loc: ArgLoc
+    type_loc: ArgLoc | None = None  # None: the spec's constant type name
+    count_loc: ArgLoc | None = None  # None: the spec's constant initial count
+    ref_ctr_offset: int = 0  # USDT semaphore, as a file offset
+
+
+def function_locations(role: RoleSpec) -> dict[str, ArgLoc | None]:
+    """Where a function probe finds the role's values: argument registers, or rax."""
+    def loc(src: Source | None) -> ArgLoc | None:
+        return sdt.register_arg(src.arg) if src is not None and src.arg else None
+    obj = sdt.RETURN_VALUE if role.obj.is_return else loc(role.obj)
+    return {"obj_loc": obj, "type_loc": loc(role.type_name),
+            "count_loc": loc(role.initial_count)}
+
+
+@dataclass
+class ModuleInfo:
+    path: str
+    build_id: str | None
+    has_symtab: bool
+
+    @property
+    def frame_pointers(self) -> str:
+        """Computed when shown (check): it disassembles hundreds of functions."""
+        return frame_pointer_summary(ElfImage(self.path))
+
+
+@dataclass(frozen=True)
+class LoaderProbe:
+    """Where ld.so calls _dl_debug_state(): the BPF side learns each loaded
+    library's path there.  The call sites, not the function: its body is a
+    `ret` the kernel would single-step, a `call` it emulates."""
+
+    path: str
+    sites: tuple[tuple[int, int], ...]  # (file offset, _r_debug minus the site's address)
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    sites: list[ProbeSite] = field(default_factory=list)
+    loader: LoaderProbe | None = None
+    modules: dict[str, ModuleInfo] = field(default_factory=dict)
+    usdt: dict[str, list[sdt.SdtProbe]] = field(default_factory=dict)  # module -> its SDT probes
+    problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
+    notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
+
+    def require_complete(self) -> None:
+        if self.problems:
+            raise ProbeError(self.problems[0], "run `refcntd check` for the full analysis")
+
+
+def needed_args(role: RoleSpec) -> set[int]:
+    """Argument registers a probe must read (a return probe's object is the return value)."""
+    sources = [role.obj, role.type_name, role.initial_count]
+    return {s.arg for s in sources if s is not None and s.arg}
+
+
+def frame_pointer_summary(image: ElfImage) -> str:
+    """Share of non-leaf functions that set up %rbp: stacks are only as deep as this allows."""
+    syms = [s for group in image.symbols.values() for s in group if s.size][:FP_SAMPLE]
+    framed = non_leaf = 0
+    for sym in syms:
+        has_frame, calls = probepoint.frame_setup(image.code_at(sym.vaddr, min(sym.size, 4096)))
+        non_leaf += calls
+        framed += has_frame and calls
+    if not non_leaf:
+        return "unknown (no non-leaf function symbols)"
+    share = 100 * framed // non_leaf
+    verdict = "yes" if share >= 80 else ("partly" if share >= 20 else "no")
+    return f"{verdict} ({framed} of {non_leaf} non-leaf functions set up %rbp)"
+
+
+def resolve_library(name: str, exe: ElfImage | None) -> str:
+    """A spec's `library:` as a path: absolute, or a soname found the way ld.so would."""
+    if "/" in name:
+        if not Path(name).exists():
+            raise BinaryError(f"library {name} (named in the spec) does not exist")
+        return str(Path(name).resolve())
+    for directory in _library_dirs(exe):
+        candidate = Path(directory) / name
+        if candidate.exists():
+            return str(candidate.resolve())
+    raise BinaryError(f"library {name} (named in the spec) not found",
+                      "give its path in the spec, or set LD_LIBRARY_PATH")
+
+
+def _library_dirs(exe: ElfImage | None) -> list[str]:
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    if exe is not None:
+        origin = str(exe.path.resolve().parent)
+        dirs += [d.replace("$ORIGIN", origin) for d in exe.runpaths()]
+    dirs += _ldconfig_dirs() + ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64",
+                                "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"]
+    return dirs
+
+
+def _ldconfig_dirs() -> list[str]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({str(Path(line.rsplit("=> ", 1)[1]).parent) for line in out.splitlines()
+                   if "=> " in line})
+
+
+def build_plan(spec: Spec, binary: str) -> Plan:
+    """Analyse `binary` (and the libraries the spec names) for every role of `spec`."""
+    plan = Plan(spec)
+    main = ElfImage(binary)
+    images: dict[str, ElfImage] = {str(main.path.resolve()): main}
+    for role in spec.roles.values():
+        module = str(main.path.resolve())
+        if role.library:
+            module = resolve_library(role.library, main)
+            if module not in images:
+                images[module] = ElfImage(module)
+        if role.usdt:
+            _plan_usdt(plan, role, images[module], module)
+        else:
+            _plan_role(plan, role, images[module], module)
+    plan.loader = find_loader_probe(main)
+    if plan.loader is None:
+        plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
+                          "resolved only if the library sits next to a known module")
+    for path, image in images.items():
+        plan.usdt[path] = sdt.sdt_probes(image)
+        plan.modules[path] = ModuleInfo(path, image.build_id, image.has_symtab)
+        if image.build_id is None:
+            plan.notes.append(f"{path} has no build-id: stacks through it are resolved only "
+                              "while the process lives")
+    return plan
+
+
+def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None:
+    found_any = False
+    for fname in role.functions:
+        syms = image.symbols.get(fname, [])
+        for sym in syms:
+            _plan_symbol(plan, role, image, module, sym)
+        clones = _plan_clones(plan, role, image, module, fname)
+        found_any = found_any or bool(syms) or clones
+    inlined = dwarfinfo.inlined_copies(image, set(role.functions))
+    for copy in inlined:
+        plan.problems.append(
+            f"{role.role}: {copy.function} was inlined at {copy.count} call site(s) in {module} "
+            f"({', '.join(copy.sites)}): those calls cannot be probed and counts would be wrong; "
+            f"mark it __attribute__((noinline))")
+    if not found_any and not inlined:
+        names = ", ".join(role.functions)
+        where = module if image.has_symtab else f"{module} (stripped: no .symtab)"
+        plan.problems.append(f"{role.role}: no function {names} in {where}")
+
+
+def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,
+                 why_prefix: str = "") -> None:
+    code = image.code_at(sym.vaddr, sym.size or 64)
+    # A return probe reads only the return value; its arguments are saved at entry.
+    args = set() if role.obj.is_return else needed_args(role)
+    choice = probepoint.choose(code, args, needs_entry_sp=role.obj.is_return)
+    if isinstance(choice, probepoint.Refusal):
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: {choice.reason}")
+        return
+    file_offset = image.vaddr_to_offset(sym.vaddr + choice.offset)
+    if file_offset is None:
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
+        return
+    caller_sp = -1 if role.obj.is_return else choice.caller_sp_offset
+    plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
+                                file_offset, choice.cost, why_prefix + choice.reason,
+                                caller_sp, role.obj.is_return, role,
+                                **function_locations(role)))
+    if role.obj.is_return and needed_args(role):
+        _plan_argument_saver(plan, role, image, module, sym, code)
+
+
+def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
+                         sym: Symbol, code: bytes) -> None:
+    """An entry probe that saves a constructor's type/count arguments for its return probe."""
+    choice = probepoint.choose(code, needed_args(role))
+    if isinstance(choice, probepoint.Refusal):
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: its arguments cannot be "
+                             f"saved at entry: {choice.reason}")
+        return
+    plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
+                                image.vaddr_to_offset(sym.vaddr + choice.offset), choice.cost,
+                                "saves the type/count arguments for the return probe; "
+                                + choice.reason, -1, False, role,
+                                **function_locations(role)))
+
+
+def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> bool:
+    """Probe gcc's copies of `fname` whose argument registers DWARF establishes."""
+    planned = False
+    for clone in image.clones_of(fname):
+        kind = CLONE_RE.match(clone.name).group("kind")
+        if kind == "cold":
+            plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
+                              "nothing to probe")
+            continue
+        remapped = _remap_for_clone(role, image, clone, fname)
+        if isinstance(remapped, str):
+            plan.problems.append(f"{role.role}: gcc made a copy {clone.name} of {fname} in "
+                                 f"{module} ({kind} clone): calls to it bypass a probe on "
+                                 f"{fname}, and {remapped}; rebuild with "
+                                 f"__attribute__((noinline, noipa)) on {fname}")
+            continue
+        _plan_symbol(plan, remapped, image, module, clone,
+                     f"{kind} clone of {fname}, arguments placed by DWARF; ")
+        planned = True
+    return planned
+
+
+def _remap_for_clone(role: RoleSpec, image: ElfImage, clone: Symbol, fname: str
+                     ) -> RoleSpec | str:
+    """The role with argument indexes as the clone receives them, or why not."""
+    if not image.has_debug_info:
+        return "without DWARF its argument layout is unknown"
+    regs = dwarfinfo.clone_argument_registers(image, clone.vaddr, fname)
+    if regs is None:
+        return "its DWARF does not describe it"
+
+    def move(src: Source | None, what: str) -> Source | None:
+        if src is None or not src.arg:
+            return src
+        if src.arg not in regs:
+            raise LookupError(f"its {what} (argument {src.arg}) was optimized away")
+        return replace(src, arg=regs[src.arg])
+
+    try:
+        return replace(role, obj=move(role.obj, "object"),
+                       type_name=_type_or_unknown(role.type_name, regs),
+                       initial_count=move(role.initial_count, "initial count"))
+    except LookupError as err:
+        return str(err)
+
+
+def _type_or_unknown(src: Source | None, regs: dict[int, int]) -> Source | None:
+    """A clone that dropped the type-name argument still counts, under a placeholder type."""
+    if src is None or not src.arg:
+        return src
+    if src.arg in regs:
+        return replace(src, arg=regs[src.arg])
+    return Source(constant="<type not passed to clone>")
+
+
+
+def _plan_usdt(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None:
+    """One probe per site of the USDT probe; the kernel owns its semaphore."""
+    probes = [p for p in sdt.sdt_probes(image) if p.full_name == role.usdt]
+    if not probes:
+        names = sorted({p.full_name for p in sdt.sdt_probes(image)})
+        listed = f" (it has: {', '.join(names[:12])})" if names else " (it has no SDT probes)"
+        plan.problems.append(f"{role.role}: no USDT probe {role.usdt} in {module}{listed}")
+        return
+    for probe in probes:
+        why = _plan_usdt_site(plan, role, image, module, probe)
+        if why:
+            plan.problems.append(f"{role.role}: USDT probe {role.usdt} at 0x{probe.pc:x} in "
+                                 f"{module}: {why}")
+
+
+def _plan_usdt_site(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
+                    probe: sdt.SdtProbe) -> str | None:
+    if probe.arg_text and not probe.args:
+        return f"cannot decode its argument specs '{probe.arg_text}'"
+    locs: dict[str, ArgLoc | None] = {}
+    for key, src in (("obj_loc", role.obj), ("type_loc", role.type_name),
+                     ("count_loc", role.initial_count)):
+        if src is not None and src.arg:
+            if src.arg > len(probe.args):
+                return f"has {len(probe.args)} arguments, the spec reads argument {src.arg}"
+            locs[key] = probe.args[src.arg - 1]
+    file_offset = image.vaddr_to_offset(probe.pc)
+    insn = probepoint.first_instruction(image.code_at(probe.pc, 16))
+    if file_offset is None or insn is None:
+        return "its location is not in the file"
+    refused = probepoint.refused_reason(insn)
+    if refused:
+        return f"the kernel cannot probe its instruction ({refused})"
+    sema = sdt.semaphore_file_offset(image, probe)
+    gate = f"semaphore at 0x{probe.semaphore:x} (file offset 0x{sema:x}), raised by the kernel" \
+        if sema else "no semaphore"
+    plan.sites.append(ProbeSite(
+        role.role, f"usdt {probe.full_name}", module, probe.pc, 0, file_offset,
+        probepoint.cost_of(insn), f"USDT probe site ({insn.mnemonic}); {gate}", -1, False,
+        role, ref_ctr_offset=sema, **locs))
+    return None
+
+
+DEFAULT_LOADER = "/lib64/ld-linux-x86-64.so.2"
+
+
+def find_loader_probe(exe: ElfImage) -> LoaderProbe | None:
+    """Locate the calls to _dl_debug_state and _r_debug in the program's dynamic loader."""
+    interp = exe.interpreter() or DEFAULT_LOADER
+    try:
+        loader = ElfImage(Path(interp).resolve())
+    except BinaryError:
+        return None
+    state = loader.symbols.get("_dl_debug_state")
+    rdebug = loader.data_symbol("_r_debug")
+    if not state or rdebug is None:
+        return None
+    calls = _cached_call_sites(loader, state[0].vaddr)
+    sites = tuple((off, rdebug - vaddr) for vaddr in calls
+                  if (off := loader.vaddr_to_offset(vaddr)) is not None)
+    return LoaderProbe(str(loader.path), sites) if sites else None
+
+
+def _cached_call_sites(loader: ElfImage, target: int) -> list[int]:
+    """Confirming call sites parses .eh_frame (0.1 s): kept per ld.so build-id."""
+    cache = CACHE_DIR / f"ldso-{loader.build_id}-{target:x}.json"
+    if loader.build_id:
+        try:
+            return [int(x) for x in json.loads(cache.read_text())]
+        except (OSError, ValueError):
+            pass
+    calls = probepoint.call_sites(loader, target)
+    if loader.build_id:
+        with contextlib.suppress(OSError):
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(calls))
+    return calls

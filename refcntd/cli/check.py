@@ -1,0 +1,63 @@
+"""`refcntd check`: what would be probed and how, without any kernel work."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from refcntd.binary.elf import ElfImage
+from refcntd.binary.plan import Plan, build_plan
+from refcntd.binary.sdt import semaphore_file_offset
+from refcntd.errors import EXIT_INCOMPLETE, UsageError
+from refcntd.inputs.spec import load_spec
+from refcntd.kernel.procmem import semaphore_value
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    plan = build_plan(load_spec(args.spec), args.binary)
+    if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
+        raise UsageError(f"no process {args.pid}")
+    print(render_check(plan, args.pid))
+    return EXIT_INCOMPLETE if plan.problems else 0
+
+
+def render_check(plan: Plan, pid: int | None = None) -> str:
+    lines = [f"spec {plan.spec.name} ({plan.spec.path})"]
+    for mod in plan.modules.values():
+        lines += [f"module {mod.path}",
+                  f"  build-id: {mod.build_id or 'none (stacks resolvable only while it runs)'}",
+                  f"  frame pointers: {mod.frame_pointers}",
+                  f"  symbol table: {'.symtab and .dynsym' if mod.has_symtab else '.dynsym only'}"]
+        lines += render_usdt(plan, mod.path, pid)
+    for site in plan.sites:
+        lines.append(f"{site.role:<6} {site.function} at 0x{site.symbol_vaddr:x}: probe "
+                     f"+{site.probe_offset} (file offset 0x{site.file_offset:x}, {site.cost}"
+                     f"{', return probe' if site.is_return else ''})")
+        lines.append(f"         why: {site.reason}")
+        caller = ("in the kernel's stack walk" if site.caller_sp_offset < 0
+                  else f"read from [rsp+{site.caller_sp_offset}] at the probe")
+        lines.append(f"         caller: {caller}")
+    lines += [f"note: {n}" for n in plan.notes]
+    lines += [f"PROBLEM: {p}" for p in plan.problems]
+    lines.append("result: " + ("cannot trace: a required probe cannot be placed"
+                               if plan.problems else "every role can be probed"))
+    return "\n".join(lines)
+
+
+def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:
+    """The module's SDT probes, which spec role each serves, and live semaphore values."""
+    probes = plan.usdt.get(module, [])
+    if not probes:
+        return ["  usdt probes: none"]
+    image = ElfImage(module)
+    roles = {r.usdt: r.role for r in plan.spec.roles.values() if r.usdt}
+    lines = [f"  usdt probes: {len(probes)}"]
+    for p in probes:
+        sema = f"semaphore 0x{p.semaphore:x}" if p.semaphore else "no semaphore"
+        used = f" -> {roles[p.full_name]}" if p.full_name in roles else ""
+        lines.append(f"    {p.full_name} at 0x{p.pc:x}, {sema}, args: {p.arg_text or '-'}{used}")
+        if pid is not None and p.semaphore:
+            value = semaphore_value(pid, module, semaphore_file_offset(image, p))
+            shown = "not mapped writable" if value is None else str(value)
+            lines.append(f"      semaphore in pid {pid}: {shown}")
+    return lines

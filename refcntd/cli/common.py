@@ -1,0 +1,82 @@
+"""What the tracing commands share: the exit status, output files, printers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
+from refcntd.outputs import report
+
+# CI formats, policies and saved runs are imported where used: `attach` must
+# reach its probes fast (attach time is a benchmark goal).
+if TYPE_CHECKING:
+    from refcntd.outputs.policy import Verdict
+
+
+def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS
+                    ) -> int:
+    """Failing findings beat everything; then incompleteness; else the command's status."""
+    if verdict.failing():
+        return findings_code
+    if not result.tracing.complete:
+        return EXIT_INCOMPLETE
+    return result.command_status or 0
+
+
+def emit(text: str, path: str | None) -> None:
+    if path is None:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(path).write_text(text)
+    except OSError as err:
+        raise UsageError(f"cannot write {path}: {err.strerror}") from None
+
+
+def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
+                stream: TextIO, annotate: bool = True) -> None:
+    """--sarif, --junit, and GitHub annotations + step summary under GitHub Actions."""
+    from refcntd.outputs import ciformats
+    root = Path(args.source_root)
+    if args.sarif:
+        emit(json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n", args.sarif)
+    if args.junit:
+        emit(ciformats.junit(result, verdict), args.junit)
+    if annotate:
+        print(ciformats.verdict_text(verdict), file=stream, end="")
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            ciformats.write_github(result, verdict, root, sys.stdout)
+
+
+def history_options(args: argparse.Namespace) -> dict:
+    depth = args.history_depth
+    if depth < 4 or depth > 256 or depth & (depth - 1):
+        raise UsageError(f"--history-depth {depth}: must be a power of two in 4..256")
+    if args.history is None:
+        return {"history": None, "history_depth": depth}
+    names = tuple(n.strip() for n in args.history.split(",") if n.strip())
+    if not names:
+        raise UsageError("--history: give 'all' or type names")
+    return {"history": ("all",) if "all" in names else names, "history_depth": depth}
+
+
+def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
+    def show(p: ProcessReport) -> None:
+        print(report.render_process(p), file=stream, flush=True)
+    return show
+
+
+def finish_output(result: RunResult, args: argparse.Namespace, stream: TextIO) -> None:
+    print(report.render_run(result), file=stream, end="", flush=True)
+    if args.json:
+        try:
+            report.write_json(result, args.json)
+        except OSError as err:
+            raise UsageError(f"cannot write {args.json}: {err.strerror}") from None

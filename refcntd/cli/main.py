@@ -1,0 +1,126 @@
+"""Command line: `refcntd check | attach | run | report | serve`.
+
+main() is the one exit point: it turns RefcntdError into one line on stderr
+and its exit code.  Each command lives in its own module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+
+from refcntd import __version__
+from refcntd.errors import EXIT_FINDINGS, RefcntdError, UsageError
+from refcntd.inputs.config import DEFAULT_CONFIG
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit, made one line
+        raise UsageError(message, f"see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="refcntd", description="Reference-count leak tracer (uprobes + BPF)")
+    parser.add_argument("--version", action="version", version=f"refcntd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = sub.add_parser("check", help="show what would be probed and how, without tracing")
+    check.add_argument("--binary", required=True, help="executable or shared library")
+    check.add_argument("--pid", type=int, help="also show the USDT semaphore values of this "
+                                               "live process")
+    _spec_arg(check)
+
+    att = sub.add_parser("attach", help="trace a binary system-wide (or one pid) until Ctrl-C")
+    att.add_argument("--binary", required=True, help="executable or shared library to probe")
+    att.add_argument("--pid", type=int, help="only this process and its descendants")
+    _spec_arg(att)
+    _output_args(att)
+
+    run = sub.add_parser("run", help="run a command under the tracer; exit status says if "
+                                     "it leaked")
+    _spec_arg(run)
+    _output_args(run)
+    run.add_argument("--wait-descendants", type=float, default=10.0, metavar="SECONDS",
+                     help="after the command exits, wait this long for its traced "
+                          "descendants (default 10)")
+    _ci_args(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    rep = sub.add_parser("report", help="render a saved run (--json) again")
+    rep.add_argument("run_json", metavar="RUN.json")
+    rep.add_argument("--format", choices=("text", "sarif", "junit", "github"), default="text")
+    rep.add_argument("--output", metavar="FILE", help="write there instead of stdout")
+    _ci_args(rep)
+
+    serve = sub.add_parser("serve", help="trace configured programs continuously; export "
+                                         "Prometheus metrics and write reports")
+    serve.add_argument("--config", default=str(DEFAULT_CONFIG),
+                       help=f"YAML config (default {DEFAULT_CONFIG})")
+    serve.add_argument("--strict", action="store_true",
+                       help="exit if any target cannot be attached")
+    serve.add_argument("--check", action="store_true",
+                       help="only check the config file and exit")
+    return parser
+
+
+def _spec_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", default="perf-stubs",
+                   help="bundled spec name or YAML file (default: perf-stubs)")
+
+
+def _ci_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sarif", metavar="FILE", help="also write SARIF 2.1.0")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    p.add_argument("--suppressions", metavar="FILE",
+                   help="rules (leak:, type:, anomaly:) for findings that must not fail")
+    p.add_argument("--baseline", metavar="OLD.json",
+                   help="fail only on findings absent from this earlier run")
+    p.add_argument("--max-leaks", action="append", default=[], metavar="TYPE=N",
+                   help="fail only above N leaked objects of TYPE (* for any type)")
+    p.add_argument("--exitcode", type=int, default=EXIT_FINDINGS, metavar="N",
+                   help=f"exit status when findings fail the run (default {EXIT_FINDINGS})")
+    p.add_argument("--source-root", default=".", metavar="DIR",
+                   help="the user's source tree: SARIF and annotations point into it "
+                        "(default: the current directory)")
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--history", nargs="?", const="all", metavar="TYPES",
+                   help="keep each object's get/put stacks and name the likely culprit of "
+                        "each leak: 'all' (the default when given) or a comma-separated "
+                        "list of type names; costs a stack walk per get/put")
+    p.add_argument("--history-depth", type=int, default=16, metavar="N",
+                   help="operations kept per object, oldest first (power of two, "
+                        "4..256; default 16); the rest are counted as dropped")
+    p.add_argument("--max-objects", type=int, default=1 << 20,
+                   help="object map capacity (default 1048576)")
+    p.add_argument("--max-stacks", type=int, default=8192,
+                   help="stack store capacity (default 8192 distinct stacks)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return _command(args.command)(args)
+    except RefcntdError as err:
+        print(err.line(), file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """Import only the command asked for: `attach` must reach its probes fast."""
+    module = importlib.import_module(f"refcntd.cli.{name}")
+    return getattr(module, f"cmd_{name}")  # type: ignore[no-any-return]
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

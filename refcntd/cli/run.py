@@ -1,0 +1,55 @@
+"""`refcntd run -- CMD`: the CI audit; the exit status says whether CMD leaked."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from refcntd.binary.plan import build_plan
+from refcntd.cli.common import ci_outputs, finish_output, history_options, printer, run_exit_status
+from refcntd.errors import UsageError
+from refcntd.inputs.spec import load_spec
+from refcntd.session.tracer import TraceOptions, run_command
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
+    from refcntd.outputs.policy import Policy
+    opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
+                        max_stacks=args.max_stacks, **history_options(args))
+    policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
+    exe = _resolve_command(command[0])
+    plan = build_plan(load_spec(args.spec), exe)
+    plan.require_complete()
+    result = run_command(plan, command, opts, printer(sys.stderr))
+    verdict = policy.evaluate(result)
+    finish_output(result, args, sys.stderr)
+    ci_outputs(result, verdict, args, sys.stderr)
+    return run_exit_status(result, verdict, args.exitcode)
+
+
+def _resolve_command(name: str) -> str:
+    """The ELF file that will run: the command, or a script's interpreter."""
+    found = name if "/" in name else shutil.which(name)
+    if not found or not Path(found).exists():
+        raise UsageError(f"command not found: {name}")
+    interpreter = _shebang(found)
+    return _resolve_command(interpreter) if interpreter else found
+
+
+def _shebang(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if not words:
+        return None
+    return words[1] if Path(words[0]).name == "env" and len(words) > 1 else words[0]

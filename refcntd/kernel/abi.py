@@ -1,0 +1,341 @@
+"""The kernel ABI, generated from bpf/refcntd.h by refcntd/kernel/abigen.py.
+
+Do not edit: change the header and run `python -m refcntd.kernel.abigen`.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+from enum import IntEnum
+
+TYPE_NAME_LEN = 32
+STACK_DEPTH = 48
+ARGV_SLOTS = 8
+ARGV_LEN = 128
+PATH_LEN = 128
+LINK_MAP_MAX = 64
+FNV_OFFSET = 2166136261
+FNV_PRIME = 16777619
+HISTORY_DEPTH = 16
+HISTORY_SITES = 8
+PROC_IGNORED = 1
+
+
+class Role(IntEnum):
+    INIT = 0
+    GET = 1
+    PUT = 2
+    DELETE = 3
+    INIT_ENTRY = 4
+
+
+ROLE_TEXT: dict[Role, str] = {
+    Role.INIT_ENTRY: "saves a constructor's arguments for its return probe",
+}
+
+
+class Stat(IntEnum):
+    OBJ_MAP_FULL = 0
+    STACK_LOST = 1
+    STACK_COLLISION = 2
+    UNKNOWN_GET = 3
+    UNKNOWN_PUT = 4
+    UNKNOWN_DELETE = 5
+    REINIT_LIVE = 6
+    STALE_REPLACED = 7
+    EVENT_LOST = 8
+    PROC_MAP_FULL = 9
+    CALLER_UNREAD = 10
+    PUT_BELOW_ZERO = 11
+    TYPE_MAP_FULL = 12
+    RAW_STACK_LOST = 13
+    INIT_ARGS_LOST = 14
+    HISTORY_MAP_FULL = 15
+    SITES_MAP_FULL = 16
+
+
+STAT_TEXT: dict[Stat, str] = {
+    Stat.OBJ_MAP_FULL: 'loss: inits not recorded: object map full',
+    Stat.STACK_LOST: 'loss: allocation stacks not captured',
+    Stat.STACK_COLLISION: 'loss: allocation stacks lost to stack-store collisions',
+    Stat.UNKNOWN_GET: 'note: gets on objects never seen initialised (created before tracing began, or by a function the spec does not name)',
+    Stat.UNKNOWN_PUT: 'note: puts on objects never seen initialised',
+    Stat.UNKNOWN_DELETE: 'note: deletes of objects never seen initialised',
+    Stat.REINIT_LIVE: 'loss: objects re-initialised at a live address (earlier record replaced)',
+    Stat.STALE_REPLACED: 'loss: records of an exited process replaced before they were drained',
+    Stat.EVENT_LOST: 'loss: lifecycle events lost: ring buffer full',
+    Stat.PROC_MAP_FULL: 'loss: processes not traced: process table full',
+    Stat.CALLER_UNREAD: 'loss: callers of init not read',
+    Stat.PUT_BELOW_ZERO: 'note: puts on a count already at or below zero (see the anomalies)',
+    Stat.TYPE_MAP_FULL: 'loss: type names not recorded: type table full',
+    Stat.RAW_STACK_LOST: 'loss: raw stacks not captured (some frames may stay unplaced)',
+    Stat.INIT_ARGS_LOST: 'loss: constructors returned without the arguments saved at entry',
+    Stat.HISTORY_MAP_FULL: 'loss: objects without a get/put history: history map full',
+    Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
+}
+
+
+class EventKind(IntEnum):
+    PROC = 1
+    FORK = 2
+    EXECVE = 3
+    EXIT = 4
+    THREAD_GONE = 5
+    LIBRARY = 6
+    ANOMALY = 7
+
+
+class AnomalyKind(IntEnum):
+    DOUBLE_PUT = 1
+    NEGATIVE_COUNT = 2
+    PUT_AFTER_DELETE = 3
+    GET_AFTER_DELETE = 4
+    DELETE_LIVE = 5
+    DOUBLE_DELETE = 6
+    UNKNOWN_GET = 7
+    UNKNOWN_PUT = 8
+    UNKNOWN_DELETE = 9
+
+
+ANOMALYKIND_TEXT: dict[AnomalyKind, str] = {
+    AnomalyKind.DOUBLE_PUT: 'put on a live object whose count was already 0',
+    AnomalyKind.NEGATIVE_COUNT: 'put on a live object whose count was already below 0',
+    AnomalyKind.PUT_AFTER_DELETE: 'put on a deleted / released object',
+    AnomalyKind.GET_AFTER_DELETE: 'get on a deleted / released object (use after put)',
+    AnomalyKind.DELETE_LIVE: 'delete while the count is not 0',
+    AnomalyKind.DOUBLE_DELETE: 'delete of an already deleted object',
+    AnomalyKind.UNKNOWN_GET: 'get on an object never seen initialised',
+}
+
+
+class LocKind(IntEnum):
+    NONE = 0
+    REG = 1
+    MEM = 2
+    IMM = 3
+
+
+class BpfStackBuildId(C.Structure):
+    _fields_ = [
+        ("status", C.c_int32),
+        ("build_id", (C.c_ubyte * 20)),
+        ("offset_or_ip", C.c_uint64),
+    ]
+
+
+class ArgLoc(C.Structure):
+    _fields_ = [
+        ("kind", C.c_uint8),
+        ("size", C.c_uint8),
+        ("is_signed", C.c_uint8),
+        ("pad", C.c_uint8),
+        ("reg_off", C.c_uint16),
+        ("pad2", C.c_uint16),
+        ("pad3", C.c_uint32),
+        ("value", C.c_int64),
+    ]
+
+
+class ProbeCfg(C.Structure):
+    _fields_ = [
+        ("role", C.c_uint32),
+        ("caller_sp", C.c_int32),
+        ("fixed_count", C.c_int32),
+        ("fixed_type", C.c_uint32),
+        ("is_return", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("obj", ArgLoc),
+        ("type", ArgLoc),
+        ("count", ArgLoc),
+    ]
+
+
+class HistEntry(C.Structure):
+    _fields_ = [
+        ("op", C.c_uint32),
+        ("count_after", C.c_int32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("caller_ip", C.c_uint64),
+        ("ts", C.c_uint64),
+    ]
+
+
+class HistSite(C.Structure):
+    _fields_ = [
+        ("op", C.c_uint32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("pad", C.c_uint32),
+        ("caller_ip", C.c_uint64),
+        ("count", C.c_uint64),
+    ]
+
+
+def hist_val_type(history_depth: int = 16) -> type[C.Structure]:
+    """struct hist_val with HISTORY_DEPTH chosen at compile time."""
+    return type("HistVal", (C.Structure,), {"_fields_": [
+        ("n", C.c_uint64),
+        ("site_overflow", C.c_uint64),
+        ("site", (HistSite * HISTORY_SITES)),
+        ("e", (HistEntry * history_depth)),
+    ]})
+
+
+class ProcStack(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("pad", C.c_uint32),
+    ]
+
+
+class SiteKey(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("type_id", C.c_uint32),
+        ("op", C.c_uint32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("pad", C.c_uint32),
+        ("caller_ip", C.c_uint64),
+    ]
+
+
+class InitArgs(C.Structure):
+    _fields_ = [
+        ("type_ptr", C.c_uint64),
+        ("count", C.c_int64),
+    ]
+
+
+class ObjKey(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("addr", C.c_uint64),
+    ]
+
+
+class ObjVal(C.Structure):
+    _fields_ = [
+        ("count", C.c_int64),
+        ("gets", C.c_uint32),
+        ("puts", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("type_id", C.c_uint32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("init_ns", C.c_uint64),
+        ("caller_ip", C.c_uint64),
+        ("name_ptr", C.c_uint64),
+    ]
+
+
+class GraveVal(C.Structure):
+    _fields_ = [
+        ("type_id", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("caller_ip", C.c_uint64),
+        ("name_ptr", C.c_uint64),
+        ("init_ns", C.c_uint64),
+        ("released_ns", C.c_uint64),
+    ]
+
+
+class Anomaly(C.Structure):
+    _fields_ = [
+        ("kind", C.c_uint32),
+        ("tgid", C.c_uint32),
+        ("tid", C.c_uint32),
+        ("anomaly", C.c_uint32),
+        ("ts", C.c_uint64),
+        ("addr", C.c_uint64),
+        ("count_before", C.c_int64),
+        ("type_id", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("stack_id", C.c_int32),
+        ("raw_stack_id", C.c_int32),
+        ("caller_ip", C.c_uint64),
+        ("alloc_stack_id", C.c_int32),
+        ("alloc_raw_stack_id", C.c_int32),
+        ("alloc_caller_ip", C.c_uint64),
+        ("name_ptr", C.c_uint64),
+        ("init_ns", C.c_uint64),
+        ("released_ns", C.c_uint64),
+    ]
+
+
+class StackFrames(C.Structure):
+    _fields_ = [
+        ("frame", (BpfStackBuildId * STACK_DEPTH)),
+    ]
+
+
+class CommKey(C.Structure):
+    _fields_ = [
+        ("comm", (C.c_char * 16)),
+    ]
+
+
+class ProcVal(C.Structure):
+    _fields_ = [
+        ("gen", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("start_ns", C.c_uint64),
+    ]
+
+
+class TypeName(C.Structure):
+    _fields_ = [
+        ("name", (C.c_char * TYPE_NAME_LEN)),
+    ]
+
+
+class TypeTotals(C.Structure):
+    _fields_ = [
+        ("inits", C.c_uint64),
+        ("gets", C.c_uint64),
+        ("puts", C.c_uint64),
+        ("released", C.c_uint64),
+    ]
+
+
+class Event(C.Structure):
+    _fields_ = [
+        ("kind", C.c_uint32),
+        ("tgid", C.c_uint32),
+        ("pid", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("ts", C.c_uint64),
+        ("exit_code", C.c_int32),
+        ("argc", C.c_uint32),
+        ("comm", (C.c_char * 16)),
+        ("path", (C.c_char * PATH_LEN)),
+        ("argv", ((C.c_char * ARGV_LEN) * ARGV_SLOTS)),
+    ]
+
+
+STRUCTS: dict[str, type[C.Structure]] = {
+    "bpf_stack_build_id": BpfStackBuildId,
+    "arg_loc": ArgLoc,
+    "probe_cfg": ProbeCfg,
+    "hist_entry": HistEntry,
+    "hist_site": HistSite,
+    "proc_stack": ProcStack,
+    "site_key": SiteKey,
+    "init_args": InitArgs,
+    "obj_key": ObjKey,
+    "obj_val": ObjVal,
+    "grave_val": GraveVal,
+    "anomaly": Anomaly,
+    "stack_frames": StackFrames,
+    "comm_key": CommKey,
+    "proc_val": ProcVal,
+    "type_name": TypeName,
+    "type_totals": TypeTotals,
+    "event": Event,
+}

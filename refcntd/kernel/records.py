@@ -1,0 +1,107 @@
+"""Decoded kernel records: what kernel.py hands to the rest of refcntd.
+
+Nothing after kernel.py sees ctypes or raw bytes; these frozen dataclasses
+are the boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from refcntd.kernel.abi import AnomalyKind, EventKind, Role
+
+
+@dataclass(frozen=True)
+class RawFrame:
+    """One frame of a build-id stack: resolvable after the process is gone."""
+
+    build_id: str | None  # hex; None when the kernel fell back to a raw ip
+    offset: int  # file offset when build_id is set, else a raw virtual address
+
+
+@dataclass(frozen=True)
+class StackRef:
+    """A stack as the kernel stored it: both walks plus the caller read at the probe."""
+
+    stack_id: int
+    raw_stack_id: int
+    caller_ip: int
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    op: Role
+    count_after: int
+    where: StackRef
+    ts: int
+
+
+@dataclass(frozen=True)
+class SiteCount:
+    """How often one object (or, for ReleasedSite, released objects) had `op` at `where`."""
+
+    op: Role
+    where: StackRef
+    count: int
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    total_ops: int  # the first len(events) are kept, the rest dropped
+    events: tuple[HistoryEvent, ...]
+    sites: tuple[SiteCount, ...]
+    site_overflow: int  # operations at more distinct sites than were kept
+
+
+@dataclass(frozen=True)
+class ReleasedSite:
+    type_name: str
+    site: SiteCount
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    tgid: int
+    gen: int
+    addr: int
+    count: int
+    type_name: str
+    init_ns: int
+    stack_id: int
+    raw_stack_id: int
+    caller_ip: int
+    name_ptr: int
+    gets: int
+    puts: int
+    history: HistoryRecord | None = None
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    kind: EventKind
+    tgid: int
+    pid: int
+    gen: int
+    ts: int
+    exit_code: int
+    comm: str
+    path: str
+    argv: tuple[str, ...] = field(default_factory=tuple)
+
+
+
+@dataclass(frozen=True)
+class AnomalyRecord:
+    anomaly: AnomalyKind
+    tgid: int
+    tid: int
+    gen: int
+    ts: int
+    addr: int
+    count_before: int
+    type_name: str
+    name_ptr: int
+    where: StackRef  # the offending operation
+    alloc: StackRef | None  # None: the object was never seen initialised
+    init_ns: int
+    released_ns: int

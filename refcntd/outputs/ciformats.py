@@ -1,0 +1,213 @@
+"""Outputs CI systems read: SARIF 2.1.0, JUnit XML, GitHub Actions annotations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from refcntd import __version__
+from refcntd.analysis.model import ANOMALY_TEXT, RunResult
+from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
+from refcntd.outputs.report import short_path
+from refcntd.symbolize.symbolizer import Frame
+
+SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
+                "sarif-schema-2.1.0.json")
+INFO_URI = "https://github.com/refcntd/refcntd"
+LEAK_RULE = "refcount-leak"
+
+
+def title(f: Finding) -> str:
+    if f.kind == "leak":
+        culprit = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
+        blame = f" ({culprit.kind} in {culprit.function.function})" if culprit else ""
+        return f"{f.objects} leaked {f.type_name} object(s){blame}"
+    return f"{f.kind}: {ANOMALY_TEXT[f.kind]} ({f.type_name})"
+
+
+def message(f: Finding) -> str:
+    where = "allocated at" if f.kind == "leak" else "at"
+    lines = [f"{title(f)}, in {len(set(f.pids))} process(es), {where}:"]
+    lines += [f"  #{i} {frame.describe()}" for i, frame in enumerate(f.frames)]
+    for g in f.groups[:1]:
+        for c in g.culprits[:3]:
+            lines.append(f"  culprit: {c.kind} in {c.function.function or '??'}, got at "
+                         f"{short_path(c.frames, 8)} (unmatched in {c.objects} of "
+                         f"{len(g.objects)} leaked objects)")
+    return "\n".join(lines)
+
+
+def probed_functions(result: RunResult) -> frozenset[str]:
+    """The refcount functions themselves: never the place to point a user at."""
+    return frozenset(p.function for p in result.tracing.probes
+                     if not p.function.startswith("usdt "))
+
+
+def user_frame(f: Finding, root: Path, probed: frozenset[str] = frozenset()
+               ) -> tuple[str, int] | None:
+    """(path relative to root, line) of the first frame in the user's source tree,
+    the culprit first, skipping the probed refcount functions."""
+    candidates = list(f.groups[0].culprits[0].frames[::-1]) if f.groups and \
+        f.groups[0].culprits else []
+    for frame in [*candidates, *f.frames]:
+        rel = _relative(frame, root)
+        if rel and frame.function not in probed:
+            return rel, frame.line
+    return None
+
+
+def _relative(frame: Frame, root: Path) -> str | None:
+    if not frame.file or not frame.line:
+        return None
+    try:
+        return Path(frame.file).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+# ---- SARIF --------------------------------------------------------------------
+def sarif(result: RunResult, verdict: Verdict, root: Path) -> dict:
+    rules = [{"id": LEAK_RULE, "name": "ReferenceLeak",
+              "shortDescription": {"text": "An object was still referenced when its process "
+                                           "exited"},
+              "defaultConfiguration": {"level": "error"}}]
+    rules += [{"id": kind, "name": kind.title().replace("-", ""),
+               "shortDescription": {"text": text[:1].upper() + text[1:]},
+               "defaultConfiguration": {"level": "error"}}
+              for kind, text in ANOMALY_TEXT.items() if not kind.startswith("unknown")]
+    run = {
+        "tool": {"driver": {"name": "refcntd", "version": __version__,
+                            "informationUri": INFO_URI, "rules": rules}},
+        "originalUriBaseIds": {"SRCROOT": {"uri": root.resolve().as_uri() + "/"}},
+        "invocations": [{"executionSuccessful": result.tracing.complete,
+                         "toolExecutionNotifications": [
+                             {"level": "warning", "message": {"text": f"{n} x {reason}"}}
+                             for reason, n in result.tracing.lost.items()]}],
+        "results": [_sarif_result(f, root, probed_functions(result))
+                    for f in verdict.findings],
+    }
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict:
+    out: dict = {"ruleId": LEAK_RULE if f.kind == "leak" else f.kind, "level": "error",
+                 "message": {"text": message(f)},
+                 "partialFingerprints": {"refcntdFinding/v1": f.fingerprint},
+                 "stacks": [{"message": {"text": "allocation stack" if f.kind == "leak"
+                                         else "offending operation"},
+                             "frames": [_sarif_frame(fr, root) for fr in f.frames]}]}
+    located = user_frame(f, root, probed)
+    if located:
+        out["locations"] = [_physical(located[0], located[1])]
+    if f.status != FAILING:
+        out["suppressions"] = [{"kind": "external", "status": "accepted",
+                                "justification": f.reason}]
+    return out
+
+
+def _physical(uri: str, line: int) -> dict:
+    return {"physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "SRCROOT"},
+                                 "region": {"startLine": line}}}
+
+
+def _sarif_frame(frame: Frame, root: Path) -> dict:
+    location: dict = {"logicalLocations": [{"fullyQualifiedName": frame.function or "??",
+                                            "kind": "function"}]}
+    rel = _relative(frame, root)
+    if rel:
+        location.update(_physical(rel, frame.line))
+    return {"location": location, "module": frame.module or "??"}
+
+
+# ---- JUnit --------------------------------------------------------------------
+def junit(result: RunResult, verdict: Verdict) -> str:
+    suite = ET.Element("testsuite", name="refcntd", tests=str(max(1, len(verdict.findings))),
+                       failures=str(len(verdict.failing())),
+                       skipped=str(len(verdict.findings) - len(verdict.failing())),
+                       errors="0" if result.tracing.complete else "1")
+    for f in verdict.findings:
+        case = ET.SubElement(suite, "testcase", classname=f"refcntd.{f.kind}",
+                             name=f"{title(f)} [{f.fingerprint[:12]}]")
+        if f.status == FAILING:
+            ET.SubElement(case, "failure", message=title(f), type=f.kind).text = message(f)
+        else:
+            ET.SubElement(case, "skipped", message=f.reason)
+    if not verdict.findings:
+        ET.SubElement(suite, "testcase", classname="refcntd", name="no refcount findings")
+    if not result.tracing.complete:
+        case = ET.SubElement(suite, "testcase", classname="refcntd", name="tracing complete")
+        lost = "; ".join(f"{n} x {r}" for r, n in result.tracing.lost.items())
+        failed = [p for p in result.tracing.probes if not p.installed]
+        ET.SubElement(case, "error", message="tracing incomplete").text = \
+            lost + "".join(f"; probe not installed: {p.function}" for p in failed)
+    body = ET.tostring(_wrap(suite), encoding="unicode")
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + body + "\n"
+
+
+def _wrap(suite: ET.Element) -> ET.Element:
+    root = ET.Element("testsuites", name="refcntd", tests=suite.get("tests"),
+                      failures=suite.get("failures"))
+    root.append(suite)
+    return root
+
+
+# ---- GitHub Actions ---------------------------------------------------------------
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotations(result: RunResult, verdict: Verdict, root: Path) -> list[str]:
+    """Workflow commands: `::error file=F,line=L,title=T::message` per failing finding."""
+    out, probed = [], probed_functions(result)
+    for f in verdict.findings:
+        level = "error" if f.status == FAILING else "notice"
+        props = [f"title={_escape_property('refcntd: ' + title(f))}"]
+        located = user_frame(f, root, probed)
+        if located:
+            props = [f"file={_escape_property(located[0])}", f"line={located[1]}", *props]
+        text = message(f) if f.status == FAILING else f"{title(f)}: {f.reason}"
+        out.append(f"::{level} {','.join(props)}::{_escape_data(text)}")
+    return out
+
+
+def github_summary(result: RunResult, verdict: Verdict) -> str:
+    """Markdown for $GITHUB_STEP_SUMMARY."""
+    failing = verdict.failing()
+    head = "### refcntd: " + (f"{len(failing)} finding(s)" if failing else "no refcount findings")
+    lines = [head, "", f"{len(result.processes)} process(es) traced; tracing "
+             + ("complete" if result.tracing.complete else "**incomplete**"), ""]
+    if verdict.findings:
+        lines += ["| status | finding | processes | where |", "|---|---|---|---|"]
+        for f in verdict.findings:
+            where = short_path(f.frames[1:] or f.frames, 3).replace("|", "\\|")
+            lines.append(f"| {f.status} | {title(f)} | {len(set(f.pids))} | `{where}` |")
+    lines += [f"- unused suppression: `{r}` (line {r.line})" for r in verdict.unused_rules]
+    return "\n".join(lines) + "\n"
+
+
+def write_github(result: RunResult, verdict: Verdict, root: Path, stream: object) -> None:
+    for line in github_annotations(result, verdict, root):
+        print(line, file=stream)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a") as f:
+            f.write(github_summary(result, verdict))
+
+
+def verdict_text(verdict: Verdict) -> str:
+    """Closing lines of the text output about suppressions, baseline and thresholds."""
+    lines = []
+    for f in verdict.findings:
+        if f.status != FAILING:
+            lines.append(f"refcntd: {f.status}: {title(f)} ({f.reason})")
+    lines += [f"refcntd: unused suppression: {r} (line {r.line})" for r in verdict.unused_rules]
+    n = len(verdict.failing())
+    lines.append(f"refcntd: {n} failing finding(s), {verdict.count(SUPPRESSED)} suppressed, "
+                 f"{len(verdict.findings) - n - verdict.count(SUPPRESSED)} in baseline or "
+                 "under thresholds")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,197 @@
+"""What fails a CI run: findings minus suppressions, baseline and thresholds.
+
+Suppression files follow LeakSanitizer's `leak:` lines:
+
+    # comment
+    leak:map__new          a function, module or source file in the stack
+    leak:libfoo.so         (substring match; * and ? are wildcards)
+    type:dso               leak groups of this type
+    anomaly:double-put     anomalies of this kind, or with this in their stack
+
+`leak:` matches the allocation stack and the culprit stacks of leak groups;
+`anomaly:` the offending stack.  Suppressed findings are listed and counted,
+never dropped; rules that matched nothing are reported as unused.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from refcntd.analysis.model import AnomalyFinding, LeakGroup, RunResult
+from refcntd.errors import ConfigError
+from refcntd.outputs.runjson import load_run
+from refcntd.symbolize.symbolizer import Frame
+
+RULE_KINDS = ("leak", "type", "anomaly")
+FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in baseline", \
+    "under threshold"
+
+
+@dataclass
+class Rule:
+    kind: str
+    pattern: str
+    line: int
+    used: int = 0
+
+    def matches(self, texts: Iterable[str]) -> bool:
+        wild = any(c in self.pattern for c in "*?")
+        return any(fnmatch.fnmatchcase(t, self.pattern) if wild else self.pattern in t
+                   for t in texts if t)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.pattern}"
+
+
+@dataclass
+class Finding:
+    """A leak group or an anomaly, folded across the processes of a run."""
+
+    kind: str  # "leak" or an anomaly kind
+    type_name: str
+    frames: tuple[Frame, ...]  # allocation stack (leak) or offending stack (anomaly)
+    objects: int = 0  # leaked objects, or anomaly occurrences
+    pids: list[int] = field(default_factory=list)
+    groups: list[LeakGroup] = field(default_factory=list)
+    anomaly: AnomalyFinding | None = None
+    status: str = FAILING
+    reason: str = ""  # the suppression rule, baseline or threshold that applied
+
+    @property
+    def key(self) -> tuple:
+        """Stable across runs: no addresses, pids or offsets."""
+        return (self.kind, self.type_name, tuple(_frame_name(f) for f in self.frames))
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(repr(self.key).encode()).hexdigest()[:32]
+
+    def texts(self) -> list[str]:
+        stacks = [self.frames, *(c.frames for g in self.groups for c in g.culprits)]
+        return [t for frames in stacks for f in frames
+                for t in (f.function, f.module, f.file)]
+
+
+@dataclass
+class Verdict:
+    findings: list[Finding]
+    unused_rules: list[Rule]
+
+    def failing(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == FAILING]
+
+    def count(self, status: str) -> int:
+        return sum(1 for f in self.findings if f.status == status)
+
+
+def _frame_name(f: Frame) -> str:
+    return f"{Path(f.module).name}:{f.function or f.raw or hex(f.vaddr)}"
+
+
+def load_suppressions(path: str) -> list[Rule]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise ConfigError(path, 0, "(file)", f"cannot read: {err.strerror}") from None
+    rules = []
+    for number, raw in enumerate(lines, 1):
+        text = raw.split("#", 1)[0].strip()
+        if not text:
+            continue
+        kind, sep, pattern = text.partition(":")
+        if not sep or kind not in RULE_KINDS or not pattern.strip():
+            raise ConfigError(path, number, kind or "(line)",
+                              f"expected one of {', '.join(k + ':PATTERN' for k in RULE_KINDS)}")
+        rules.append(Rule(kind, pattern.strip(), number))
+    return rules
+
+
+def parse_thresholds(items: list[str]) -> dict[str, int]:
+    """--max-leaks TYPE=N (TYPE may be *): fail only above N leaked objects of TYPE."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.isdigit():
+            raise ConfigError("--max-leaks", 0, item, "expected TYPE=N, e.g. dso=3 or '*=0'")
+        out[name] = int(value)
+    return out
+
+
+def collect_findings(result: RunResult) -> list[Finding]:
+    """Leak groups and anomalies of every exited process, folded by their stable key."""
+    found: dict[tuple, Finding] = {}
+    for p in result.processes:
+        if p.state == "live at detach":
+            continue
+        for g in p.groups:
+            f = found.setdefault(_key("leak", g.type_name, g.frames),
+                                 Finding("leak", g.type_name, g.frames))
+            f.objects += len(g.objects)
+            f.groups.append(g)
+            f.pids.append(p.pid)
+        for a in p.misuse:
+            f = found.setdefault(_key(a.kind, a.type_name, a.frames),
+                                 Finding(a.kind, a.type_name, a.frames, anomaly=a))
+            f.objects += a.occurrences
+            f.pids.append(p.pid)
+    return sorted(found.values(), key=lambda f: (f.kind != "leak", -f.objects, f.type_name))
+
+
+def _key(kind: str, type_name: str, frames: tuple[Frame, ...]) -> tuple:
+    return (kind, type_name, tuple(_frame_name(f) for f in frames))
+
+
+@dataclass
+class Policy:
+    rules: list[Rule] = field(default_factory=list)
+    baseline: set[tuple] = field(default_factory=set)
+    thresholds: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, suppressions: str | None, baseline: str | None,
+              max_leaks: list[str]) -> Policy:
+        keys = {f.key for f in collect_findings(load_run(baseline))} if baseline else set()
+        rules = load_suppressions(suppressions) if suppressions else []
+        return cls(rules, keys, parse_thresholds(max_leaks))
+
+    def evaluate(self, result: RunResult) -> Verdict:
+        findings = collect_findings(result)
+        for f in findings:
+            self._classify(f)
+        self._apply_thresholds(findings)
+        return Verdict(findings, [r for r in self.rules if not r.used])
+
+    def _classify(self, f: Finding) -> None:
+        for rule in self.rules:
+            if _rule_applies(rule, f):
+                rule.used += 1
+                f.status, f.reason = SUPPRESSED, f"suppressed by {rule} (line {rule.line})"
+                return
+        if f.key in self.baseline:
+            f.status, f.reason = BASELINE, "present in the baseline"
+
+    def _apply_thresholds(self, findings: list[Finding]) -> None:
+        if not self.thresholds:
+            return
+        per_type: dict[str, int] = {}
+        for f in findings:
+            if f.kind == "leak" and f.status == FAILING:
+                per_type[f.type_name] = per_type.get(f.type_name, 0) + f.objects
+        for f in findings:
+            limit = self.thresholds.get(f.type_name, self.thresholds.get("*"))
+            if f.kind == "leak" and f.status == FAILING and limit is not None and \
+                    per_type[f.type_name] <= limit:
+                f.status = UNDER_THRESHOLD
+                f.reason = f"{per_type[f.type_name]} leaked {f.type_name} objects <= {limit}"
+
+
+def _rule_applies(rule: Rule, f: Finding) -> bool:
+    if rule.kind == "type":
+        return f.kind == "leak" and rule.matches([f.type_name])
+    if rule.kind == "leak":
+        return f.kind == "leak" and rule.matches(f.texts())
+    return f.kind != "leak" and (rule.matches([f.kind]) or rule.matches(f.texts()))

@@ -1,0 +1,230 @@
+"""Render a RunResult as LeakSanitizer-style text or as versioned JSON."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from refcntd import __version__
+from refcntd.analysis.model import (
+    STATE_LIVE_AT_DETACH,
+    AnomalyFinding,
+    LeakedObject,
+    LeakGroup,
+    ProcessReport,
+    RunResult,
+    TracingStatus,
+)
+from refcntd.symbolize.symbolizer import Frame
+
+JSON_SCHEMA = "refcntd-report"
+JSON_VERSION = 1
+MAX_LISTED_OBJECTS = 8
+
+
+def _plural(n: int, word: str) -> str:
+    plural = word[:-1] + "ies" if word.endswith("y") else word + (
+        "es" if word.endswith("s") else "s")
+    return f"{n} {word if n == 1 else plural}"
+
+
+def _age(ns: int) -> str:
+    if ns >= 10**9:
+        return f"{ns / 1e9:.1f} s"
+    return f"{ns / 1e6:.1f} ms"
+
+
+def process_header(p: ProcessReport) -> str:
+    command = shlex.join(p.command) if p.command else p.comm
+    status = f", {p.exit_status}" if p.exit_status else ""
+    return f"==={p.pid}=== {p.state}{status}: {command}"
+
+
+def render_process(p: ProcessReport) -> str:
+    lines = [process_header(p)]
+    for finding in p.anomalies:
+        lines += ["", *render_anomaly(finding)]
+    word = "live" if p.state == STATE_LIVE_AT_DETACH else "leaked"
+    for group in p.groups:
+        lines += ["", *render_group(group, word)]
+    lines += ["", summary_line(p)]
+    return "\n".join(lines) + "\n"
+
+
+def render_anomaly(a: AnomalyFinding) -> list[str]:
+    label = "NOTE" if a.separate else "ANOMALY"
+    times = f", {_plural(a.occurrences, 'time')}" if a.occurrences > 1 else ""
+    count = f", count {a.count_before} before" if a.kind in ("double-put", "negative-count",
+                                                              "delete-live") else ""
+    lines = [f"{label} {a.kind}: {a.description}",
+             f"  object 0x{a.address:x} of type '{a.type_name}'{count}{times}, at:"]
+    lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(a.frames)]
+    if a.alloc_frames:
+        lines.append("  allocated at:")
+        lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(a.alloc_frames)]
+    return lines
+
+
+def render_group(g: LeakGroup, word: str) -> list[str]:
+    counts = sorted({o.count for o in g.objects})
+    count_text = ", ".join(str(c) for c in counts)
+    lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
+             f"(final count {count_text}) allocated at:"]
+    lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
+    if g.stack_truncated:
+        lines.append("    (stack likely truncated: frames without frame pointers end the walk)")
+    lines += render_culprits(g)
+    for obj in g.objects[:MAX_LISTED_OBJECTS]:
+        lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
+                     f"{obj.puts} puts, age {_age(obj.age_ns)}")
+        lines += render_history(obj)
+    if len(g.objects) > MAX_LISTED_OBJECTS:
+        lines.append(f"  ... and {len(g.objects) - MAX_LISTED_OBJECTS} more objects")
+    return lines
+
+
+def short_path(frames: tuple[Frame, ...], limit: int = 4) -> str:
+    """`f1+0x1 (file.c:12) < f2 < f3`: where an operation happened, innermost first."""
+    if not frames:
+        return "?"
+    parts = [f.function or f"0x{f.vaddr:x}" for f in frames[:limit]]
+    first = frames[0]
+    parts[0] += f"+0x{first.offset:x}" if first.function else ""
+    if first.file:
+        parts[0] += f" ({first.file.rsplit('/', 1)[-1]}:{first.line})"
+    return " < ".join(parts) + (" < ..." if len(frames) > limit else "")
+
+
+def render_culprits(g: LeakGroup) -> list[str]:
+    lines = []
+    for rank, c in enumerate(g.culprits):
+        label = "Likely culprit" if rank == 0 else "Also"
+        lines.append(f"  {label}: {c.kind} in {c.function.function or '??'}: the reference "
+                     f"got at {short_path(c.frames, 8)} is never put")
+        lines.append(f"    unmatched in {c.objects} of {len(g.objects)} leaked objects "
+                     f"({_plural(c.references, 'reference')}); the same path got "
+                     f"{_plural(c.released_uses, 'reference')} in objects released correctly")
+    return lines
+
+
+def render_history(obj: LeakedObject) -> list[str]:
+    if not obj.history_total:
+        return []
+    kept = len(obj.history)
+    dropped = obj.history_total - kept
+    note = f", {dropped} later ones dropped (bound {kept} per object)" if dropped else ""
+    lines = [f"    history: {kept} of {_plural(obj.history_total, 'operation')}{note}:"]
+    for step in obj.history:
+        lines.append(f"      +{_age(step.at_ns):>9}  {step.op:<6} -> {step.count_after:<4} "
+                     f"{short_path(step.frames)}")
+    return lines
+
+
+def summary_line(p: ProcessReport) -> str:
+    if p.state == STATE_LIVE_AT_DETACH:
+        return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
+                f"{_plural(p.leaked_types, 'type')} still live at detach in process {p.pid} "
+                "(not counted as leaks)")
+    misuse = sum(a.occurrences for a in p.misuse)
+    extra = f", {_plural(misuse, 'anomaly')}" if misuse else ""
+    if not p.groups:
+        return f"SUMMARY: refcntd: no leaks{extra} in process {p.pid} ({p.comm})"
+    return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
+            f"{_plural(p.leaked_types, 'type')} leaked{extra} in process {p.pid} ({p.comm})")
+
+
+def render_tracing(t: TracingStatus) -> str:
+    lines = []
+    failed = [p for p in t.probes if not p.installed]
+    if t.complete:
+        lines.append(f"refcntd: tracing complete: {_plural(len(t.probes), 'probe')} installed, "
+                     "nothing lost")
+    else:
+        lines.append("refcntd: tracing INCOMPLETE, a clean result cannot be claimed:")
+        lines += [f"  probe not installed: {p.role} {p.function} in {p.module}: {p.error}"
+                  for p in failed]
+        lines += [f"  {n} x {reason}" for reason, n in t.lost.items()]
+    lines += [f"  note: {note}" for note in t.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_run(result: RunResult) -> str:
+    leaking = [p for p in result.processes if p.state != STATE_LIVE_AT_DETACH and p.groups]
+    total = sum(p.leaked_objects for p in leaking)
+    types = len({g.type_name for p in leaking for g in p.groups})
+    text = render_tracing(result.tracing)
+    text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
+             f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
+             f"{_plural(len(leaking), 'process')}, {_plural(result.anomalies, 'anomaly')}\n")
+    return text
+
+
+# ---- JSON -------------------------------------------------------------------
+def frame_json(f: Frame) -> dict:
+    out: dict = {"module": f.module, "address": f"0x{f.vaddr:x}"}
+    if f.function:
+        out.update(function=f.function, offset=f.offset)
+    if f.file:
+        out.update(file=f.file, line=f.line)
+    if not f.module:
+        out["unresolved"] = f.raw
+    return out
+
+
+def group_json(g: LeakGroup) -> dict:
+    return {
+        "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
+        "stack": [frame_json(f) for f in g.frames],
+        "culprits": [{"kind": c.kind, "function": c.function.function,
+                      "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
+                      "references": c.references, "released_uses": c.released_uses}
+                     for c in g.culprits],
+        "instances": [instance_json(o) for o in g.objects],
+    }
+
+
+def instance_json(o: LeakedObject) -> dict:
+    out = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets, "puts": o.puts,
+           "age_ns": o.age_ns}
+    if o.history_total:
+        out["history_total"] = o.history_total
+        out["history_dropped"] = o.history_total - len(o.history)
+        out["history"] = [{"op": s.op, "count_after": s.count_after, "at_ns": s.at_ns,
+                           "stack": [frame_json(f) for f in s.frames]} for s in o.history]
+    return out
+
+
+def anomaly_json(a: AnomalyFinding) -> dict:
+    return {"kind": a.kind, "description": a.description, "type": a.type_name,
+            "address": f"0x{a.address:x}", "count_before": a.count_before,
+            "occurrences": a.occurrences, "separate": a.separate,
+            "stack": [frame_json(f) for f in a.frames],
+            "alloc_stack": [frame_json(f) for f in a.alloc_frames]}
+
+
+def process_json(p: ProcessReport) -> dict:
+    return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
+            "exit_status": p.exit_status or None, "exit_code": p.exit_code,
+            "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
+            "anomalies": [anomaly_json(a) for a in p.anomalies],
+            "groups": [group_json(g) for g in p.groups]}
+
+
+def tracing_json(t: TracingStatus) -> dict:
+    return {"complete": t.complete, "lost": dict(t.lost), "notes": list(t.notes),
+            "probes": [vars(p) for p in t.probes]}
+
+
+def run_json(result: RunResult) -> dict:
+    return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
+            "mode": result.mode, "spec": result.spec, "target": result.target,
+            "command_status": result.command_status, "tracing": tracing_json(result.tracing),
+            "leaked_objects": result.leaked_objects, "anomalies": result.anomalies,
+            "processes": [process_json(p) for p in result.processes]}
+
+
+def write_json(result: RunResult, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(run_json(result), f, indent=2)
+        f.write("\n")
+

@@ -1,0 +1,110 @@
+"""Per-process report files for the daemon, kept within count, age and size.
+
+Names sort by time: 20261122T001500.123456Z-<target>-<pid>.json (and .txt).
+Stacks and command lines can be sensitive, so files are 0640 in a 0750
+directory.  A failed write is logged and counted by the caller; it never
+stops the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from refcntd.inputs.config import Retention
+
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+
+
+@dataclass
+class StoreStats:
+    written: int = 0
+    errors: int = 0
+    pruned: int = 0
+
+
+class ReportStore:
+    def __init__(self, directory: str, retention: Retention,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.dir = Path(directory)
+        self.retention = retention
+        self.clock = clock
+        self.stats = StoreStats()
+
+    def write(self, target: str, pid: int, data: dict, text: str) -> Path:
+        """Write one process's report (JSON and text); raises OSError on failure."""
+        stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        base = f"{stamp}-{target}-{pid}"
+        try:
+            self.dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            _write_private(self.dir / f"{base}.json", json.dumps(data, indent=2) + "\n")
+            _write_private(self.dir / f"{base}.txt", text)
+        except OSError:
+            self.stats.errors += 1
+            for suffix in (".json", ".txt"):  # no half-written pair left behind
+                with contextlib.suppress(OSError):
+                    (self.dir / f"{base}{suffix}").unlink(missing_ok=True)
+            raise
+        self.stats.written += 1
+        self.prune()
+        return self.dir / f"{base}.json"
+
+    def reports(self) -> list[Path]:
+        """Report JSON files, oldest first."""
+        try:
+            return sorted(self.dir.glob("*.json"))
+        except OSError:
+            return []
+
+    def prune(self) -> None:
+        """Drop the oldest reports beyond the count, age and total-size limits."""
+        reports = self.reports()
+        sizes = {p: _pair_size(p) for p in reports}
+        total = sum(sizes.values())
+        cutoff = self.clock() - self.retention.max_age_s
+        for index, path in enumerate(reports):
+            remaining = len(reports) - index
+            too_many = remaining > self.retention.max_reports
+            too_big = total > self.retention.max_bytes and remaining > 1
+            if not (too_many or too_big or _mtime(path) < cutoff):
+                break
+            total -= sizes[path]
+            for sibling in _pair(path):
+                sibling.unlink(missing_ok=True)
+            self.stats.pruned += 1
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _pair(json_path: Path) -> tuple[Path, Path]:
+    """The .json and .txt of one report (names contain dots: no with_suffix)."""
+    return json_path, json_path.with_name(json_path.name[: -len(".json")] + ".txt")
+
+
+def _pair_size(path: Path) -> int:
+    return sum(_stat_size(p) for p in _pair(path))
+
+
+def _stat_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,83 @@
+"""Load a saved run (--json) back into the report model, so that every output
+format renders a live run and a saved one the same way (`refcntd report`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.model import (
+    AnomalyFinding,
+    HistoryStep,
+    LeakedObject,
+    LeakGroup,
+    ProbeStatus,
+    ProcessReport,
+    RunResult,
+    TracingStatus,
+)
+from refcntd.errors import UsageError
+from refcntd.outputs.report import JSON_SCHEMA, JSON_VERSION
+from refcntd.symbolize.symbolizer import Frame
+
+
+def load_run(path: str) -> RunResult:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path}:{err.lineno}: not JSON ({err.msg})") from None
+    if not isinstance(data, dict) or data.get("schema") != JSON_SCHEMA:
+        raise UsageError(f"{path}: not a refcntd report (schema is not {JSON_SCHEMA})")
+    if data.get("version") != JSON_VERSION:
+        raise UsageError(f"{path}: report version {data.get('version')} is not supported "
+                         f"(this refcntd reads version {JSON_VERSION})")
+    try:
+        return _run(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise UsageError(f"{path}: malformed refcntd report ({err!r})") from None
+
+
+def _run(d: dict) -> RunResult:
+    tracing = TracingStatus([ProbeStatus(**p) for p in d["tracing"]["probes"]],
+                            dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]))
+    return RunResult(d["mode"], d["spec"], d["target"], [_process(p) for p in d["processes"]],
+                     tracing, d.get("command_status"))
+
+
+def _frame(f: dict) -> Frame:
+    return Frame(f.get("module", ""), int(f.get("address", "0x0"), 16), f.get("function", ""),
+                 f.get("offset", 0), f.get("file", ""), f.get("line", 0), f.get("unresolved", ""))
+
+
+def _frames(items: list[dict]) -> tuple[Frame, ...]:
+    return tuple(_frame(f) for f in items)
+
+
+def _process(p: dict) -> ProcessReport:
+    return ProcessReport(p["pid"], p["comm"], list(p["command"]), p["state"],
+                         p.get("exit_status") or "", p.get("exit_code"),
+                         [_group(g) for g in p["groups"]],
+                         [_anomaly(a) for a in p.get("anomalies", [])])
+
+
+def _group(g: dict) -> LeakGroup:
+    culprits = [Culprit(c["kind"], _frames(c["stack"])[-1] if c["stack"] else Frame("", 0),
+                        _frames(c["stack"]), c["objects"], c["references"], c["released_uses"])
+                for c in g.get("culprits", [])]
+    return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g["instances"]],
+                     g.get("stack_truncated", False), culprits)
+
+
+def _object(i: dict) -> LeakedObject:
+    history = tuple(HistoryStep(s["op"], s["count_after"], _frames(s["stack"]), s["at_ns"])
+                    for s in i.get("history", []))
+    return LeakedObject(int(i["address"], 16), i["count"], i["gets"], i["puts"], i["age_ns"],
+                        history, i.get("history_total", 0))
+
+
+def _anomaly(a: dict) -> AnomalyFinding:
+    return AnomalyFinding(a["kind"], a["type"], int(a["address"], 16), a["count_before"],
+                          _frames(a["stack"]), _frames(a["alloc_stack"]), a["occurrences"])

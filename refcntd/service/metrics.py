@@ -1,0 +1,160 @@
+"""Prometheus metrics, read from the kernel maps at scrape time.
+
+Labels are bounded: target, type, operation, kind, reason, map.  Never a
+pid, an address or a stack.  Counters that live in kernel maps (which lose
+entries when a process exits) are completed by totals refcntd keeps for
+exited processes, so they never go down.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from refcntd.kernel.procmem import read_string
+from refcntd.session.tracer import LOST_REASONS, Tracer
+
+AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
+OPS = ("init", "get", "put", "release")
+
+
+@dataclass
+class TargetStats:
+    """What one target's tracers cannot keep in the kernel: exited processes' share."""
+
+    name: str
+    age_threshold_s: float
+    tracers: list[Tracer] = field(default_factory=list)
+    probes_failed: int = 0
+    attach_errors: int = 0
+    exited_ops: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, op)
+    leaked: dict[str, int] = field(default_factory=dict)
+    anomalies: dict[str, int] = field(default_factory=dict)
+    processes_reported: int = 0
+
+    def add(self, table: dict, key: object, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+
+class RefcntdCollector:
+    """prometheus_client custom collector; `view()` returns the targets under a lock."""
+
+    def __init__(self, view: Callable[[], AbstractContextManager[list[TargetStats]]],
+                 report_stats: Callable[[], object]) -> None:
+        self.view = view
+        self.report_stats = report_stats
+        self._type_cache: dict[tuple[int, int], str] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        with self.view() as targets:
+            families = _families()
+            for stats in targets:
+                self._collect_target(stats, families)
+            yield from families.values()
+        store = self.report_stats()
+        yield _counter("reports_written", "Report files written", [([], store.written)], [])
+        yield _counter("report_errors", "Report files that could not be written",
+                       [([], store.errors)], [])
+
+    def _collect_target(self, s: TargetStats, f: dict[str, Metric]) -> None:
+        t = s.name
+        ops: dict[tuple[str, str], int] = dict(s.exited_ops)
+        live: dict[str, list[float]] = {}
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        for tracer in s.tracers:
+            k = tracer.kernel
+            for name, (inits, gets, puts, released) in k.released_totals().items():
+                for op, n in zip(OPS, (inits, gets, puts, released), strict=True):
+                    ops[(name, op)] = ops.get((name, op), 0) + n
+            for rec in k.live_objects():
+                name = rec.type_name or self._live_type(rec.tgid, rec.name_ptr)
+                live.setdefault(name, []).append(max(0, now - rec.init_ns) / 1e9)
+                for op, n in (("init", 1), ("get", rec.gets), ("put", rec.puts)):
+                    ops[(name, op)] = ops.get((name, op), 0) + n
+            for stat, n in k.stats().items():
+                if stat in LOST_REASONS:
+                    f["dropped"].add_metric([t, stat.name.lower()], n)
+            for m, (used, cap) in k.map_fill().items():
+                f["map_entries"].add_metric([t, m], used)
+                f["map_capacity"].add_metric([t, m], cap)
+            f["processes"].add_metric([t, tracer.plan.sites[0].module if tracer.plan.sites
+                                       else ""], len(tracer.tracker.sessions))
+        attached = sum(len(tr.kernel.sites) - len(tr.kernel.failed_probes) for tr in s.tracers)
+        f["probes"].add_metric([t, "attached"], attached)
+        f["probes"].add_metric([t, "failed"], s.probes_failed + sum(
+            len(tr.kernel.failed_probes) for tr in s.tracers))
+        f["attach_errors"].add_metric([t], s.attach_errors)
+        for (name, op), n in sorted(ops.items()):
+            f["operations"].add_metric([t, name, op], n)
+        for name, ages in sorted(live.items()):
+            f["live"].add_metric([t, name], len(ages))
+            f["older"].add_metric([t, name], sum(1 for a in ages if a > s.age_threshold_s))
+            f["age"].add_metric([t, name], _buckets(ages), sum(ages))
+        for name, n in sorted(s.leaked.items()):
+            f["leaked"].add_metric([t, name], n)
+        for kind, n in sorted(s.anomalies.items()):
+            f["anomalies"].add_metric([t, kind], n)
+        f["reported"].add_metric([t], s.processes_reported)
+
+    def _live_type(self, tgid: int, name_ptr: int) -> str:
+        """Type names not readable at init are read from the live process, once."""
+        if not name_ptr:
+            return "unknown"
+        key = (tgid, name_ptr)
+        if key not in self._type_cache:
+            self._type_cache[key] = read_string(tgid, name_ptr) or "unknown"
+            if len(self._type_cache) > 65536:
+                self._type_cache.clear()
+        return self._type_cache[key]
+
+
+def _buckets(ages: list[float]) -> list[tuple[str, int]]:
+    out = [(str(b), sum(1 for a in ages if a <= b)) for b in AGE_BUCKETS]
+    return out + [("+Inf", len(ages))]
+
+
+def _counter(name: str, doc: str, samples: list, labels: list[str]) -> Metric:
+    c = CounterMetricFamily(f"refcntd_{name}", doc, labels=labels)
+    for values, n in samples:
+        c.add_metric(values, n)
+    return c
+
+
+def _families() -> dict[str, Metric]:
+    g, c = GaugeMetricFamily, CounterMetricFamily
+    return {
+        "live": g("refcntd_live_objects", "Objects initialised and not yet released, in "
+                  "running traced processes", labels=["target", "type"]),
+        "older": g("refcntd_live_objects_older_than_threshold", "Live objects older than the "
+                   "target's age_threshold", labels=["target", "type"]),
+        "age": HistogramMetricFamily("refcntd_live_object_age_seconds", "Age of live objects",
+                                     labels=["target", "type"]),
+        "operations": c("refcntd_operations", "Refcount operations seen (init, get, put, and "
+                        "release: last put or delete)", labels=["target", "type", "operation"]),
+        "leaked": c("refcntd_leaked_objects", "Objects still referenced when their process "
+                    "exited", labels=["target", "type"]),
+        "anomalies": c("refcntd_anomalies", "Refcount misuse caught (double put, use after "
+                       "delete, ...)", labels=["target", "kind"]),
+        "processes": g("refcntd_traced_processes", "Traced processes currently running",
+                       labels=["target", "binary"]),
+        "reported": c("refcntd_processes_reported", "Exited traced processes reported",
+                      labels=["target"]),
+        "probes": g("refcntd_probes", "Probes by state", labels=["target", "state"]),
+        "attach_errors": g("refcntd_target_attach_errors", "Binaries of the target that could "
+                           "not be attached at all", labels=["target"]),
+        "map_entries": g("refcntd_map_entries", "Kernel map entries in use",
+                         labels=["target", "map"]),
+        "map_capacity": g("refcntd_map_capacity", "Kernel map capacity",
+                          labels=["target", "map"]),
+        "dropped": c("refcntd_dropped_records", "Records the kernel side could not keep",
+                     labels=["target", "reason"]),
+    }

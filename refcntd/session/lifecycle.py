@@ -1,0 +1,211 @@
+"""Per-process bookkeeping: fork, exec and exit events become process reports.
+
+Exit is taken from the BPF ring buffer, which delivers a process's exit after
+all its own events; the process's objects are then drained from the kernel
+map and symbolized from files, since its memory map is already gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from refcntd.analysis.leaks import (
+    HistoryContext,
+    ProcessModules,
+    StackSource,
+    anomaly_findings,
+    group_leaks,
+)
+from refcntd.analysis.model import (
+    STATE_EXIT_NOT_SEEN,
+    STATE_EXITED,
+    STATE_LIVE_AT_DETACH,
+    ProcessReport,
+)
+from refcntd.kernel.abi import EventKind
+from refcntd.kernel.records import (
+    AnomalyRecord,
+    LifecycleEvent,
+    ObjectRecord,
+    ReleasedSite,
+    StackRef,
+)
+from refcntd.symbolize.symbolizer import Symbolizer
+
+PENDING_ARGV_LIMIT = 4096
+
+
+@dataclass
+class Session:
+    tgid: int
+    gen: int
+    comm: str = ""
+    command: list[str] = field(default_factory=list)
+    parent: int = 0
+
+
+class KernelView(Protocol):
+    """What sessions need from kernel.Kernel; kept small so tests can pass fixtures."""
+
+    def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
+    def live_objects(self) -> list[ObjectRecord]: ...
+    def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
+    def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None: ...
+
+
+class SessionTracker:
+    def __init__(self, kernel: KernelView, stacks: StackSource, symbolizer: Symbolizer,
+                 on_report: Callable[[ProcessReport], None], proc_root: Path = Path("/proc"),
+                 clock_ns: Callable[[], int] | None = None) -> None:
+        self.kernel, self.stacks, self.sym = kernel, stacks, symbolizer
+        self.on_report = on_report
+        self.proc_root = proc_root
+        self.clock_ns = clock_ns or (lambda: _monotonic_ns())
+        self.sessions: dict[int, Session] = {}
+        self.reported: set[tuple[int, int]] = set()
+        self._argv: OrderedDict[int, list[str]] = OrderedDict()
+        self._anomalies: dict[int, list[AnomalyRecord]] = {}
+        self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
+        self.wait_status: Callable[[int], int | None] = lambda tgid: None
+        self.stub_names: frozenset[str] | None = None  # set when history is on
+
+    # ---- events ------------------------------------------------------------
+    def handle(self, ev: LifecycleEvent | AnomalyRecord) -> None:
+        if isinstance(ev, AnomalyRecord):
+            self._anomalies.setdefault(ev.tgid, []).append(ev)
+        elif ev.kind == EventKind.EXECVE:
+            self._on_execve(ev)
+        elif ev.kind in (EventKind.PROC, EventKind.FORK):
+            self._on_new(ev)
+        elif ev.kind == EventKind.THREAD_GONE:
+            self.sessions.pop(ev.pid, None)
+        elif ev.kind == EventKind.EXIT:
+            self._on_exit(ev)
+
+    def add_root(self, tgid: int, gen: int, command: list[str]) -> None:
+        self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:15], list(command))
+
+    def _on_execve(self, ev: LifecycleEvent) -> None:
+        command = list(ev.argv) or [ev.path]
+        session = self.sessions.get(ev.tgid)
+        if session is not None:
+            session.command = command
+            return
+        self._argv[ev.tgid] = command
+        while len(self._argv) > PENDING_ARGV_LIMIT:
+            self._argv.popitem(last=False)
+
+    def _on_new(self, ev: LifecycleEvent) -> None:
+        if ev.kind == EventKind.FORK:
+            parent = self.sessions.get(ev.pid)
+            command = list(parent.command) if parent else []
+            self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command, ev.pid)
+            return
+        command = self._argv.pop(ev.tgid, None) or self._read_cmdline(ev.tgid)
+        self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command or [ev.comm])
+
+    def _read_cmdline(self, tgid: int) -> list[str]:
+        return read_cmdline(tgid, self.proc_root)
+
+    def _on_exit(self, ev: LifecycleEvent) -> None:
+        session = self.sessions.pop(ev.tgid, None)
+        if session is None or session.gen != ev.gen or (ev.tgid, ev.gen) in self.reported:
+            return
+        session.comm = ev.comm or session.comm
+        waited = self.exit_codes.get(ev.tgid)
+        if ev.exit_code < 0 and waited is None:
+            waited = self.wait_status(ev.tgid)
+        status, code = _exit_status(ev.exit_code, waited)
+        records = self.kernel.drain(ev.tgid, ev.gen)
+        self._report(session, STATE_EXITED, records, ev.ts, status, code)
+
+    # ---- end of tracing --------------------------------------------------------
+    def finish(self) -> None:
+        """At detach: live processes' objects as live, orphans as 'exit not seen'."""
+        now = self.clock_ns()
+        for session in list(self.sessions.values()):
+            alive = (self.proc_root / str(session.tgid)).exists()
+            records = self.kernel.drain(session.tgid, session.gen)
+            state = STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN
+            if records or session.tgid in self._anomalies:
+                self._report(session, state, records, now, "", None)
+        self.sessions.clear()
+        orphans: dict[int, list[ObjectRecord]] = {}
+        for rec in self.kernel.live_objects():
+            orphans.setdefault(rec.tgid, []).append(rec)
+        for tgid in self._anomalies:
+            orphans.setdefault(tgid, [])
+        for tgid, records in orphans.items():
+            self.kernel.drain(tgid, None)
+            alive = (self.proc_root / str(tgid)).exists()
+            gen = records[0].gen if records else 0
+            session = Session(tgid, gen, "", self._read_cmdline(tgid) if alive else [])
+            self._report(session, STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN,
+                         records, now, "", None)
+
+    def _report(self, session: Session, state: str, records: list[ObjectRecord], now: int,
+                status: str, code: int | None) -> None:
+        self.reported.add((session.tgid, session.gen))
+        mods = ProcessModules()
+        history = None
+        if self.stub_names is not None:
+            history = HistoryContext(self.stub_names, self.kernel.released_sites(session.tgid))
+        groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
+        anomaly_records = self._anomalies.pop(session.tgid, [])
+        anomalies = anomaly_findings(anomaly_records, self.stacks, self.sym, mods)
+        self.kernel.forget_stacks(session.tgid, session.gen,
+                                  _stack_refs(records, anomaly_records, history))
+        self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,
+                                     status, code, groups, anomalies))
+
+
+def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
+    """A live process's arguments; empty once it is gone."""
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _stack_refs(records: list[ObjectRecord], anomalies: list[AnomalyRecord],
+                history: HistoryContext | None) -> list[StackRef]:
+    """Every stack a process's report used: the kernel may free them now."""
+    refs = [StackRef(r.stack_id, r.raw_stack_id, r.caller_ip) for r in records]
+    for r in records:
+        if r.history:
+            refs += [e.where for e in r.history.events] + [s.where for s in r.history.sites]
+    for a in anomalies:
+        refs += [a.where, *([a.alloc] if a.alloc else [])]
+    if history:
+        refs += [r.site.where for r in history.released]
+    return refs
+
+
+def _exit_status(kernel_code: int, waited: int | None) -> tuple[str, int | None]:
+    """Wait-status style code (from the kernel or waitpid) as text and shell-style int."""
+    raw = kernel_code if kernel_code >= 0 else waited
+    if raw is None:
+        return "", None
+    if raw & 0x7F:
+        sig = raw & 0x7F
+        return f"killed by {_signal_name(sig)}", 128 + sig
+    return f"exit {raw >> 8 & 0xFF}", raw >> 8 & 0xFF
+
+
+def _signal_name(sig: int) -> str:
+    import signal
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _monotonic_ns() -> int:
+    """bpf_ktime_get_ns() is CLOCK_MONOTONIC."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)

@@ -1,0 +1,324 @@
+"""Run and attach: wire plan -> kernel -> sessions -> reports together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from refcntd.analysis.leaks import StackSource
+from refcntd.analysis.model import (
+    STATE_EXIT_NOT_SEEN,
+    ProbeStatus,
+    ProcessReport,
+    RunResult,
+    TracingStatus,
+)
+from refcntd.binary.plan import Plan
+from refcntd.kernel import btf
+from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
+from refcntd.kernel.loader import Kernel, KernelOptions
+from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
+from refcntd.session.lifecycle import SessionTracker, read_cmdline
+from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
+
+POLL_MS = 100
+
+# What each kernel counter means for the report, from bpf/refcntd.h: a "loss"
+# makes a run incomplete, a "note" is shown.
+LOST_REASONS = {stat: text.removeprefix("loss: ") for stat, text in STAT_TEXT.items()
+                if text.startswith("loss: ")}
+NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.items()
+                if text.startswith("note: ")}
+
+
+@dataclass
+class TraceOptions:
+    max_objects: int = 1 << 20
+    max_stacks: int = 8192
+    descendant_grace_s: float = 10.0
+    history: tuple[str, ...] | None = None  # type names, ("all",), or None
+    history_depth: int = 16
+    comm_filter: tuple[str, ...] = ()
+    cgroup_id: int | None = None
+
+
+def type_id(name: str) -> int:
+    """The id bpf/refcntd.c:intern_type gives a type name (FNV-1a, low bit set)."""
+    return _fnv1a(name.encode()[:31]) | 1
+
+
+def _fixed_type_ids(plan: Plan) -> dict[str, int]:
+    names = {str(r.type_name.constant) for r in plan.spec.roles.values()
+             if r.type_name is not None and r.type_name.constant is not None}
+    return {name: type_id(name) for name in sorted(names)}
+
+
+def _fnv1a(data: bytes) -> int:
+    h = FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+class Tracer:
+    """A loaded, attached kernel plus the session tracker reading its events."""
+
+    def __init__(self, plan: Plan, filtered: bool, opts: TraceOptions,
+                 on_report: Callable[[ProcessReport], None]) -> None:
+        self.plan = plan
+        self.reports: list[ProcessReport] = []
+        self._on_report = on_report
+        kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
+                              max_objects=opts.max_objects, max_stacks=opts.max_stacks,
+                              exit_code_offset=btf.member_offset("task_struct", "exit_code"),
+                              loader_probe=plan.loader is not None,
+                              history=opts.history, history_depth=opts.history_depth,
+                              comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
+        self.kernel = Kernel(kopts, plan.sites)
+        self.index = BuildIdIndex()
+        for module in plan.modules:
+            self.index.add(module)
+        stacks = StackSource(self.kernel.stack, self.kernel.raw_stack)
+        self.tracker = SessionTracker(self.kernel, stacks, Symbolizer(self.index), self._report)
+        if opts.comm_filter:
+            self.kernel.set_comm_filter(opts.comm_filter)
+        if opts.history is not None:
+            self.tracker.stub_names = frozenset(
+                f for role in plan.spec.roles.values() for f in role.functions)
+            if opts.history != ("all",):
+                self.kernel.set_history_types([type_id(n) for n in opts.history])
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kernel.detach()
+
+    def start(self) -> None:
+        ids = _fixed_type_ids(self.plan)
+        for name, type_id in ids.items():
+            self.kernel.set_fixed_type(type_id, name)
+        self.kernel.configure_probes(lambda name: ids[name])
+        self.kernel.open_events(self._on_event)
+        self.kernel.attach_all()
+        if self.plan.loader:
+            why = self.kernel.attach_loader(self.plan.loader.path, self.plan.loader.sites)
+            if why:
+                self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
+                                       "libraries unloaded before exit may stay unresolved")
+
+    def _on_event(self, ev: LifecycleEvent | AnomalyRecord) -> None:
+        if isinstance(ev, AnomalyRecord):
+            self.tracker.handle(ev)
+            return
+        if ev.kind == EventKind.LIBRARY:
+            self.index.add_library(ev.path)
+            return
+        if ev.kind in (EventKind.PROC, EventKind.FORK):
+            self.index.add_process_maps(f"/proc/{ev.tgid}/maps")
+        self.tracker.handle(ev)
+
+    def _report(self, report: ProcessReport) -> None:
+        self.reports.append(report)
+        self._on_report(report)
+
+    def poll(self) -> None:
+        self.kernel.poll(POLL_MS)
+
+    def finish(self, result: RunResult) -> RunResult:
+        self.kernel.poll(0)
+        self.tracker.finish()
+        result.processes = list(self.reports)
+        result.tracing = self.tracing_status()
+        return result
+
+    def tracing_status(self) -> TracingStatus:
+        failed = dict(_split_failure(f) for f in self.kernel.failed_probes)
+        probes = [ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, s.reason,
+                              _site_key(s) not in failed, failed.get(_site_key(s), ""))
+                  for s in self.plan.sites]
+        stats = self.kernel.stats()
+        lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
+        if self.kernel.stacks_freed_early:
+            lost["allocation stacks freed with another process that shared them"] = \
+                self.kernel.stacks_freed_early
+        unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
+        if unseen:
+            lost["processes whose exit was not seen (objects drained at detach)"] = unseen
+        notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
+        return TracingStatus(probes, lost, notes + list(self.plan.notes))
+
+
+def _site_key(site: object) -> str:
+    return f"{site.role} {site.function}+{site.probe_offset} in {site.module}"
+
+
+def _split_failure(text: str) -> tuple[str, str]:
+    key, _, err = text.partition(": ")
+    return key, err
+
+
+# ---- run ------------------------------------------------------------------------
+def run_command(plan: Plan, command: list[str], opts: TraceOptions,
+                on_report: Callable[[ProcessReport], None]) -> RunResult:
+    """Start `command` gated, register it, release it, trace it and its descendants."""
+    result = RunResult("run", plan.spec.name, command[0])
+    with Tracer(plan, filtered=True, opts=opts, on_report=on_report) as tracer:
+        tracer.start()
+        child = Child(command)
+        root_gen = tracer.kernel.register_process(child.pid)
+        tracer.tracker.add_root(child.pid, root_gen, command)
+        tracer.tracker.wait_status = lambda tgid: _wait_root(child, tgid)
+        child.release()
+        with _forward_signals(child):
+            _trace_until_done(tracer, child, opts.descendant_grace_s)
+        result.command_status = _shell_status(child.wait(30.0))
+        return tracer.finish(result)
+
+
+class Child:
+    """The command started by `run`: forked, held at a gate until traced, then exec'd."""
+
+    def __init__(self, command: list[str]) -> None:
+        read_end, write_end = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - replaced by exec
+            _exec_after_gate(command, read_end, write_end)
+        os.close(read_end)
+        self._gate = write_end
+        self.status: int | None = None  # wait status once reaped
+
+    def release(self) -> None:
+        os.write(self._gate, b"x")
+        os.close(self._gate)
+
+    def poll(self) -> int | None:
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.status = status
+        return self.status
+
+    def wait(self, timeout_s: float) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.status
+
+    def send_signal(self, signum: int) -> None:
+        if self.status is None:
+            os.kill(self.pid, signum)
+
+
+def _exec_after_gate(command: list[str], read_end: int, write_end: int) -> None:
+    try:
+        os.close(write_end)
+        os.read(read_end, 1)
+        os.close(read_end)
+        os.execvp(command[0], command)
+    except OSError as err:
+        os.write(2, f"refcntd: cannot run {command[0]}: {err.strerror}\n".encode())
+    finally:
+        os._exit(127)
+
+
+def _wait_root(child: Child, tgid: int) -> int | None:
+    return child.wait(5.0) if tgid == child.pid else None
+
+
+def _shell_status(status: int | None) -> int | None:
+    if status is None:
+        return None
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _trace_until_done(tracer: Tracer, child: Child, grace_s: float) -> None:
+    deadline = None
+    while True:
+        tracer.poll()
+        if child.poll() is None:
+            continue
+        tracer.kernel.poll(0)
+        alive = [t for t in tracer.tracker.sessions if Path(f"/proc/{t}").exists()]
+        if not alive:
+            return
+        deadline = deadline or time.monotonic() + grace_s
+        if time.monotonic() > deadline:
+            return
+
+
+class _forward_signals:
+    """SIGINT/SIGTERM to refcntd go to the command; refcntd keeps tracing it to its end."""
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.saved: dict[int, object] = {}
+
+    def __enter__(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.saved[sig] = signal.signal(sig, self._forward)
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        self.child.send_signal(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+# ---- attach ------------------------------------------------------------------------
+class _StopFlag:
+    def __init__(self) -> None:
+        self.stop = False
+
+    def __call__(self, _signum: int, _frame: object) -> None:
+        self.stop = True
+
+
+def attach(plan: Plan, pid: int | None, opts: TraceOptions,
+           on_report: Callable[[ProcessReport], None],
+           ready: Callable[[], None] = lambda: None) -> RunResult:
+    """Trace until SIGINT/SIGTERM; system-wide, or `pid` and its descendants."""
+    result = RunResult("attach", plan.spec.name, plan.sites[0].module if plan.sites else "")
+    flag = _StopFlag()
+    saved = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with Tracer(plan, filtered=pid is not None, opts=opts, on_report=on_report) as tracer:
+            tracer.start()
+            for tgid in _process_tree(pid) if pid is not None else []:
+                gen = tracer.kernel.register_process(tgid)
+                tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
+                tracer.index.add_process_maps(f"/proc/{tgid}/maps")
+            ready()
+            while not flag.stop:
+                tracer.poll()
+            return tracer.finish(result)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its living descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+

@@ -1,0 +1,19 @@
+"""The compiled program's maps are compared field by field with abi.py at load time."""
+
+from __future__ import annotations
+
+import os
+
+
+def test_every_map_struct_is_checked_against_the_compiled_program(bpf):
+    from refcntd.kernel.kheaders import find_kernel_source
+    from refcntd.kernel.loader import Kernel, KernelOptions
+
+    os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
+    with Kernel(KernelOptions(filtered=True, has_delete=True, history=("all",),
+                              history_depth=32), []) as kernel:
+        checked = kernel.layout_checked
+    # The records that carry every field user space decodes: objects, events,
+    # anomalies, history (at a non-default depth), stacks, processes, types.
+    assert {"obj_key", "obj_val", "event", "anomaly", "hist_val", "stack_frames", "proc_val",
+            "type_name", "type_totals", "grave_val", "site_key", "probe_cfg"} <= checked

@@ -1,0 +1,87 @@
+"""Spec loading: strict, with file, line and key in every error (no BPF needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, assert_one_line_error, refcntd
+
+from refcntd.errors import ConfigError
+from refcntd.inputs.spec import load_spec
+
+VALID = """\
+version: 1
+name: foo
+roles:
+  init: {functions: [foo_new], object: return, type: {name: foo}}
+  get: {functions: [foo_ref], object: arg1}
+  put: {functions: [foo_unref, foo_release], object: arg1}
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "specs").glob("*.yaml")))
+def test_every_bundled_spec_loads(path):
+    spec = load_spec(str(path))
+    assert {"init", "get", "put"} <= spec.roles.keys()
+
+
+def test_default_spec_reads_the_perf_stub_arguments():
+    spec = load_spec("perf-stubs")
+    init = spec.roles["init"]
+    assert (init.obj.arg, init.type_name.arg, init.initial_count.arg) == (3, 4, 2)
+    assert spec.roles["get"].obj.arg == 2 and spec.roles["delete"].obj.arg == 1
+
+
+def test_library_api_with_constructor_and_fixed_type(tmp_path):
+    spec = load_spec(write(tmp_path, VALID))
+    init = spec.roles["init"]
+    assert init.obj.is_return and init.type_name.constant == "foo"
+    assert init.initial_count.constant == 1
+    assert spec.roles["put"].functions == ("foo_unref", "foo_release")
+    assert not spec.has_delete
+
+
+@pytest.mark.parametrize("text,line,key,problem", [
+    (VALID.replace("version: 1", "version: 2"), 1, "version", "out of range"),
+    (VALID + "colour: red\n", 7, "colour", "unknown key"),
+    (VALID.replace("object: arg1}", "objekt: arg1}", 1), 5, "roles.get.objekt", "unknown key"),
+    (VALID.replace("object: arg1}", "object: arg9}", 1), 5, "roles.get.object", "1..6"),
+    (VALID.replace("object: arg1}", "object: return}", 1).replace("foo_ref", "x").replace(
+        "put: {functions: [foo_unref, foo_release], object: arg1}",
+        "put: {functions: [y], object: return}"), 6, "roles.put.object", "return value"),
+    (VALID.replace("  get: {functions: [foo_ref], object: arg1}\n", ""), 3, "roles",
+     "missing required key 'get'"),
+    (VALID.replace("[foo_new]", "[]"), 4, "roles.init.functions", "at least one"),
+    (VALID.replace("[foo_new]", "['foo new']"), 4, "roles.init.functions[0]", "not a symbol"),
+    (VALID.replace("{name: foo}", "{name: foo, arg: 2}"), 4, "roles.init.type", "exactly one"),
+    ("version: 1\nname: foo\nroles: [1, 2]\n", 3, "roles", "expected a mapping"),
+    ("version: 1\nname: [\n", 3, "(syntax)", ""),
+    ("", 1, "(top level)", "empty"),
+])
+def test_bad_specs_name_file_line_and_key(tmp_path, text, line, key, problem):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    err = info.value
+    assert (err.path, err.lineno, err.key) == (path, line, key), err.message
+    assert problem in err.problem
+    assert err.message.startswith(f"{path}:{line}: {key}: ")
+
+
+def test_cli_reports_bad_spec_in_one_line(tmp_path):
+    path = write(tmp_path, VALID.replace("object: arg1}", "object: arg0}", 1))
+    result = refcntd(["check", "--binary", "/bin/true", "--spec", path])
+    assert result.returncode == 2
+    assert_one_line_error(result, f"{path}:5: roles.get.object:")
+
+
+def test_unknown_bundled_spec_name(tmp_path):
+    result = refcntd(["check", "--binary", "/bin/true", "--spec", "nosuchspec"])
+    assert_one_line_error(result, "no bundled spec named 'nosuchspec'", "perf-stubs")
