@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check refcntd tests benchmarks
 .venv/bin/lint-imports --no-cache
+.venv/bin/mypy  # --strict on the package: [tool.mypy] in pyproject.toml
 .venv/bin/python -m refcntd.kernel.abigen --check \
     || { echo "refcntd/kernel/abi.py is stale: python -m refcntd.kernel.abigen" >&2; exit 1; }
 # tests/unit runs first (seconds, no root), then tests/bpf (real kernel).

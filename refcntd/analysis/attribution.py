@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
@@ -60,7 +61,7 @@ class Culprit:
     released_uses: int = 0  # gets through the same path in objects released correctly
     leaked_objects: set[int] = field(default_factory=set, repr=False)
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, tuple[FuncKey, ...]]:
         return (self.kind, tuple(func_key(f) for f in self.frames))
 
 
@@ -115,7 +116,7 @@ def pair_puts(ops: list[PathOp], sources: set[FuncKey]
     Returns the gets left over, and the functions that handed a matched
     reference up to where it was put (sources, by this object's evidence).
     """
-    gets = [[op, op.count] for op in ops if is_get(op.op)]
+    gets: list[list[Any]] = [[op, op.count] for op in ops if is_get(op.op)]  # [get, refs left]
     puts = sorted((op for op in ops if op.op == Role.PUT), key=lambda o: -len(o.frames))
     handed_up: set[FuncKey] = set()
     for put in puts:
@@ -135,7 +136,7 @@ def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathO
     return pair_puts(ops, sources)[0]
 
 
-def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey]) -> tuple:
+def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey]) -> tuple[int, bool, bool, int]:
     via_source = bool(get.path) and get.path[0] in sources
     return (common_depth(get.path, put.path), get.op == Role.INIT, via_source, len(get.frames))
 
@@ -158,7 +159,7 @@ def attribute(objects: list[tuple[int, list[PathOp]]], released: list[PathOp]) -
     paired = [(address, ops, *pair_puts(ops, sources)) for address, ops in objects]
     for _, _, _, handed_up in paired:
         sources |= handed_up
-    found: dict[tuple, Culprit] = {}
+    found: dict[tuple[str, tuple[FuncKey, ...]], Culprit] = {}
     for address, ops, unmatched, _ in paired:
         for get, left in unmatched:
             culprit = culprit_of(get, ops, sources, sinks)

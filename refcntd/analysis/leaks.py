@@ -6,7 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from refcntd.analysis.attribution import PathOp, attribute
-from refcntd.analysis.model import AnomalyFinding, HistoryStep, LeakedObject, LeakGroup
+from refcntd.analysis.model import (
+    AnomalyFinding,
+    AnomalyKey,
+    HistoryStep,
+    LeakedObject,
+    LeakGroup,
+    LeakKey,
+)
 from refcntd.kernel.records import AnomalyRecord, ObjectRecord, RawFrame, ReleasedSite, StackRef
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
@@ -41,9 +48,10 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
                 history: HistoryContext | None = None) -> list[LeakGroup]:
     """Group by (type, allocation stack), most objects first, then by type name."""
     mods = mods or ProcessModules()
-    by_ref: dict[tuple, LeakGroup] = {}  # cheap key first: objects share few stacks
-    groups: dict[tuple, LeakGroup] = {}
-    paths: dict[tuple, list[tuple[int, list[PathOp]]]] = {}
+    # cheap key first: objects share few stacks
+    by_ref: dict[tuple[str, int, StackRef], LeakGroup] = {}
+    groups: dict[LeakKey, LeakGroup] = {}
+    paths: dict[LeakKey, list[tuple[int, list[PathOp]]]] = {}
     for rec in records:
         ref = (rec.type_name, rec.name_ptr, _alloc_ref(rec))
         if ref not in by_ref:  # the stack first: it teaches the biases the name may need
@@ -102,7 +110,7 @@ def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Sym
                      mods: ProcessModules | None = None) -> list[AnomalyFinding]:
     """Symbolized anomalies; repeats of one kind at one stack are folded with a count."""
     mods = mods or ProcessModules()
-    found: dict[tuple, AnomalyFinding] = {}
+    found: dict[AnomalyKey, AnomalyFinding] = {}
     for rec in records:
         frames, _ = symbolize_stack(rec.where, stacks, sym, mods)
         alloc = symbolize_stack(rec.alloc, stacks, sym, mods)[0] if rec.alloc else ()

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from refcntd.analysis.attribution import Culprit
 from refcntd.symbolize.symbolizer import Frame
 
+FrameKeys = tuple[tuple[str, str, int], ...]  # Frame.key() of each frame of a stack
+LeakKey = tuple[str, FrameKeys]  # (type name, allocation stack)
+AnomalyKey = tuple[str, str, FrameKeys]  # (kind, type name, stack)
+
 STATE_EXITED = "exited"
 STATE_LIVE_AT_DETACH = "live at detach"
 STATE_EXIT_NOT_SEEN = "exit not seen"
@@ -41,7 +45,7 @@ class LeakGroup:
     stack_truncated: bool = False
     culprits: list[Culprit] = field(default_factory=list)
 
-    def key(self) -> tuple:
+    def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))
 
 
@@ -79,7 +83,7 @@ class AnomalyFinding:
     def description(self) -> str:
         return ANOMALY_TEXT[self.kind]
 
-    def key(self) -> tuple:
+    def key(self) -> AnomalyKey:
         return (self.kind, self.type_name, tuple(f.key() for f in self.frames))
 
 

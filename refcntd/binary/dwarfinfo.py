@@ -50,7 +50,7 @@ def _name(die: DIE | None) -> str:
     while die is not None:
         attr = die.attributes.get("DW_AT_name")
         if attr is not None:
-            return attr.value.decode(errors="replace")
+            return str(attr.value.decode(errors="replace"))
         die = _origin(die)
     return ""
 

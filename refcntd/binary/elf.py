@@ -11,10 +11,12 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
+from elftools.elf.sections import NoteSection, SymbolTableSection
 
 from refcntd.errors import BinaryError
 
@@ -43,7 +45,7 @@ class Segment:
 class ElfImage:
     """One ELF file opened for analysis; raises BinaryError for anything unusable."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._data = _read_elf_bytes(self.path)
         try:
@@ -56,7 +58,7 @@ class ElfImage:
 
     @property
     def is_pie_or_shared(self) -> bool:
-        return self._elf.header["e_type"] == "ET_DYN"
+        return bool(self._elf.header["e_type"] == "ET_DYN")
 
     @property
     def is_shared_library(self) -> bool:
@@ -75,10 +77,10 @@ class ElfImage:
         for section in self._elf.iter_sections():
             if section["sh_type"] != "SHT_NOTE":
                 continue
-            for note in section.iter_notes():
+            for note in cast(NoteSection, section).iter_notes():
                 # pyelftools names every type-3 note NT_GNU_BUILD_ID, SDT notes too
                 if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                    return note["n_desc"]
+                    return str(note["n_desc"])
         return None
 
     @cached_property
@@ -153,7 +155,7 @@ class ElfImage:
                 continue
             for sym in section.get_symbol_by_name(name) or []:
                 if sym["st_info"]["type"] == "STT_OBJECT" and sym["st_shndx"] != "SHN_UNDEF":
-                    return sym["st_value"]
+                    return int(sym["st_value"])
         return None
 
     def runpaths(self) -> list[str]:
@@ -162,9 +164,9 @@ class ElfImage:
         if dynamic is None:
             return []
         out: list[str] = []
-        for tag in dynamic.iter_tags():
+        for tag in cast(DynamicSection, dynamic).iter_tags():
             if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
-                value = getattr(tag, "runpath", None) or getattr(tag, "rpath", "")
+                value: str = getattr(tag, "runpath", "") or getattr(tag, "rpath", "")
                 out.extend(p for p in value.split(":") if p)
         return out
 
@@ -209,7 +211,7 @@ def _check_machine(path: Path, elf: ELFFile) -> None:
                           "shared library")
 
 
-def read_build_id(path: str | os.PathLike) -> str | None:
+def read_build_id(path: str | os.PathLike[str]) -> str | None:
     """GNU build-id from the PT_NOTE segments, reading only the headers and notes.
 
     Used to index whole library directories, where parsing each file fully

@@ -12,6 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NotRequired, TypedDict, cast
 
 from refcntd.binary import dwarfinfo, probepoint, sdt
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
@@ -42,11 +43,20 @@ class ProbeSite:
     ref_ctr_offset: int = 0  # USDT semaphore, as a file offset
 
 
-def function_locations(role: RoleSpec) -> dict[str, ArgLoc | None]:
+class ArgLocations(TypedDict):
+    """The ProbeSite fields that say where a probe reads the role's values."""
+
+    obj_loc: ArgLoc
+    type_loc: NotRequired[ArgLoc | None]
+    count_loc: NotRequired[ArgLoc | None]
+
+
+def function_locations(role: RoleSpec) -> ArgLocations:
     """Where a function probe finds the role's values: argument registers, or rax."""
     def loc(src: Source | None) -> ArgLoc | None:
         return sdt.register_arg(src.arg) if src is not None and src.arg else None
     obj = sdt.RETURN_VALUE if role.obj.is_return else loc(role.obj)
+    assert obj is not None  # a spec's `object` is an argument or the return value
     return {"obj_loc": obj, "type_loc": loc(role.type_name),
             "count_loc": loc(role.initial_count)}
 
@@ -221,7 +231,8 @@ def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: st
                              f"saved at entry: {choice.reason}")
         return
     plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
-                                image.vaddr_to_offset(sym.vaddr + choice.offset), choice.cost,
+                                image.vaddr_to_offset(sym.vaddr + choice.offset),  # type: ignore[arg-type]
+                                choice.cost,
                                 "saves the type/count arguments for the return probe; "
                                 + choice.reason, -1, False, role,
                                 **function_locations(role)))
@@ -231,7 +242,7 @@ def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname
     """Probe gcc's copies of `fname` whose argument registers DWARF establishes."""
     planned = False
     for clone in image.clones_of(fname):
-        kind = CLONE_RE.match(clone.name).group("kind")
+        kind = CLONE_RE.match(clone.name).group("kind")  # type: ignore[union-attr]
         if kind == "cold":
             plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
                               "nothing to probe")
@@ -266,7 +277,7 @@ def _remap_for_clone(role: RoleSpec, image: ElfImage, clone: Symbol, fname: str
         return replace(src, arg=regs[src.arg])
 
     try:
-        return replace(role, obj=move(role.obj, "object"),
+        return replace(role, obj=move(role.obj, "object"),  # type: ignore[arg-type]
                        type_name=_type_or_unknown(role.type_name, regs),
                        initial_count=move(role.initial_count, "initial count"))
     except LookupError as err:
@@ -322,7 +333,7 @@ def _plan_usdt_site(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
     plan.sites.append(ProbeSite(
         role.role, f"usdt {probe.full_name}", module, probe.pc, 0, file_offset,
         probepoint.cost_of(insn), f"USDT probe site ({insn.mnemonic}); {gate}", -1, False,
-        role, ref_ctr_offset=sema, **locs))
+        role, ref_ctr_offset=sema, **cast(ArgLocations, locs)))
     return None
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import capstone
 from capstone import x86_const as X
 
+from refcntd.binary.elf import ElfImage
+
 SCAN_LIMIT = 16  # instructions; stubs are short and args die quickly
 
 ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
@@ -226,7 +228,7 @@ def frame_setup(code: bytes) -> tuple[bool, bool]:
     return framed, calls
 
 
-def call_sites(image: object, target: int) -> list[int]:
+def call_sites(image: ElfImage, target: int) -> list[int]:
     """Addresses of `call target` instructions, each confirmed to be an instruction
     boundary by disassembling its function from the start (.eh_frame FDEs), since a
     uprobe placed inside an instruction would corrupt the code."""
@@ -245,19 +247,19 @@ def call_sites(image: object, target: int) -> list[int]:
     return [c for c in candidates if _starts_instruction(image, functions, c)]
 
 
-def _fde_ranges(image: object) -> list[tuple[int, int]]:
+def _fde_ranges(image: ElfImage) -> list[tuple[int, int]]:
     elf = image.elffile()
     if elf.get_section_by_name(".eh_frame") is None:
         return []
-    return [(e.header["initial_location"], e.header["address_range"])
+    return [(e.header["initial_location"], e.header["address_range"])  # type: ignore[union-attr]
             for e in elf.get_dwarf_info().EH_CFI_entries() if type(e).__name__ == "FDE"]
 
 
-def _starts_instruction(image: object, functions: list[tuple[int, int]], addr: int) -> bool:
+def _starts_instruction(image: ElfImage, functions: list[tuple[int, int]], addr: int) -> bool:
     for start, size in functions:
         if start <= addr < start + size:
             for insn in _disassembler().disasm(image.code_at(start, size), start):
                 if insn.address >= addr:
-                    return insn.address == addr and insn.id == X.X86_INS_CALL
+                    return bool(insn.address == addr and insn.id == X.X86_INS_CALL)
             return False
     return False

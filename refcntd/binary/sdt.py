@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import cast
+
+from elftools.elf.sections import NoteSection
 
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
@@ -117,7 +120,7 @@ def sdt_probes(image: ElfImage) -> list[SdtProbe]:
     base_section = elf.get_section_by_name(".stapsdt.base")
     actual_base = base_section["sh_addr"] if base_section is not None else 0
     out = []
-    for note in notes.iter_notes():
+    for note in cast(NoteSection, notes).iter_notes():
         if note["n_name"] != "stapsdt":  # type 3, which pyelftools mislabels
             continue
         out.append(_decode_note(note["n_descdata"], actual_base))

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypedDict
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
@@ -55,7 +55,14 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
             ciformats.write_github(result, verdict, root, sys.stdout)
 
 
-def history_options(args: argparse.Namespace) -> dict:
+class HistoryOptions(TypedDict):
+    """The TraceOptions fields that --history and --history-depth set."""
+
+    history: tuple[str, ...] | None
+    history_depth: int
+
+
+def history_options(args: argparse.Namespace) -> HistoryOptions:
     depth = args.history_depth
     if depth < 4 or depth > 256 or depth & (depth - 1):
         raise UsageError(f"--history-depth {depth}: must be a power of two in 4..256")

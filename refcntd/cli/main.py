@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from refcntd import __version__
 from refcntd.errors import EXIT_FINDINGS, RefcntdError, UsageError
@@ -17,7 +18,7 @@ from refcntd.inputs.config import DEFAULT_CONFIG
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own exit, made one line
+    def error(self, message: str) -> NoReturn:  # argparse's own exit, made one line
         raise UsageError(message, f"see `{self.prog} --help`")
 
 

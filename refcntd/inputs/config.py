@@ -34,7 +34,7 @@ class Target:
     history: tuple[str, ...] | None = None
     age_threshold_s: float = 300.0  # live objects older than this are counted apart
 
-    def signature(self) -> tuple:
+    def signature(self) -> tuple[object, ...]:
         """What must stay equal for a reload to keep this target's kernel state."""
         return (self.path, self.spec.path, self.comm, self.cgroup, self.history)
 
@@ -77,6 +77,7 @@ def _listen(node: YNode | None) -> tuple[str, int]:
     text = node.string() if node is not None else DEFAULT_LISTEN
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        assert node is not None  # DEFAULT_LISTEN is valid
         raise node.fail(f"'{text}' is not HOST:PORT")
     return host.strip("[]"), int(port)
 

@@ -6,7 +6,7 @@ type or an unknown key can be reported as `file:line: key.path: problem`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from pathlib import Path
 
 import yaml
@@ -34,7 +34,7 @@ class YNode:
     def is_null(self) -> bool:
         return isinstance(self.node, yaml.ScalarNode) and self.node.tag.endswith(":null")
 
-    def mapping(self, allowed: set[str], required: set[str] = frozenset()) -> dict[str, YNode]:
+    def mapping(self, allowed: set[str], required: Set[str] = frozenset()) -> dict[str, YNode]:
         """The children of a mapping; unknown or missing keys are errors."""
         if not self.is_mapping():
             raise self.fail(f"expected a mapping with keys {sorted(allowed)}")

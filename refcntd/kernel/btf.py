@@ -47,7 +47,7 @@ def _find_member(data: bytes, pos: int, vlen: int, strings: int, member: str,
     for i in range(vlen):
         name_off, _type, offset = struct.unpack_from("<III", data, pos + 12 * i)
         if _name(data, strings + name_off) == member:
-            bits = offset & 0xFFFFFF if bitfield_encoding else offset
+            bits: int = offset & 0xFFFFFF if bitfield_encoding else offset
             return bits // 8
     return None
 

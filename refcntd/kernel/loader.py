@@ -101,7 +101,7 @@ def ensure_tracefs() -> None:
                                  f"mount -t tracefs nodev {TRACEFS}")
 
 
-def _import_bcc() -> object:
+def _import_bcc() -> Any:
     try:
         import bcc
     except ImportError as err:
@@ -230,8 +230,8 @@ class Kernel:
                     raw = ctypes.cast(data, ctypes.POINTER(abi.Anomaly)).contents
                     callback(_decode_anomaly(raw, self._type_name))
                 else:
-                    raw = ctypes.cast(data, ctypes.POINTER(abi.Event)).contents
-                    callback(_decode_event(raw))
+                    event = ctypes.cast(data, ctypes.POINTER(abi.Event)).contents
+                    callback(_decode_event(event))
             except BaseException as err:  # noqa: BLE001 - re-raised in poll()
                 self._callback_error = err
             return 0
@@ -270,7 +270,8 @@ class Kernel:
 
     def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
         """Per type name: (inits, gets, puts, releases) of objects released so far."""
-        names, out = self.type_names(), {}
+        names = self.type_names()
+        out: dict[str, tuple[int, int, int, int]] = {}
         for key, per_cpu in self.bpf["totals"].items():
             name = names.get(key.value, "") or "unknown"
             sums = [sum(getattr(c, f) for c in per_cpu)
@@ -377,7 +378,7 @@ class Kernel:
         return tuple(frames)
 
 
-def _delete(table: object, keys: list) -> None:
+def _delete(table: Any, keys: list[Any]) -> None:
     """Delete many keys in one syscall where the kernel allows it."""
     if not keys:
         return
@@ -395,7 +396,7 @@ def _delete(table: object, keys: list) -> None:
             pass
 
 
-def _items(table: object) -> Iterable[tuple[object, object]]:
+def _items(table: Any) -> list[tuple[Any, Any]]:
     try:
         return list(table.items_lookup_batch())
     except Exception:  # older kernels / map types without batch ops

@@ -62,7 +62,7 @@ def open_uprobe(path: str, file_offset: int, retprobe: bool = False,
     attr.config2 = file_offset
     attr.config = (1 if retprobe else 0) | (ref_ctr_offset << 32)
     cpu = 0 if pid == -1 else -1
-    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ctypes.byref(attr), pid, cpu, -1,
+    fd: int = _libc.syscall(NR_PERF_EVENT_OPEN, ctypes.byref(attr), pid, cpu, -1,
                        PERF_FLAG_FD_CLOEXEC)
     if fd < 0:
         err = ctypes.get_errno()
@@ -74,7 +74,7 @@ def link_bpf(prog_fd: int, perf_fd: int, cookie: int) -> int:
     """Attach a loaded BPF program to a perf event with a cookie; returns the link fd."""
     attr = _LinkCreateAttr(prog_fd=prog_fd, target_fd=perf_fd, attach_type=BPF_PERF_EVENT,
                            bpf_cookie=cookie)
-    fd = _libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
+    fd: int = _libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
     if fd < 0:
         err = ctypes.get_errno()
         raise UprobeError(err, explain_errno(err))

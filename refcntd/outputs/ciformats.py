@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TextIO
 from xml.etree import ElementTree as ET
 
 from refcntd import __version__
@@ -67,7 +68,7 @@ def _relative(frame: Frame, root: Path) -> str | None:
 
 
 # ---- SARIF --------------------------------------------------------------------
-def sarif(result: RunResult, verdict: Verdict, root: Path) -> dict:
+def sarif(result: RunResult, verdict: Verdict, root: Path) -> dict[str, object]:
     rules = [{"id": LEAK_RULE, "name": "ReferenceLeak",
               "shortDescription": {"text": "An object was still referenced when its process "
                                            "exited"},
@@ -90,8 +91,8 @@ def sarif(result: RunResult, verdict: Verdict, root: Path) -> dict:
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
-def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict:
-    out: dict = {"ruleId": LEAK_RULE if f.kind == "leak" else f.kind, "level": "error",
+def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict[str, object]:
+    out: dict[str, object] = {"ruleId": LEAK_RULE if f.kind == "leak" else f.kind, "level": "error",
                  "message": {"text": message(f)},
                  "partialFingerprints": {"refcntdFinding/v1": f.fingerprint},
                  "stacks": [{"message": {"text": "allocation stack" if f.kind == "leak"
@@ -106,14 +107,14 @@ def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict:
     return out
 
 
-def _physical(uri: str, line: int) -> dict:
+def _physical(uri: str, line: int) -> dict[str, object]:
     return {"physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "SRCROOT"},
                                  "region": {"startLine": line}}}
 
 
-def _sarif_frame(frame: Frame, root: Path) -> dict:
-    location: dict = {"logicalLocations": [{"fullyQualifiedName": frame.function or "??",
-                                            "kind": "function"}]}
+def _sarif_frame(frame: Frame, root: Path) -> dict[str, object]:
+    location: dict[str, object] = {
+        "logicalLocations": [{"fullyQualifiedName": frame.function or "??", "kind": "function"}]}
     rel = _relative(frame, root)
     if rel:
         location.update(_physical(rel, frame.line))
@@ -146,8 +147,8 @@ def junit(result: RunResult, verdict: Verdict) -> str:
 
 
 def _wrap(suite: ET.Element) -> ET.Element:
-    root = ET.Element("testsuites", name="refcntd", tests=suite.get("tests"),
-                      failures=suite.get("failures"))
+    root = ET.Element("testsuites", name="refcntd", tests=suite.get("tests", ""),
+                      failures=suite.get("failures", ""))
     root.append(suite)
     return root
 
@@ -190,7 +191,7 @@ def github_summary(result: RunResult, verdict: Verdict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_github(result: RunResult, verdict: Verdict, root: Path, stream: object) -> None:
+def write_github(result: RunResult, verdict: Verdict, root: Path, stream: TextIO) -> None:
     for line in github_annotations(result, verdict, root):
         print(line, file=stream)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -27,6 +27,7 @@ from refcntd.outputs.runjson import load_run
 from refcntd.symbolize.symbolizer import Frame
 
 RULE_KINDS = ("leak", "type", "anomaly")
+FindingKey = tuple[str, str, tuple[str, ...]]  # (kind, type name, stack without addresses)
 FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in baseline", \
     "under threshold"
 
@@ -62,7 +63,7 @@ class Finding:
     reason: str = ""  # the suppression rule, baseline or threshold that applied
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> FindingKey:
         """Stable across runs: no addresses, pids or offsets."""
         return (self.kind, self.type_name, tuple(_frame_name(f) for f in self.frames))
 
@@ -123,7 +124,7 @@ def parse_thresholds(items: list[str]) -> dict[str, int]:
 
 def collect_findings(result: RunResult) -> list[Finding]:
     """Leak groups and anomalies of every exited process, folded by their stable key."""
-    found: dict[tuple, Finding] = {}
+    found: dict[FindingKey, Finding] = {}
     for p in result.processes:
         if p.state == "live at detach":
             continue
@@ -141,14 +142,14 @@ def collect_findings(result: RunResult) -> list[Finding]:
     return sorted(found.values(), key=lambda f: (f.kind != "leak", -f.objects, f.type_name))
 
 
-def _key(kind: str, type_name: str, frames: tuple[Frame, ...]) -> tuple:
+def _key(kind: str, type_name: str, frames: tuple[Frame, ...]) -> FindingKey:
     return (kind, type_name, tuple(_frame_name(f) for f in frames))
 
 
 @dataclass
 class Policy:
     rules: list[Rule] = field(default_factory=list)
-    baseline: set[tuple] = field(default_factory=set)
+    baseline: set[FindingKey] = field(default_factory=set)
     thresholds: dict[str, int] = field(default_factory=dict)
 
     @classmethod

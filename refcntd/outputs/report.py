@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import cast
 
 from refcntd import __version__
 from refcntd.analysis.model import (
@@ -14,6 +15,16 @@ from refcntd.analysis.model import (
     ProcessReport,
     RunResult,
     TracingStatus,
+)
+from refcntd.outputs.jsontypes import (
+    AnomalyJson,
+    FrameJson,
+    GroupJson,
+    InstanceJson,
+    ProbeJson,
+    ProcessJson,
+    RunJson,
+    TracingJson,
 )
 from refcntd.symbolize.symbolizer import Frame
 
@@ -160,18 +171,18 @@ def render_run(result: RunResult) -> str:
 
 
 # ---- JSON -------------------------------------------------------------------
-def frame_json(f: Frame) -> dict:
-    out: dict = {"module": f.module, "address": f"0x{f.vaddr:x}"}
+def frame_json(f: Frame) -> FrameJson:
+    out: FrameJson = {"module": f.module, "address": f"0x{f.vaddr:x}"}
     if f.function:
-        out.update(function=f.function, offset=f.offset)
+        out.update({"function": f.function, "offset": f.offset})
     if f.file:
-        out.update(file=f.file, line=f.line)
+        out.update({"file": f.file, "line": f.line})
     if not f.module:
         out["unresolved"] = f.raw
     return out
 
 
-def group_json(g: LeakGroup) -> dict:
+def group_json(g: LeakGroup) -> GroupJson:
     return {
         "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
         "stack": [frame_json(f) for f in g.frames],
@@ -183,9 +194,9 @@ def group_json(g: LeakGroup) -> dict:
     }
 
 
-def instance_json(o: LeakedObject) -> dict:
-    out = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets, "puts": o.puts,
-           "age_ns": o.age_ns}
+def instance_json(o: LeakedObject) -> InstanceJson:
+    out: InstanceJson = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets,
+                         "puts": o.puts, "age_ns": o.age_ns}
     if o.history_total:
         out["history_total"] = o.history_total
         out["history_dropped"] = o.history_total - len(o.history)
@@ -194,7 +205,7 @@ def instance_json(o: LeakedObject) -> dict:
     return out
 
 
-def anomaly_json(a: AnomalyFinding) -> dict:
+def anomaly_json(a: AnomalyFinding) -> AnomalyJson:
     return {"kind": a.kind, "description": a.description, "type": a.type_name,
             "address": f"0x{a.address:x}", "count_before": a.count_before,
             "occurrences": a.occurrences, "separate": a.separate,
@@ -202,7 +213,7 @@ def anomaly_json(a: AnomalyFinding) -> dict:
             "alloc_stack": [frame_json(f) for f in a.alloc_frames]}
 
 
-def process_json(p: ProcessReport) -> dict:
+def process_json(p: ProcessReport) -> ProcessJson:
     return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
             "exit_status": p.exit_status or None, "exit_code": p.exit_code,
             "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
@@ -210,12 +221,12 @@ def process_json(p: ProcessReport) -> dict:
             "groups": [group_json(g) for g in p.groups]}
 
 
-def tracing_json(t: TracingStatus) -> dict:
+def tracing_json(t: TracingStatus) -> TracingJson:
     return {"complete": t.complete, "lost": dict(t.lost), "notes": list(t.notes),
-            "probes": [vars(p) for p in t.probes]}
+            "probes": [cast(ProbeJson, vars(p)) for p in t.probes]}
 
 
-def run_json(result: RunResult) -> dict:
+def run_json(result: RunResult) -> RunJson:
     return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
             "mode": result.mode, "spec": result.spec, "target": result.target,
             "command_status": result.command_status, "tracing": tracing_json(result.tracing),

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from refcntd.inputs.config import Retention
+from refcntd.outputs.jsontypes import RunJson
 
 FILE_MODE = 0o640
 DIR_MODE = 0o750
@@ -38,7 +39,7 @@ class ReportStore:
         self.clock = clock
         self.stats = StoreStats()
 
-    def write(self, target: str, pid: int, data: dict, text: str) -> Path:
+    def write(self, target: str, pid: int, data: RunJson, text: str) -> Path:
         """Write one process's report (JSON and text); raises OSError on failure."""
         stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         base = f"{stamp}-{target}-{pid}"

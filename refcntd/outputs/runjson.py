@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from refcntd.analysis.attribution import Culprit
 from refcntd.analysis.model import (
@@ -18,6 +19,14 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.errors import UsageError
+from refcntd.outputs.jsontypes import (
+    AnomalyJson,
+    FrameJson,
+    GroupJson,
+    InstanceJson,
+    ProcessJson,
+    RunJson,
+)
 from refcntd.outputs.report import JSON_SCHEMA, JSON_VERSION
 from refcntd.symbolize.symbolizer import Frame
 
@@ -35,35 +44,35 @@ def load_run(path: str) -> RunResult:
         raise UsageError(f"{path}: report version {data.get('version')} is not supported "
                          f"(this refcntd reads version {JSON_VERSION})")
     try:
-        return _run(data)
+        return _run(cast(RunJson, data))  # a wrong shape raises below
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"{path}: malformed refcntd report ({err!r})") from None
 
 
-def _run(d: dict) -> RunResult:
+def _run(d: RunJson) -> RunResult:
     tracing = TracingStatus([ProbeStatus(**p) for p in d["tracing"]["probes"]],
                             dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]))
     return RunResult(d["mode"], d["spec"], d["target"], [_process(p) for p in d["processes"]],
                      tracing, d.get("command_status"))
 
 
-def _frame(f: dict) -> Frame:
+def _frame(f: FrameJson) -> Frame:
     return Frame(f.get("module", ""), int(f.get("address", "0x0"), 16), f.get("function", ""),
                  f.get("offset", 0), f.get("file", ""), f.get("line", 0), f.get("unresolved", ""))
 
 
-def _frames(items: list[dict]) -> tuple[Frame, ...]:
+def _frames(items: list[FrameJson]) -> tuple[Frame, ...]:
     return tuple(_frame(f) for f in items)
 
 
-def _process(p: dict) -> ProcessReport:
+def _process(p: ProcessJson) -> ProcessReport:
     return ProcessReport(p["pid"], p["comm"], list(p["command"]), p["state"],
                          p.get("exit_status") or "", p.get("exit_code"),
                          [_group(g) for g in p["groups"]],
                          [_anomaly(a) for a in p.get("anomalies", [])])
 
 
-def _group(g: dict) -> LeakGroup:
+def _group(g: GroupJson) -> LeakGroup:
     culprits = [Culprit(c["kind"], _frames(c["stack"])[-1] if c["stack"] else Frame("", 0),
                         _frames(c["stack"]), c["objects"], c["references"], c["released_uses"])
                 for c in g.get("culprits", [])]
@@ -71,13 +80,13 @@ def _group(g: dict) -> LeakGroup:
                      g.get("stack_truncated", False), culprits)
 
 
-def _object(i: dict) -> LeakedObject:
+def _object(i: InstanceJson) -> LeakedObject:
     history = tuple(HistoryStep(s["op"], s["count_after"], _frames(s["stack"]), s["at_ns"])
                     for s in i.get("history", []))
     return LeakedObject(int(i["address"], 16), i["count"], i["gets"], i["puts"], i["age_ns"],
                         history, i.get("history_total", 0))
 
 
-def _anomaly(a: dict) -> AnomalyFinding:
+def _anomaly(a: AnomalyJson) -> AnomalyFinding:
     return AnomalyFinding(a["kind"], a["type"], int(a["address"], 16), a["count_before"],
                           _frames(a["stack"]), _frames(a["alloc_stack"]), a["occurrences"])

@@ -108,7 +108,7 @@ class Daemon:
             plan = build_plan(target.spec, path)
             plan.require_complete()
             tracer = Tracer(plan, filtered=False, opts=opts,
-                            on_report=lambda p, rt=runtime: self._on_report(rt, p))
+                            on_report=lambda p: self._on_report(runtime, p))
             tracer.start()
         except RefcntdError as err:
             runtime.failed[path] = err.message

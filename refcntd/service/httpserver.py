@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -23,10 +24,10 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def application(registry: CollectorRegistry) -> Callable:
-    metrics = make_wsgi_app(registry)
+def application(registry: CollectorRegistry) -> WSGIApplication:
+    metrics: WSGIApplication = make_wsgi_app(registry)
 
-    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics(environ, start_response)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TypedDict, TypeVar, cast
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -21,10 +22,12 @@ from prometheus_client.core import (
 )
 
 from refcntd.kernel.procmem import read_string
+from refcntd.outputs.reportstore import StoreStats
 from refcntd.session.tracer import LOST_REASONS, Tracer
 
 AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
 OPS = ("init", "get", "put", "release")
+K = TypeVar("K")
 
 
 @dataclass
@@ -41,7 +44,7 @@ class TargetStats:
     anomalies: dict[str, int] = field(default_factory=dict)
     processes_reported: int = 0
 
-    def add(self, table: dict, key: object, n: int = 1) -> None:
+    def add(self, table: dict[K, int], key: K, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
 
@@ -49,7 +52,7 @@ class RefcntdCollector:
     """prometheus_client custom collector; `view()` returns the targets under a lock."""
 
     def __init__(self, view: Callable[[], AbstractContextManager[list[TargetStats]]],
-                 report_stats: Callable[[], object]) -> None:
+                 report_stats: Callable[[], StoreStats]) -> None:
         self.view = view
         self.report_stats = report_stats
         self._type_cache: dict[tuple[int, int], str] = {}
@@ -59,13 +62,13 @@ class RefcntdCollector:
             families = _families()
             for stats in targets:
                 self._collect_target(stats, families)
-            yield from families.values()
+            yield from cast(dict[str, Metric], families).values()
         store = self.report_stats()
         yield _counter("reports_written", "Report files written", [([], store.written)], [])
         yield _counter("report_errors", "Report files that could not be written",
                        [([], store.errors)], [])
 
-    def _collect_target(self, s: TargetStats, f: dict[str, Metric]) -> None:
+    def _collect_target(self, s: TargetStats, f: _Families) -> None:
         t = s.name
         ops: dict[tuple[str, str], int] = dict(s.exited_ops)
         live: dict[str, list[float]] = {}
@@ -122,14 +125,31 @@ def _buckets(ages: list[float]) -> list[tuple[str, int]]:
     return out + [("+Inf", len(ages))]
 
 
-def _counter(name: str, doc: str, samples: list, labels: list[str]) -> Metric:
+def _counter(name: str, doc: str, samples: list[tuple[list[str], int]], labels: list[str]
+             ) -> Metric:
     c = CounterMetricFamily(f"refcntd_{name}", doc, labels=labels)
     for values, n in samples:
         c.add_metric(values, n)
     return c
 
 
-def _families() -> dict[str, Metric]:
+class _Families(TypedDict):
+    live: GaugeMetricFamily
+    older: GaugeMetricFamily
+    age: HistogramMetricFamily
+    operations: CounterMetricFamily
+    leaked: CounterMetricFamily
+    anomalies: CounterMetricFamily
+    processes: GaugeMetricFamily
+    reported: CounterMetricFamily
+    probes: GaugeMetricFamily
+    attach_errors: GaugeMetricFamily
+    map_entries: GaugeMetricFamily
+    map_capacity: GaugeMetricFamily
+    dropped: CounterMetricFamily
+
+
+def _families() -> _Families:
     g, c = GaugeMetricFamily, CounterMetricFamily
     return {
         "live": g("refcntd_live_objects", "Objects initialised and not yet released, in "

@@ -106,7 +106,7 @@ class SessionTracker:
             command = list(parent.command) if parent else []
             self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command, ev.pid)
             return
-        command = self._argv.pop(ev.tgid, None) or self._read_cmdline(ev.tgid)
+        command = self._argv.pop(ev.tgid, []) or self._read_cmdline(ev.tgid)
         self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command or [ev.comm])
 
     def _read_cmdline(self, tgid: int) -> list[str]:

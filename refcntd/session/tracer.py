@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from refcntd.analysis.leaks import StackSource
 from refcntd.analysis.model import (
@@ -17,7 +18,7 @@ from refcntd.analysis.model import (
     RunResult,
     TracingStatus,
 )
-from refcntd.binary.plan import Plan
+from refcntd.binary.plan import Plan, ProbeSite
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
@@ -153,7 +154,7 @@ class Tracer:
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 
-def _site_key(site: object) -> str:
+def _site_key(site: ProbeSite) -> str:
     return f"{site.role} {site.function}+{site.probe_offset} in {site.module}"
 
 
@@ -258,7 +259,7 @@ class _forward_signals:
 
     def __init__(self, child: Child) -> None:
         self.child = child
-        self.saved: dict[int, object] = {}
+        self.saved: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     def __enter__(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):

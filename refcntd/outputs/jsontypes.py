@@ -1,0 +1,114 @@
+"""The `--json` report document (schema "refcntd-report", version 1) as types.
+
+report.py writes these and runjson.py reads them back; naming each record
+here lets mypy check that writer and reader agree on the keys.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+
+class FrameJson(TypedDict):
+    module: str
+    address: str  # "0x..."
+    function: NotRequired[str]
+    offset: NotRequired[int]
+    file: NotRequired[str]
+    line: NotRequired[int]
+    unresolved: NotRequired[str]  # the raw address text of an unknown module
+
+
+class CulpritJson(TypedDict):
+    kind: str
+    function: str
+    stack: list[FrameJson]
+    objects: int
+    references: int
+    released_uses: int
+
+
+class HistoryStepJson(TypedDict):
+    op: str
+    count_after: int
+    at_ns: int
+    stack: list[FrameJson]
+
+
+class InstanceJson(TypedDict):
+    address: str
+    count: int
+    gets: int
+    puts: int
+    age_ns: int
+    history_total: NotRequired[int]
+    history_dropped: NotRequired[int]
+    history: NotRequired[list[HistoryStepJson]]
+
+
+class GroupJson(TypedDict):
+    type: str
+    objects: int
+    stack_truncated: bool
+    stack: list[FrameJson]
+    culprits: list[CulpritJson]
+    instances: list[InstanceJson]
+
+
+class AnomalyJson(TypedDict):
+    kind: str
+    description: str
+    type: str
+    address: str
+    count_before: int
+    occurrences: int
+    separate: bool
+    stack: list[FrameJson]
+    alloc_stack: list[FrameJson]
+
+
+class ProcessJson(TypedDict):
+    pid: int
+    comm: str
+    command: list[str]
+    state: str
+    exit_status: str | None
+    exit_code: int | None
+    leaked_objects: int
+    leaked_types: int
+    anomalies: list[AnomalyJson]
+    groups: list[GroupJson]
+
+
+class ProbeJson(TypedDict):
+    """The fields of analysis.model.ProbeStatus."""
+
+    role: str
+    function: str
+    module: str
+    probe_offset: int
+    cost: str
+    reason: str
+    installed: bool
+    error: str
+
+
+class TracingJson(TypedDict):
+    complete: bool
+    lost: dict[str, int]
+    notes: list[str]
+    probes: list[ProbeJson]
+
+
+class RunJson(TypedDict):
+    schema: str
+    version: int
+    refcntd: str
+    mode: str
+    spec: str
+    target: str
+    command_status: int | None
+    tracing: TracingJson
+    leaked_objects: int
+    anomalies: int
+    processes: list[ProcessJson]
