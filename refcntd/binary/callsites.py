@@ -128,12 +128,13 @@ class ModuleScan:
                 pos = max(pos, stop)
 
     def _brute_force(self, start: int, end: int, what: str) -> None:
+        """Any byte pattern that would branch to a target if it were an instruction."""
         code = self.image.code_at(start, end - start)
-        for i in range(len(code) - 4):
-            rel = int.from_bytes(code[i + 1:i + 5], "little", signed=True)
-            if code[i] in (0xE8, 0xE9) and start + i + 5 + rel in self.results:
-                self.results[start + i + 5 + rel].blockers.append(
-                    f"bytes at 0x{start + i:x} ({what}) may be a branch to it")
+        for i in range(len(code) - 1):
+            for target in _branch_patterns(code, i, start + i):
+                if target in self.results:
+                    self.results[target].blockers.append(
+                        f"bytes at 0x{start + i:x} ({what}) may be a branch to it")
 
     def _check_data(self) -> None:
         """A function pointer in a table or variable: the address stored in data."""
@@ -209,6 +210,17 @@ def _operand_addresses(addr: int, size: int, ops: str) -> Iterable[int]:
         yield addr + size + (disp if sign == "+" else -disp)
     for value in _HEX.findall(_RIP_REL.sub("", ops)):
         yield int(value, 16)
+
+
+def _branch_patterns(code: bytes, i: int, addr: int) -> Iterable[int]:
+    """Targets of call/jmp rel32, jcc rel32, jmp/jcc rel8 if an instruction began at code[i]."""
+    op = code[i]
+    if op in (0xE8, 0xE9) and i + 5 <= len(code):
+        yield addr + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True)
+    if op == 0x0F and 0x80 <= code[i + 1] <= 0x8F and i + 6 <= len(code):
+        yield addr + 6 + int.from_bytes(code[i + 2:i + 6], "little", signed=True)
+    if op == 0xEB or 0x70 <= op <= 0x7F:
+        yield addr + 2 + int.from_bytes(code[i + 1:i + 2], "little", signed=True)
 
 
 def _find_all(blob: bytes, needle: bytes) -> Iterable[int]:
