@@ -152,15 +152,17 @@ class Kernel:
     def set_fixed_type(self, type_id: int, name: str) -> None:
         self.bpf["types"][ctypes.c_uint32(type_id)] = abi.TypeName(name.encode()[:31])
 
-    def attach_all(self) -> None:
+    def attach_all(self, multi: bool = True) -> None:
         """Install every planned probe; a failure is recorded, not hidden.
 
         Plain function and call-site probes of one file share one multi-uprobe
         link (one syscall for thousands of sites); USDT probes (semaphores) and
-        anything a multi link refused get one perf event each.
+        anything a multi link refused get one perf event each.  multi=False:
+        one perf event per site (the benchmark compares both).
         """
-        single: list[int] = []
-        for (module, ret), indexes in _multi_groups(self.sites).items():
+        groups = _multi_groups(self.sites)
+        single = [] if multi else [i for g in groups.values() for i in g]
+        for (module, ret), indexes in groups.items() if multi else ():
             if not self._attach_multi(module, ret, indexes):
                 single += indexes
         single += [i for i, s in enumerate(self.sites) if s.ref_ctr_offset]
