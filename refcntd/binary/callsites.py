@@ -77,26 +77,43 @@ class ModuleScan:
         self._check_relocations()
 
     def _sweep(self) -> None:
+        """Decode every function; overlapping ranges (a symbol and its FDE, an alias)
+        must agree on a site, or a mis-started decode could put a probe mid-instruction."""
         md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-        for fn in self._functions:
-            code = self.image.code_at(fn.start, fn.size)
-            decoded, targets_seen, indirect = fn.start, set(), False
-            found: list[tuple[int, int, str, TargetScan]] = []
-            for addr, size, mnem, ops in md.disasm_lite(code, fn.start):
-                decoded = addr + size
-                indirect |= mnem.endswith("jmp") and not ops.startswith("0x")
-                branch = _branch_target(mnem, ops)
-                if branch is not None:
-                    targets_seen.add(branch)
-                self._classify(fn, addr, size, mnem, ops, branch, found)
-            for addr, size, mnem, scan in found:
-                after = addr + size
-                exclusive = not indirect and after not in targets_seen
-                scan.sites.append(Site(addr, size, KIND_CALL if mnem == "call" else KIND_JMP,
-                                       fn.name, after, exclusive))
-            if decoded < fn.start + fn.size:
-                self._brute_force(decoded, fn.start + fn.size,
-                                  f"undecodable bytes in {fn.name or hex(fn.start)}")
+        for cluster in _overlapping(self._functions):
+            reports: dict[int, list[tuple[Site, TargetScan]]] = {}
+            for fn in cluster:
+                for site, scan in self._sweep_function(md, fn):
+                    reports.setdefault(site.vaddr, []).append((site, scan))
+            for addr, got in sorted(reports.items()):
+                covering = [f for f in cluster if f.start <= addr < f.start + f.size]
+                site, scan = got[0]
+                if len(got) != len(covering):
+                    scan.blockers.append(f"function ranges disagree about the instruction at "
+                                         f"0x{addr:x}: it may not be an instruction boundary")
+                    continue
+                named = next((s.caller for s, _ in got if s.caller), "")
+                exclusive = all(s.after_exclusive for s, _ in got)
+                scan.sites.append(Site(addr, site.length, site.kind, named, site.after,
+                                       exclusive))
+
+    def _sweep_function(self, md: capstone.Cs, fn: _Function) -> list[tuple[Site, TargetScan]]:
+        code = self.image.code_at(fn.start, fn.size)
+        decoded, targets_seen, indirect = fn.start, set(), False
+        found: list[tuple[int, int, str, TargetScan]] = []
+        for addr, size, mnem, ops in md.disasm_lite(code, fn.start):
+            decoded = addr + size
+            indirect |= mnem.endswith("jmp") and not ops.startswith("0x")
+            branch = _branch_target(mnem, ops)
+            if branch is not None:
+                targets_seen.add(branch)
+            self._classify(fn, addr, size, mnem, ops, branch, found)
+        if decoded < fn.start + fn.size:
+            self._brute_force(decoded, fn.start + fn.size,
+                              f"undecodable bytes in {fn.name or hex(fn.start)}")
+        return [(Site(addr, size, KIND_CALL if mnem == "call" else KIND_JMP, fn.name,
+                      addr + size, not indirect and addr + size not in targets_seen), scan)
+                for addr, size, mnem, scan in found]
 
     def _classify(self, fn: _Function, addr: int, size: int, mnem: str, ops: str,
                   branch: int | None, found: list[tuple[int, int, str, TargetScan]]) -> None:
@@ -186,6 +203,20 @@ def _functions(image: ElfImage) -> list[_Function]:
     names = {start: name for (start, _), name in ranges.items() if name}
     return [_Function(start, size, name or names.get(start, ""))
             for (start, size), name in sorted(ranges.items())]
+
+
+def _overlapping(functions: list[_Function]) -> Iterable[list[_Function]]:
+    """Functions (sorted by start) grouped where their ranges overlap."""
+    cluster: list[_Function] = []
+    end = -1
+    for fn in functions:
+        if cluster and fn.start >= end:
+            yield cluster
+            cluster = []
+        cluster.append(fn)
+        end = max(end, fn.start + fn.size) if len(cluster) > 1 else fn.start + fn.size
+    if cluster:
+        yield cluster
 
 
 def fde_ranges(image: ElfImage) -> list[tuple[int, int]]:

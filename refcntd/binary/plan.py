@@ -242,7 +242,8 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
     if requested == sitemode.MODE_ENTRY or (requested == sitemode.MODE_AUTO and cheap):
         return sitemode.decide(requested if requested == sitemode.MODE_ENTRY
                                else sitemode.MODE_AUTO, entry, sitemode.CallSitePlan())[1]
-    targets = sitemode.scan_targets(image, list(role.functions), image.clones_of)
+    names = [f for r in plan.spec.roles.values() for f in r.functions]  # one sweep for all
+    targets = sitemode.scan_targets(image, names, image.clones_of)
     calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets),
                                      role.obj.is_return, bool(needed_args(role)))
     mode, why = sitemode.decide(requested, entry, calls)

@@ -12,13 +12,17 @@ would be single-stepped or refused and the call sites are provably complete;
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from refcntd.binary import callsites, probepoint
-from refcntd.binary.callsites import KIND_CALL, ModuleScan, Site
+from refcntd.binary.callsites import KIND_CALL, ModuleScan, Site, TargetScan
 from refcntd.binary.elf import ElfImage, Symbol
 from refcntd.errors import UsageError
+from refcntd.paths import CACHE_DIR
 
 MODE_ENTRY = "entry"
 MODE_CALLSITES = "callsites"
@@ -86,21 +90,41 @@ def mode_for(modes: dict[str, str], role: str) -> str:
     return modes.get(base, modes.get("*", MODE_AUTO))
 
 
-_SCANS: dict[tuple[str, int], ModuleScan] = {}
+_SCANS: dict[tuple[str, int], dict[int, TargetScan]] = {}
 
 
-def module_scan(image: ElfImage, targets: dict[int, str]) -> ModuleScan:
-    """One sweep per module and target set (a plan asks for each role in turn)."""
+def module_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetScan]:
+    """One sweep per module and target set (a plan asks for each role in turn), kept on
+    disk per build-id: sweeping a large program takes seconds, and attach must be fast."""
     key = (str(image.path), hash(frozenset(targets.items())))
     if key not in _SCANS:
-        _SCANS[key] = ModuleScan(image, targets)
+        _SCANS[key] = _cached_scan(image, targets)
     return _SCANS[key]
 
 
-def plan_call_sites(image: ElfImage, sym: Symbol, scan: ModuleScan, is_return: bool,
-                    saves_args: bool) -> CallSitePlan:
+def _cached_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetScan]:
+    digest = hashlib.sha1(json.dumps(sorted(targets.items())).encode()).hexdigest()[:16]
+    cache = CACHE_DIR / f"callsites-{image.build_id}-{digest}.json"
+    if image.build_id:
+        try:
+            return {int(t): TargetScan(int(t), [Site(*s) for s in v["sites"]], v["blockers"])
+                    for t, v in json.loads(cache.read_text()).items()}
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    results = ModuleScan(image, targets).results
+    if image.build_id:
+        with contextlib.suppress(OSError):
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({t: {"sites": [astuple(s) for s in r.sites],
+                                             "blockers": r.blockers}
+                                         for t, r in results.items()}))
+    return results
+
+
+def plan_call_sites(image: ElfImage, sym: Symbol, scan: dict[int, TargetScan],
+                    is_return: bool, saves_args: bool) -> CallSitePlan:
     """The probes that replace an entry probe on `sym`, or why they would miss calls."""
-    found = scan.results[sym.vaddr]
+    found = scan[sym.vaddr]
     plan = CallSitePlan(blockers=list(found.blockers))
     if callsites.dynamic_export(image, sym.name):
         plan.blockers.insert(0, f"{sym.name} is exported in .dynsym of {image.path}: other "
