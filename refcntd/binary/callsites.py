@@ -22,6 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import capstone
+from elftools.dwarf.callframe import FDE
+from elftools.elf.relocation import Relocation, RelocationSection
+from elftools.elf.sections import Section, SymbolTableSection
 
 from refcntd.binary.elf import ElfImage
 
@@ -45,6 +48,7 @@ class Site:
     caller: str  # the function containing it ('' when unnamed)
     after: int  # where a call returns to (vaddr + length)
     after_exclusive: bool  # nothing but this call's return can reach `after`
+    cond: int = 0  # a conditional tail jump: 0x10 | its x86 condition code
 
 
 @dataclass
@@ -95,7 +99,7 @@ class ModuleScan:
                 named = next((s.caller for s, _ in got if s.caller), "")
                 exclusive = all(s.after_exclusive for s, _ in got)
                 scan.sites.append(Site(addr, site.length, site.kind, named, site.after,
-                                       exclusive))
+                                       exclusive, site.cond))
 
     def _sweep_function(self, md: capstone.Cs, fn: _Function) -> list[tuple[Site, TargetScan]]:
         code = self.image.code_at(fn.start, fn.size)
@@ -112,7 +116,8 @@ class ModuleScan:
             self._brute_force(decoded, fn.start + fn.size,
                               f"undecodable bytes in {fn.name or hex(fn.start)}")
         return [(Site(addr, size, KIND_CALL if mnem == "call" else KIND_JMP, fn.name,
-                      addr + size, not indirect and addr + size not in targets_seen), scan)
+                      addr + size, not indirect and addr + size not in targets_seen,
+                      _condition(self.image.code_at(addr, 2)) or 0), scan)
                 for addr, size, mnem, scan in found]
 
     def _classify(self, fn: _Function, addr: int, size: int, mnem: str, ops: str,
@@ -120,11 +125,12 @@ class ModuleScan:
         where = f"{fn.name or '?'}+0x{addr - fn.start:x} (0x{addr:x}: {mnem} {ops})"
         if branch is not None and branch in self.results:
             scan = self.results[branch]
-            if mnem in ("call", "jmp"):
+            first = self.image.code_at(addr, 2)
+            if mnem in ("call", "jmp") or _condition(first) is not None:
                 found.append((addr, size, mnem, scan))
             else:
-                scan.blockers.append(f"conditional or prefixed branch at {where}: a probe "
-                                     "there would fire whether or not it is taken")
+                scan.blockers.append(f"prefixed branch at {where}: the kernel does not "
+                                     "emulate it")
             return
         for ref in _operand_addresses(addr, size, ops):
             if ref in self.results and branch is None:
@@ -173,15 +179,16 @@ class ModuleScan:
                     not section.name.startswith((".rela.dyn", ".rela.plt", ".rel.")):
                 continue
             symtab = self.image.elffile().get_section(section["sh_link"])
-            for rel in section.iter_relocations():
-                self._check_relocation(rel, symtab)
+            if isinstance(section, RelocationSection):
+                for rel in section.iter_relocations():
+                    self._check_relocation(rel, symtab)
 
-    def _check_relocation(self, rel: object, symtab: object) -> None:
-        addend = rel["r_addend"] if rel.is_RELA() else 0
-        sym_index = rel["r_info_sym"]
+    def _check_relocation(self, rel: Relocation, symtab: Section) -> None:
+        addend: int = rel["r_addend"] if rel.is_RELA() else 0
+        sym_index: int = rel["r_info_sym"]
         value = addend
         name = ""
-        if sym_index and symtab is not None and hasattr(symtab, "get_symbol"):
+        if sym_index and isinstance(symtab, SymbolTableSection):
             sym = symtab.get_symbol(sym_index)
             name, value = sym.name, sym["st_value"] + addend
         for target, scan in self.results.items():
@@ -224,7 +231,7 @@ def fde_ranges(image: ElfImage) -> list[tuple[int, int]]:
     if elf.get_section_by_name(".eh_frame") is None:
         return []
     return [(e.header["initial_location"], e.header["address_range"])
-            for e in elf.get_dwarf_info().EH_CFI_entries() if type(e).__name__ == "FDE"]
+            for e in elf.get_dwarf_info().EH_CFI_entries() if isinstance(e, FDE)]
 
 
 def _branch_target(mnem: str, ops: str) -> int | None:
@@ -241,6 +248,15 @@ def _operand_addresses(addr: int, size: int, ops: str) -> Iterable[int]:
         yield addr + size + (disp if sign == "+" else -disp)
     for value in _HEX.findall(_RIP_REL.sub("", ops)):
         yield int(value, 16)
+
+
+def _condition(first: bytes) -> int | None:
+    """0x10 | cc of an unprefixed jcc (the BPF side tests it on the flags), else None."""
+    if first and 0x70 <= first[0] <= 0x7F:
+        return 0x10 | (first[0] & 0xF)
+    if len(first) == 2 and first[0] == 0x0F and 0x80 <= first[1] <= 0x8F:
+        return 0x10 | (first[1] & 0xF)
+    return None
 
 
 def _branch_patterns(code: bytes, i: int, addr: int) -> Iterable[int]:
@@ -264,7 +280,7 @@ def _find_all(blob: bytes, needle: bytes) -> Iterable[int]:
 def dynamic_export(image: ElfImage, name: str) -> bool:
     """Whether other modules can bind to `name` (PLT imports, dlsym, later dlopens)."""
     dynsym = image.elffile().get_section_by_name(".dynsym")
-    if dynsym is None:
+    if not isinstance(dynsym, SymbolTableSection):
         return False
     for sym in dynsym.iter_symbols():
         if sym.name.split("@", 1)[0] == name and sym["st_shndx"] != "SHN_UNDEF" and \
@@ -272,18 +288,3 @@ def dynamic_export(image: ElfImage, name: str) -> bool:
                 sym["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
             return True
     return False
-
-
-def importers(paths: Iterable[str], name: str) -> list[str]:
-    """Which of the given modules import `name` (an undefined .dynsym entry)."""
-    out = []
-    for path in paths:
-        try:
-            dynsym = ElfImage(path).elffile().get_section_by_name(".dynsym")
-        except Exception:  # noqa: BLE001 - unreadable neighbours are just not listed
-            continue
-        if dynsym is not None and any(s.name.split("@", 1)[0] == name and
-                                      s["st_shndx"] == "SHN_UNDEF"
-                                      for s in dynsym.iter_symbols()):
-            out.append(path)
-    return out

@@ -43,6 +43,7 @@ class ProbeSite:
     mode: str = sitemode.MODE_ENTRY  # or MODE_CALLSITES: probe_offset is then the site's
     site_kind: str = ""  # call-site probes: "call", "jmp", "return" (after a call), "save"
     site_length: int = 0  # of the call instruction
+    site_cond: int = 0  # a conditional tail jump: 0x10 | x86 condition code (BPF tests it)
 
     @property
     def uretprobe(self) -> bool:
@@ -256,7 +257,8 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
             point.vaddr - sym.vaddr, point.file_offset, point.cost,
             f"{why_prefix}{point.kind} site in {point.caller or '?'}", point.caller_sp,
             point.kind == "return", role, **function_locations(role),
-            mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length))
+            mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length,
+            site_cond=point.cond))
     plan.decisions.append(sitemode.ModeDecision(role.role, sym.name, module,
                                                 sitemode.MODE_CALLSITES, len(calls.points),
                                                 calls.cost, why_prefix + why,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
 
 from refcntd.binary import callsites, probepoint
-from refcntd.binary.callsites import KIND_CALL, ModuleScan, Site, TargetScan
+from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, TargetScan
 from refcntd.binary.elf import ElfImage, Symbol
 from refcntd.errors import UsageError
 from refcntd.paths import CACHE_DIR
@@ -43,6 +43,7 @@ class SitePoint:
     cost: str
     caller_sp: int  # like ProbePoint.caller_sp_offset
     length: int  # of the branch instruction
+    cond: int = 0  # Site.cond
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _point(image: ElfImage, vaddr: int, kind: str, site: Site, cost: str,
            caller_sp: int) -> SitePoint:
     offset = image.vaddr_to_offset(vaddr)
     return SitePoint(vaddr, -1 if offset is None else offset, kind, site.caller, cost,
-                     caller_sp, site.length)
+                     caller_sp, site.length, site.cond if kind == KIND_JMP else 0)
 
 
 def decide(requested: str, entry: probepoint.ProbePoint | probepoint.Refusal,

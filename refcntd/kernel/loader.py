@@ -458,7 +458,8 @@ def _items(table: object) -> Iterable[tuple[object, object]]:
 def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:
     role = site.spec_role
     cfg = abi.ProbeCfg(role=Role[site.role.upper()].value, caller_sp=site.caller_sp_offset,
-                          is_return=int(site.is_return), obj=_arg_loc(site.obj_loc))
+                          is_return=int(site.is_return), obj=_arg_loc(site.obj_loc),
+                          cond=site.site_cond)
     if site.type_loc is not None:
         cfg.type = _arg_loc(site.type_loc)
     elif role.type_name is not None and role.type_name.constant is not None:

@@ -67,3 +67,18 @@ def test_check_reports_modes_and_reasons(build, tmp_path):
     delete, delete_why = lines["delete"]
     assert ": entry, 1 probe(s), single-step" in delete
     assert "address stored in data" in delete_why and "function-pointer table" in delete_why
+
+
+@pytest.mark.parametrize("mode", ["callsites", "entry"])
+def test_conditional_tail_jumps_count_only_when_taken(bpf, build, tmp_path, mode):
+    exe = build.program("condtail", [FIXTURES / "condtail.c"], "O2")
+    result = refcntd(["run", "--probe-mode", mode, "--", str(exe)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    assert process["exit_status"] == "exit 0"
+    assert leak_summary(process) == {"cobj": [5]}
+    (group,) = process["groups"]
+    (obj,) = group["instances"]
+    assert (obj["gets"], obj["puts"]) == (7, 3)
+    probes = {p["role"]: p for p in result.report["tracing"]["probes"]}
+    assert probes["get"]["mode"] == probes["put"]["mode"] == mode

@@ -57,9 +57,12 @@ def blockers_of(image: ElfImage, result: ModuleScan, name: str) -> str:
 def test_direct_calls_and_tail_jumps_are_sites(tmp_path):
     image, result = scan(tmp_path, ASM, [], ("stub", "ctor"))
     found = sites_of(image, result, "stub")
-    assert [kind for _, kind in found] == [KIND_CALL, KIND_JMP], found
-    assert found[0][0] in ("plain_call", "pc_alias") and found[1][0] == "tail_jump"
-    assert "conditional or prefixed branch at cond_tail+0x3" in blockers_of(image, result, "stub")
+    assert [kind for _, kind in found] == [KIND_JMP, KIND_CALL, KIND_JMP], found
+    assert found[0][0] == "cond_tail" and found[1][0] in ("plain_call", "pc_alias")
+    assert found[2][0] == "tail_jump"
+    conds = {s.caller: s.cond for s in result.results[image.symbols["stub"][0].vaddr].sites}
+    assert conds["cond_tail"] == 0x15 and conds["tail_jump"] == 0  # jne: cc 5
+    assert blockers_of(image, result, "stub") == ""
 
 
 def test_return_probes_need_an_exclusive_return_point(tmp_path):
