@@ -288,3 +288,19 @@ def dynamic_export(image: ElfImage, name: str) -> bool:
                 sym["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
             return True
     return False
+
+
+def needed(image: ElfImage) -> list[str]:
+    """DT_NEEDED sonames: the modules loaded with this one, the likely importers."""
+    dynamic = image.elffile().get_section_by_name(".dynamic")
+    if dynamic is None:
+        return []
+    return [tag.needed for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+
+
+def imports(image: ElfImage, name: str) -> bool:
+    """Whether the module binds to `name` from another one (an undefined .dynsym entry)."""
+    dynsym = image.elffile().get_section_by_name(".dynsym")
+    return isinstance(dynsym, SymbolTableSection) and any(
+        s.name.split("@", 1)[0] == name and s["st_shndx"] == "SHN_UNDEF"
+        for s in dynsym.iter_symbols())

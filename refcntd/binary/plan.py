@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode
+from refcntd.binary import callsites, dwarfinfo, probepoint, sdt, sitemode
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -92,6 +92,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
     notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
     probe_modes: dict[str, str] = field(default_factory=lambda: {"*": sitemode.MODE_AUTO})
+    binary: str = ""  # the traced executable or library
     decisions: list[sitemode.ModeDecision] = field(default_factory=list)  # per function
 
     def require_complete(self) -> None:
@@ -155,7 +156,7 @@ def _ldconfig_dirs() -> list[str]:
 
 def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = None) -> Plan:
     """Analyse `binary` (and the libraries the spec names) for every role of `spec`."""
-    plan = Plan(spec)
+    plan = Plan(spec, binary=binary)
     if probe_modes:
         plan.probe_modes = probe_modes
     main = ElfImage(binary)
@@ -246,7 +247,8 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
     names = [f for r in plan.spec.roles.values() for f in r.functions]  # one sweep for all
     targets = sitemode.scan_targets(image, names, image.clones_of)
     calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets),
-                                     role.obj.is_return, bool(needed_args(role)))
+                                     role.obj.is_return, bool(needed_args(role)),
+                                     lambda: _neighbours(plan, image))
     mode, why = sitemode.decide(requested, entry, calls)
     if mode == sitemode.MODE_ENTRY:
         return why
@@ -264,6 +266,26 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
                                                 calls.cost, why_prefix + why,
                                                 vaddr=sym.vaddr))
     return None
+
+
+_NEIGHBOURS: dict[tuple[str, str], list[ElfImage]] = {}
+
+
+def _neighbours(plan: Plan, image: ElfImage) -> list[ElfImage]:
+    """The traced program and the libraries it and `image` load at start."""
+    key = (plan.binary, str(image.path))
+    if key not in _NEIGHBOURS:
+        _NEIGHBOURS[key] = _load_neighbours(plan.binary, image)
+    return _NEIGHBOURS[key]
+
+
+def _load_neighbours(binary: str, image: ElfImage) -> list[ElfImage]:
+    out = [ElfImage(binary)] if binary and binary != str(image.path) else []
+    for owner in [image, *out]:
+        for soname in callsites.needed(owner):
+            with contextlib.suppress(BinaryError):
+                out.append(ElfImage(resolve_library(soname, owner)))
+    return [m for m in out if m.path.resolve() != image.path.resolve()]
 
 
 def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,

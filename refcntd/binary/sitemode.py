@@ -123,14 +123,19 @@ def _cached_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetSc
 
 
 def plan_call_sites(image: ElfImage, sym: Symbol, scan: dict[int, TargetScan],
-                    is_return: bool, saves_args: bool) -> CallSitePlan:
-    """The probes that replace an entry probe on `sym`, or why they would miss calls."""
+                    is_return: bool, saves_args: bool,
+                    neighbours: Callable[[], list[ElfImage]] = list) -> CallSitePlan:
+    """The probes that replace an entry probe on `sym`, or why they would miss calls.
+
+    `neighbours`: modules loaded with it, named in the reason when they import it."""
     found = scan[sym.vaddr]
     plan = CallSitePlan(blockers=list(found.blockers))
     if callsites.dynamic_export(image, sym.name):
+        users = [str(m.path) for m in neighbours() if callsites.imports(m, sym.name)]
+        known = f"; imported by {', '.join(users)}" if users else ""
         plan.blockers.insert(0, f"{sym.name} is exported in .dynsym of {image.path}: other "
                                 "modules (PLT imports, dlsym, libraries loaded later) can "
-                                "call it")
+                                f"call it{known}")
     for site in found.sites:
         plan.points += _points(image, sym, site, is_return, saves_args, plan.blockers)
     return plan

@@ -64,6 +64,7 @@ def test_check_reports_modes_and_reasons(build, tmp_path):
         line, why = lines[role]
         assert ": entry, 1 probe(s), single-step" in line
         assert "is exported in .dynsym" in why and "dlsym, libraries loaded later" in why
+        assert why.endswith(f"imported by {tmp_path / 'libcsuser.so'}"), why
     delete, delete_why = lines["delete"]
     assert ": entry, 1 probe(s), single-step" in delete
     assert "address stored in data" in delete_why and "function-pointer table" in delete_why
