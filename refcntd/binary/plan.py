@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from refcntd.binary import callsites, dwarfinfo, probepoint, sdt, sitemode
+from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -242,13 +242,13 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
     cheap = isinstance(entry, probepoint.ProbePoint) and \
         entry.cost != probepoint.COST_SINGLE_STEP
     if requested == sitemode.MODE_ENTRY or (requested == sitemode.MODE_AUTO and cheap):
-        return sitemode.decide(requested if requested == sitemode.MODE_ENTRY
-                               else sitemode.MODE_AUTO, entry, sitemode.CallSitePlan())[1]
+        return sitemode.decide(requested, entry, sitemode.CallSitePlan())[1]
     names = [f for r in plan.spec.roles.values() for f in r.functions]  # one sweep for all
     targets = sitemode.scan_targets(image, names, image.clones_of)
     calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets),
                                      role.obj.is_return, bool(needed_args(role)),
-                                     lambda: _neighbours(plan, image))
+                                     lambda: sitemode.neighbours(plan.binary, image,
+                                                                 resolve_library))
     mode, why = sitemode.decide(requested, entry, calls)
     if mode == sitemode.MODE_ENTRY:
         return why
@@ -266,26 +266,6 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
                                                 calls.cost, why_prefix + why,
                                                 vaddr=sym.vaddr))
     return None
-
-
-_NEIGHBOURS: dict[tuple[str, str], list[ElfImage]] = {}
-
-
-def _neighbours(plan: Plan, image: ElfImage) -> list[ElfImage]:
-    """The traced program and the libraries it and `image` load at start."""
-    key = (plan.binary, str(image.path))
-    if key not in _NEIGHBOURS:
-        _NEIGHBOURS[key] = _load_neighbours(plan.binary, image)
-    return _NEIGHBOURS[key]
-
-
-def _load_neighbours(binary: str, image: ElfImage) -> list[ElfImage]:
-    out = [ElfImage(binary)] if binary and binary != str(image.path) else []
-    for owner in [image, *out]:
-        for soname in callsites.needed(owner):
-            with contextlib.suppress(BinaryError):
-                out.append(ElfImage(resolve_library(soname, owner)))
-    return [m for m in out if m.path.resolve() != image.path.resolve()]
 
 
 def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,

@@ -21,7 +21,7 @@ from dataclasses import astuple, dataclass, field
 from refcntd.binary import callsites, probepoint
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, TargetScan
 from refcntd.binary.elf import ElfImage, Symbol
-from refcntd.errors import UsageError
+from refcntd.errors import BinaryError, UsageError
 from refcntd.paths import CACHE_DIR
 
 MODE_ENTRY = "entry"
@@ -192,6 +192,9 @@ def decide(requested: str, entry: probepoint.ProbePoint | probepoint.Refusal,
     if entry.cost == probepoint.COST_SINGLE_STEP and calls.cost != probepoint.COST_SINGLE_STEP:
         return MODE_CALLSITES, (f"the entry probe would be single-stepped ({entry.instruction}); "
                                 f"all {n} call-site probe(s) are emulated")
+    if entry.cost == probepoint.COST_SINGLE_STEP:
+        return MODE_ENTRY, ("its call sites would be single-stepped too (the instruction after "
+                            "a constructor's call): one entry probe")
     return MODE_ENTRY, f"the entry probe is {entry.cost}: one probe, no call sites needed"
 
 
@@ -203,3 +206,21 @@ def scan_targets(image: ElfImage, names: list[str], clone_of: Callable[[str], li
         for sym in image.symbols.get(name, []) + clone_of(name):
             targets.setdefault(sym.vaddr, sym.name)
     return targets
+
+
+_NEIGHBOURS: dict[tuple[str, str], list[ElfImage]] = {}
+
+
+def neighbours(binary: str, image: ElfImage,
+               resolve: Callable[[str, ElfImage], str]) -> list[ElfImage]:
+    """The traced program and the libraries it and `image` load at start (DT_NEEDED,
+    found by `resolve` the way ld.so would): the importers `check` can name."""
+    key = (binary, str(image.path))
+    if key not in _NEIGHBOURS:
+        out = [ElfImage(binary)] if binary and binary != str(image.path) else []
+        for owner in [image, *out]:
+            for soname in callsites.needed(owner):
+                with contextlib.suppress(BinaryError):
+                    out.append(ElfImage(resolve(soname, owner)))
+        _NEIGHBOURS[key] = [m for m in out if m.path.resolve() != image.path.resolve()]
+    return _NEIGHBOURS[key]
