@@ -53,7 +53,7 @@ def test_every_caller_counted_exactly(bpf, build, tmp_path, mode):
 
 def test_check_reports_modes_and_reasons(build, tmp_path):
     exe, _ = build_fixture(build, tmp_path)
-    out = refcntd(["check", "--binary", str(exe)]).stdout
+    out = refcntd(["check", "--probe-mode", "auto", "--binary", str(exe)]).stdout
     text = out.splitlines()
     lines = {line.split()[1]: (line, text[i + 1]) for i, line in enumerate(text)
              if line.startswith("mode ")}
