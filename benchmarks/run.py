@@ -33,6 +33,7 @@ from refcntd.kernel import perf_uprobe  # noqa: E402
 from refcntd.kernel.kheaders import find_kernel_source  # noqa: E402
 
 REFCNTD = [sys.executable, "-m", "refcntd"]
+PER_SITE_MAX = 100  # call sites attached one perf event each in the attach-time table
 HERE = Path(__file__).resolve().parent
 EXAMPLES = ROOT / "examples"
 
@@ -44,11 +45,13 @@ class Sizes:
     runs: int
     scale: tuple[int, ...]
     perflike_samples: int
+    sites: tuple[int, ...] = (10, 100, 1_000, 10_000)  # call sites for the attach-time table
 
 
 FULL = Sizes(calls=100_000, churn=20_000, runs=5, scale=(10_000, 100_000, 1_000_000),
              perflike_samples=20_000)
-SMOKE = Sizes(calls=2_000, churn=500, runs=2, scale=(1_000,), perflike_samples=200)
+SMOKE = Sizes(calls=2_000, churn=500, runs=2, scale=(1_000,), perflike_samples=200,
+              sites=(10, 100))
 
 
 @dataclass
@@ -124,10 +127,10 @@ def traced(exe: Path, mode: str, n: int, extra: list[str] = ()) -> tuple[float, 
 class Floor:
     """An empty BPF program on the instructions refcntd probes for get and put."""
 
-    def __init__(self, exe: Path, spec: str = "perf-stubs") -> None:
+    def __init__(self, exe: Path, spec: str = "perf-stubs", mode: str = "auto") -> None:
         os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
         from bcc import BPF
-        plan = build_plan(load_spec(spec), str(exe))
+        plan = build_plan(load_spec(spec), str(exe), {"*": mode})
         self.sites = [s for s in plan.sites if s.role in ("get", "put")]
         self.bpf = BPF(src_file=str(HERE / "empty.bpf.c"))
         prog = self.bpf.load_func("on_probe", BPF.KPROBE)
@@ -143,7 +146,13 @@ class Floor:
         self.bpf.cleanup()
 
     def describe(self) -> str:
-        return ", ".join(f"{s.role} +{s.probe_offset} ({s.cost})" for s in self.sites)
+        entry = [f"{s.role} +{s.probe_offset} ({s.cost})" for s in self.sites if not s.site_kind]
+        calls = {}
+        for s in self.sites:
+            if s.site_kind:
+                calls[s.role] = calls.get(s.role, 0) + 1
+        return ", ".join(entry + [f"{role}: {n} call sites (emulated)"
+                                  for role, n in calls.items()])
 
 
 def repeat(n: int, fn: callable) -> list[float]:
@@ -230,6 +239,42 @@ def attach_time(lib: Path) -> float:
     return elapsed
 
 
+def attach_sites(n: int, out: Path) -> dict:
+    """Attach time against the number of call sites: a program calling the -O2 get stub
+    from n places; the plan (code sweep), one multi-uprobe link, and one perf event per
+    site for comparison; and `refcntd attach` from start to 'attached'."""
+    from refcntd.kernel.loader import Kernel, KernelOptions
+    src = out / f"sites-{n}.c"
+    src.write_text('#include "refcnt.h"\nstruct obj { atomic_t refcnt; };\n'
+                   "void many(struct obj *o)\n{\n" + "\trefcnt__get(o, refcnt);\n" * n +
+                   "}\nint main(void) { return 0; }\n")
+    exe = out / "build" / f"sites-{n}"
+    sh(["gcc", "-O2", f"-I{EXAMPLES}", "-o", str(exe), str(src), str(out / "build/refcnt-O2.o")])
+    t0 = time.monotonic()
+    plan = build_plan(load_spec("perf-stubs"), str(exe), {"*": "callsites"})
+    plan_s = time.monotonic() - t0
+    sites = len(plan.sites)
+    timings: dict = {(False, "detach"): None, False: None}
+    # Closing a per-site perf event unregisters its uprobe alone (~0.15 s each here):
+    # 10 000 of them would take half an hour, so per-site is measured up to 100 sites.
+    for multi in (True, False) if n <= PER_SITE_MAX else (True,):
+        kernel = Kernel(KernelOptions(filtered=True, has_delete=True), plan.sites)
+        try:
+            t0 = time.monotonic()
+            kernel.attach_all(multi=multi)
+            timings[multi] = time.monotonic() - t0
+            assert not kernel.failed_probes, kernel.failed_probes[:3]
+        finally:
+            t0 = time.monotonic()
+            kernel.detach()
+            timings[(multi, "detach")] = time.monotonic() - t0
+    return {"call_sites": n, "probes": sites, "plan_s": plan_s, "multi_link_s": timings[True],
+            "per_site_perf_events_s": timings[False],
+            "detach_multi_s": timings[(True, "detach")],
+            "detach_per_site_s": timings[(False, "detach")],
+            "refcntd_attach_s": attach_time(exe)}
+
+
 def wall(cmd: list[str]) -> float:
     t0 = time.monotonic()
     subprocess.run(cmd, check=False, capture_output=True, cwd=ROOT)
@@ -283,7 +328,14 @@ def measure(sizes: Sizes, out: Path) -> dict:
     floor2.close()
     rows.append(Row("refcntd counting, -O2 lock-prefixed stubs", repeat(
         r, lambda: traced(o2, "getput", n)[0]),
-        ratio_to="uprobe floor on the -O2 build's probe points"))
+        ratio_to="uprobe floor: empty program, same instructions",
+        note="call-site probes (--probe-mode auto)"))
+    floor3 = Floor(o2, mode="entry")
+    rows.append(Row("uprobe floor on the -O2 build's entry probes (single-stepped)", repeat(
+        r, lambda: untraced(o2, "getput", n)), note=floor3.describe()))
+    floor3.close()
+    rows.append(Row("refcntd counting, -O2 stubs, --probe-mode entry", repeat(
+        r, lambda: traced(o2, "getput", n, ["--probe-mode", "entry"])[0])))
     rows.append(Row("USDT probes, semaphore off (not traced)", repeat(
         r, lambda: untraced(b["bench-usdt"], "usdt", n))))
     rows.append(Row("refcntd on USDT probes, semaphore on", repeat(
@@ -308,6 +360,7 @@ def measure(sizes: Sizes, out: Path) -> dict:
     results = {"rows": rows, "scale": [scale(o0, k, out) for k in sizes.scale],
                "map_memory": map_bytes_per_object(min(100_000, max(sizes.scale))),
                "attach_s": statistics.median(repeat(3, lambda: attach_time(b["librefcnt.so"]))),
+               "attach_sites": [attach_sites(k, out) for k in sizes.sites],
                "xol_mappings_entry_probes": xol_mapping(o0),
                "perflike": {
                    "samples": sizes.perflike_samples,
@@ -342,6 +395,7 @@ def row_json(row: Row, by_name: dict[str, Row]) -> dict:
 def goals(results: dict, rows: dict[str, dict]) -> list[dict]:
     floor = rows["uprobe floor: empty program, same instructions"]["median"]
     counting = rows["refcntd counting"]["median"]
+    o2 = rows["refcntd counting, -O2 lock-prefixed stubs"]["median"]
     memleak_op = rows["bcc memleak (-p PID) on malloc/free"]["median"] - \
         rows["malloc/free, no tracer"]["median"]
     ours_op = counting - rows["no tracer (-O0 stubs)"]["median"]
@@ -363,7 +417,25 @@ def goals(results: dict, rows: dict[str, dict]) -> list[dict]:
          f"{per_obj:.0f} bytes", "met": per_obj <= 128},
         {"goal": "attach <= 1.5 s for the default spec", "value":
          f"{results['attach_s']:.2f} s", "met": results["attach_s"] <= 1.5},
+        {"goal": "-O2 lock-prefixed stubs: counting <= 1.2x the uprobe floor", "value":
+         f"{o2 / floor:.2f}x", "met": o2 / floor <= 1.2},
     ]
+
+
+def _ms(seconds: float | None) -> str:
+    return "not run" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def attach_sites_table(rows: list[dict]) -> list[str]:
+    md = ["Attach time against the number of call sites (-O2 get stub called from N places; "
+          "`check` and `attach` pick call-site probes):", "",
+          "| call sites | plan (code sweep) | one multi-uprobe link | one perf event per site "
+          "| detach (multi / per site) | `refcntd attach` start to attached |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {r['call_sites']} | {r['plan_s']:.2f} s | {r['multi_link_s'] * 1000:.1f} ms | "
+           f"{_ms(r['per_site_perf_events_s'])} | {r['detach_multi_s'] * 1000:.1f} ms / "
+           f"{_ms(r['detach_per_site_s'])} | {r['refcntd_attach_s']:.2f} s |" for r in rows]
+    return [*md, ""]
 
 
 def render(results: dict, sizes: Sizes) -> tuple[str, dict]:
@@ -390,15 +462,17 @@ def render(results: dict, sizes: Sizes) -> tuple[str, dict]:
            "entries).", f"Attach time (start to all probes installed, default spec): "
            f"{results['attach_s']:.2f} s.", f"[uprobes] XOL mappings in an entry-probe-only "
            f"target: {results['xol_mappings_entry_probes']}.", "",
-           f"Real workload, perflike (-O2 stubs: single-stepped probes) with {pl['samples']} "
+           f"Real workload, perflike (-O2 stubs: call-site probes) with {pl['samples']} "
            f"samples: untraced {pl['untraced_s']:.2f} s, refcntd run {pl['traced_s']:.2f} s, "
            f"with --history {pl['traced_history_s']:.2f} s (wall); refcntd's own start and "
            f"exit (the same with 10 samples) {pl['traced_tiny_s']:.2f} s.", "",
            "| goal | measured | met |", "|---|---|---|"]
+    md[-2:-2] = attach_sites_table(results["attach_sites"])
     md += [f"| {x['goal']} | {x['value']} | {'yes' if x['met'] else '**no**'} |" for x in g]
     data = {"machine": machine(), "sizes": vars(sizes) | {"scale": list(sizes.scale)},
             "rows": list(rows.values()), "scale": results["scale"],
             "map_memory": results["map_memory"], "attach_s": results["attach_s"],
+            "attach_sites": results["attach_sites"],
             "xol_mappings_entry_probes": results["xol_mappings_entry_probes"],
             "perflike": results["perflike"], "goals": g}
     return "\n".join(md) + "\n", data

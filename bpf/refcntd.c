@@ -500,6 +500,26 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
+/* A call-site probe on `jcc func` counts only when the jump is taken: the
+ * kernel emulates the jcc after us, on the same flags. */
+static __always_inline int branch_taken(struct pt_regs *ctx, __u32 cond)
+{
+	__u64 f = ctx->flags;
+	int cf = f & 1, pf = (f >> 2) & 1, zf = (f >> 6) & 1, sf = (f >> 7) & 1;
+	int of = (f >> 11) & 1, r;
+	switch ((cond & 0xf) >> 1) {
+	case 0: r = of; break;
+	case 1: r = cf; break;
+	case 2: r = zf; break;
+	case 3: r = cf | zf; break;
+	case 4: r = sf; break;
+	case 5: r = pf; break;
+	case 6: r = sf != of; break;
+	default: r = zf | (sf != of); break;
+	}
+	return (cond & 1) ? !r : r;
+}
+
 /* One program for every entry and return probe; the bpf cookie is the probe's
  * index in probe_cfgs, which says the role and where its arguments are. */
 int on_probe(struct pt_regs *ctx)
@@ -507,6 +527,8 @@ int on_probe(struct pt_regs *ctx)
 	__u32 index = bpf_get_attach_cookie(ctx);
 	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
 	if (!cfg)
+		return 0;
+	if (cfg->cond && !branch_taken(ctx, cfg->cond))
 		return 0;
 	switch (cfg->role) {
 	case ROLE_INIT: return do_init(ctx, cfg);

@@ -83,7 +83,7 @@ struct probe_cfg {
 	__s32 fixed_count;
 	__u32 fixed_type;
 	__u32 is_return;   /* a return probe: the object is the return value */
-	__u32 pad;
+	__u32 cond;        /* a conditional tail jump to the function: 0x10 | x86 condition code */
 	struct arg_loc obj;
 	struct arg_loc type;   /* a const char * */
 	struct arg_loc count;

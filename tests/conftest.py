@@ -125,6 +125,23 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     return Build(tmp_path_factory.mktemp("fixtures"))
 
 
+@pytest.fixture(params=["entry", "callsites"])
+def probe_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with every function probe forced to one placement (the CLI reads
+    REFCNTD_PROBE_MODE as its --probe-mode default): counts must not depend on it."""
+    monkeypatch.setenv("REFCNTD_PROBE_MODE", request.param)
+    return request.param
+
+
+def assert_probe_mode(report: dict, mode: str) -> None:
+    """Forced call sites really replaced the entry probes wherever they are complete."""
+    probes = [p for p in report["tracing"]["probes"] if not p["function"].startswith("usdt ")]
+    if mode == "entry":
+        assert all(p["mode"] == "entry" for p in probes), probes
+    else:
+        assert any(p["mode"] == "callsites" for p in probes), probes
+
+
 @dataclass
 class Result:
     returncode: int

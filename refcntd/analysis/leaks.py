@@ -153,6 +153,7 @@ def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
         sym.prefetch_lines(path, [p[1] - (i > 0) for i, p in enumerate(placed) if p])
     frames = [sym.frame(p, _describe_raw(f), i > 0)
               for i, (p, f) in enumerate(zip(placed, raw_frames, strict=True))]
+    sym.as_entry_probe(placed[0] if placed else None, frames)
     if ref.caller_ip and not (len(raw_ips) > 1 and raw_ips[1] == ref.caller_ip):
         caller = sym.frame(sym.place_raw(ref.caller_ip, mods.biases),
                            f"ip 0x{ref.caller_ip:x}", True)

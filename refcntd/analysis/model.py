@@ -122,6 +122,8 @@ class ProbeStatus:
     reason: str
     installed: bool
     error: str = ""
+    mode: str = "entry"  # or "callsites": one status for all of a function's call sites
+    sites: int = 1
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
-from refcntd.binary import dwarfinfo, probepoint, sdt
+from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -41,6 +41,15 @@ class ProbeSite:
     type_loc: ArgLoc | None = None  # None: the spec's constant type name
     count_loc: ArgLoc | None = None  # None: the spec's constant initial count
     ref_ctr_offset: int = 0  # USDT semaphore, as a file offset
+    mode: str = sitemode.MODE_ENTRY  # or MODE_CALLSITES: probe_offset is then the site's
+    site_kind: str = ""  # call-site probes: "call", "jmp", "return" (after a call), "save"
+    site_length: int = 0  # of the call instruction
+    site_cond: int = 0  # a conditional tail jump: 0x10 | x86 condition code (BPF tests it)
+
+    @property
+    def uretprobe(self) -> bool:
+        """Call-site return probes are plain uprobes on the instruction after the call."""
+        return self.is_return and self.mode == sitemode.MODE_ENTRY
 
 
 class ArgLocations(TypedDict):
@@ -92,6 +101,9 @@ class Plan:
     usdt: dict[str, list[sdt.SdtProbe]] = field(default_factory=dict)  # module -> its SDT probes
     problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
     notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
+    probe_modes: dict[str, str] = field(default_factory=lambda: {"*": sitemode.MODE_AUTO})
+    binary: str = ""  # the traced executable or library
+    decisions: list[sitemode.ModeDecision] = field(default_factory=list)  # per function
 
     def require_complete(self) -> None:
         if self.problems:
@@ -152,9 +164,11 @@ def _ldconfig_dirs() -> list[str]:
                    if "=> " in line})
 
 
-def build_plan(spec: Spec, binary: str) -> Plan:
+def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = None) -> Plan:
     """Analyse `binary` (and the libraries the spec names) for every role of `spec`."""
-    plan = Plan(spec)
+    plan = Plan(spec, binary=binary)
+    if probe_modes:
+        plan.probe_modes = probe_modes
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
     for role in spec.roles.values():
@@ -206,20 +220,62 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     # A return probe reads only the return value; its arguments are saved at entry.
     args = set() if role.obj.is_return else needed_args(role)
     choice = probepoint.choose(code, args, needs_entry_sp=role.obj.is_return)
-    if isinstance(choice, probepoint.Refusal):
-        plan.problems.append(f"{role.role}: {sym.name} in {module}: {choice.reason}")
+    why_entry = _plan_call_sites(plan, role, image, module, sym, choice, why_prefix)
+    if why_entry is None:
         return
+    if isinstance(choice, probepoint.Refusal):
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: {choice.reason}; "
+                             f"{why_entry}")
+        return
+    plan.decisions.append(sitemode.ModeDecision(role.role, sym.name, module,
+                                                sitemode.MODE_ENTRY, 1, choice.cost,
+                                                why_entry, vaddr=sym.vaddr))
     file_offset = image.vaddr_to_offset(sym.vaddr + choice.offset)
     if file_offset is None:
         plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
         return
     caller_sp = -1 if role.obj.is_return else choice.caller_sp_offset
+    kept = f"; {why_entry}" if why_entry.startswith("entry probe kept") else ""
     plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
-                                file_offset, choice.cost, why_prefix + choice.reason,
+                                file_offset, choice.cost, why_prefix + choice.reason + kept,
                                 caller_sp, role.obj.is_return, role,
                                 **function_locations(role)))
     if role.obj.is_return and needed_args(role):
         _plan_argument_saver(plan, role, image, module, sym, code)
+
+
+def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,
+                     entry: probepoint.ProbePoint | probepoint.Refusal, why_prefix: str
+                     ) -> str | None:
+    """Probe the call sites of `sym` instead of its entry; None when done, else why not."""
+    requested = sitemode.mode_for(plan.probe_modes, role.role)
+    cheap = isinstance(entry, probepoint.ProbePoint) and \
+        entry.cost != probepoint.COST_SINGLE_STEP
+    if requested == sitemode.MODE_ENTRY or (requested == sitemode.MODE_AUTO and cheap):
+        return sitemode.decide(requested, entry, sitemode.CallSitePlan())[1]
+    names = [f for r in plan.spec.roles.values() for f in r.functions]  # one sweep for all
+    targets = sitemode.scan_targets(image, names, image.clones_of)
+    calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets),
+                                     role.obj.is_return, bool(needed_args(role)),
+                                     lambda: sitemode.neighbours(plan.binary, image,
+                                                                 resolve_library))
+    mode, why = sitemode.decide(requested, entry, calls)
+    if mode == sitemode.MODE_ENTRY:
+        return why
+    for point in calls.points:
+        is_saver = point.kind == "save"
+        plan.sites.append(ProbeSite(
+            "init_entry" if is_saver else role.role, sym.name, module, sym.vaddr,
+            point.vaddr - sym.vaddr, point.file_offset, point.cost,
+            f"{why_prefix}{point.kind} site in {point.caller or '?'}", point.caller_sp,
+            point.kind == "return", role, **function_locations(role),
+            mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length,
+            site_cond=point.cond))
+    plan.decisions.append(sitemode.ModeDecision(role.role, sym.name, module,
+                                                sitemode.MODE_CALLSITES, len(calls.points),
+                                                calls.cost, why_prefix + why,
+                                                vaddr=sym.vaddr))
+    return None
 
 
 def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,

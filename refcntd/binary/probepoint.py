@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import capstone
 from capstone import x86_const as X
 
+from refcntd.binary.callsites import fde_ranges
 from refcntd.binary.elf import ElfImage
 
 SCAN_LIMIT = 16  # instructions; stubs are short and args die quickly
@@ -243,16 +244,8 @@ def call_sites(image: ElfImage, target: int) -> list[int]:
                                                   signed=True) == target:
                 candidates.append(seg.vaddr + i)
             i = code.find(b"\xe8", i + 1)
-    functions = _fde_ranges(image)
+    functions = fde_ranges(image)
     return [c for c in candidates if _starts_instruction(image, functions, c)]
-
-
-def _fde_ranges(image: ElfImage) -> list[tuple[int, int]]:
-    elf = image.elffile()
-    if elf.get_section_by_name(".eh_frame") is None:
-        return []
-    return [(e.header["initial_location"], e.header["address_range"])  # type: ignore[union-attr]
-            for e in elf.get_dwarf_info().EH_CFI_entries() if type(e).__name__ == "FDE"]
 
 
 def _starts_instruction(image: ElfImage, functions: list[tuple[int, int]], addr: int) -> bool:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from refcntd.binary.plan import build_plan
+from refcntd.binary.sitemode import parse_modes
 from refcntd.cli.common import finish_output, history_options, printer
 from refcntd.errors import EXIT_INCOMPLETE
 from refcntd.inputs.spec import load_spec
@@ -15,7 +16,7 @@ from refcntd.session.tracer import TraceOptions, attach
 def cmd_attach(args: argparse.Namespace) -> int:
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         **history_options(args))
-    plan = build_plan(load_spec(args.spec), args.binary)
+    plan = build_plan(load_spec(args.spec), args.binary, parse_modes(args.probe_mode))
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731
                           file=sys.stderr, flush=True)

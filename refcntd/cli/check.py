@@ -8,13 +8,14 @@ from pathlib import Path
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.plan import Plan, build_plan
 from refcntd.binary.sdt import semaphore_file_offset
+from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.kernel.procmem import semaphore_value
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    plan = build_plan(load_spec(args.spec), args.binary)
+    plan = build_plan(load_spec(args.spec), args.binary, parse_modes(args.probe_mode))
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
@@ -29,7 +30,10 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
                   f"  frame pointers: {mod.frame_pointers}",
                   f"  symbol table: {'.symtab and .dynsym' if mod.has_symtab else '.dynsym only'}"]
         lines += render_usdt(plan, mod.path, pid)
+    lines += render_modes(plan)
     for site in plan.sites:
+        if site.mode != "entry":
+            continue
         lines.append(f"{site.role:<6} {site.function} at 0x{site.symbol_vaddr:x}: probe "
                      f"+{site.probe_offset} (file offset 0x{site.file_offset:x}, {site.cost}"
                      f"{', return probe' if site.is_return else ''})")
@@ -42,6 +46,20 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
     lines.append("result: " + ("cannot trace: a required probe cannot be placed"
                                if plan.problems else "every role can be probed"))
     return "\n".join(lines)
+
+
+def render_modes(plan: Plan) -> list[str]:
+    """Per probed function: entry or call sites, how many probes, their cost, and why."""
+    lines = []
+    for d in plan.decisions:
+        sites = [s for s in plan.sites if s.mode == d.mode == "callsites"
+                 and (s.function, s.module) == (d.function, d.module)]
+        shown = ", ".join(f"{s.site_kind} 0x{s.symbol_vaddr + s.probe_offset:x}"
+                          for s in sites[:4]) + (", ..." if len(sites) > 4 else "")
+        lines.append(f"mode   {d.role} {d.function} at 0x{d.vaddr:x}: {d.mode}, "
+                     f"{d.sites} probe(s), {d.cost}" + (f" [{shown}]" if shown else ""))
+        lines.append(f"         why: {d.reason}")
+    return lines
 
 
 def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:

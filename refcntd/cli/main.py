@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -69,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _spec_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default="perf-stubs",
                    help="bundled spec name or YAML file (default: perf-stubs)")
+    p.add_argument("--probe-mode", metavar="MODE",
+                   default=os.environ.get("REFCNTD_PROBE_MODE", "auto"),
+                   help="where function probes go: auto (default: call sites when the entry "
+                        "would be single-stepped and every call is found), entry, callsites; "
+                        "or per role, e.g. get=callsites,put=entry (default: "
+                        "$REFCNTD_PROBE_MODE, else auto)")
 
 
 def _ci_args(p: argparse.ArgumentParser) -> None:

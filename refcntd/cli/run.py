@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from refcntd.binary.plan import build_plan
+from refcntd.binary.sitemode import parse_modes
 from refcntd.cli.common import ci_outputs, finish_output, history_options, printer, run_exit_status
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import load_spec
@@ -23,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         max_stacks=args.max_stacks, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = _resolve_command(command[0])
-    plan = build_plan(load_spec(args.spec), exe)
+    plan = build_plan(load_spec(args.spec), exe, parse_modes(args.probe_mode))
     plan.require_complete()
     result = run_command(plan, command, opts, printer(sys.stderr))
     verdict = policy.evaluate(result)

@@ -143,7 +143,7 @@ class ProbeCfg(C.Structure):
         ("fixed_count", C.c_int32),
         ("fixed_type", C.c_uint32),
         ("is_return", C.c_uint32),
-        ("pad", C.c_uint32),
+        ("cond", C.c_uint32),
         ("obj", ArgLoc),
         ("type", ArgLoc),
         ("count", ArgLoc),

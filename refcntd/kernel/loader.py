@@ -123,6 +123,8 @@ class Kernel:
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
         self._perf_fds: list[int] = []
+        self._multi_fd: int | None = None
+        self.multi_links = 0  # how many multi-uprobe links attach_all made
         self.failed_probes: list[str] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         try:
@@ -150,23 +152,61 @@ class Kernel:
     def set_fixed_type(self, type_id: int, name: str) -> None:
         self.bpf["types"][ctypes.c_uint32(type_id)] = abi.TypeName(name.encode()[:31])
 
-    def attach_all(self) -> None:
-        """Install every planned probe; a failure is recorded, not hidden."""
-        for index, site in enumerate(self.sites):
+    def attach_all(self, multi: bool = True) -> None:
+        """Install every planned probe; a failure is recorded, not hidden.
+
+        Plain function and call-site probes of one file share one multi-uprobe
+        link (one syscall for thousands of sites); USDT probes (semaphores) and
+        anything a multi link refused get one perf event each.  multi=False:
+        one perf event per site (the benchmark compares both).
+        """
+        groups = _multi_groups(self.sites)
+        single = [] if multi else [i for g in groups.values() for i in g]
+        for (module, ret), indexes in groups.items() if multi else ():
+            if not self._attach_multi(module, ret, indexes):
+                single += indexes
+        single += [i for i, s in enumerate(self.sites) if s.ref_ctr_offset]
+        for index in sorted(single):
+            self._attach_one(index, self.sites[index])
+
+    def _attach_multi(self, module: str, retprobe: bool, indexes: list[int]) -> bool:
+        try:
+            fd = self._multi_prog_fd()
+            self._links.append(perf_uprobe.link_uprobe_multi(
+                fd, module, [self.sites[i].file_offset for i in indexes], indexes, retprobe))
+        except (perf_uprobe.UprobeError, Exception):  # noqa: BLE001 - bcc raises bare Exception
+            return False  # older kernel, or a site it refuses: per-site events say which
+        self.multi_links += 1
+        return True
+
+    def _multi_prog_fd(self) -> int:
+        """on_probe loaded again for multi-uprobe links (bcc caches one load per name)."""
+        if self._multi_fd is None:
+            saved = self.bpf.funcs.pop(b"on_probe", None)
             try:
-                perf_fd = perf_uprobe.open_uprobe(site.module, site.file_offset,
-                                                  retprobe=site.is_return,
-                                                  ref_ctr_offset=site.ref_ctr_offset)
-            except perf_uprobe.UprobeError as err:
-                self.failed_probes.append(f"{site.role} {site.function}+{site.probe_offset} "
-                                          f"in {site.module}: {err.strerror}")
-                continue
-            self._perf_fds.append(perf_fd)
-            try:
-                self._links.append(perf_uprobe.link_bpf(self._prog.fd, perf_fd, index))
-            except perf_uprobe.UprobeError as err:
-                self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
-                                          f"{err.strerror}")
+                fn = self.bpf.load_func("on_probe", self._bcc.BPF.KPROBE,
+                                        attach_type=perf_uprobe.BPF_TRACE_UPROBE_MULTI)
+                self._multi_fd = fn.fd
+            finally:
+                if saved is not None:
+                    self.bpf.funcs[b"on_probe"] = saved
+        return self._multi_fd
+
+    def _attach_one(self, index: int, site: ProbeSite) -> None:
+        try:
+            perf_fd = perf_uprobe.open_uprobe(site.module, site.file_offset,
+                                              retprobe=site.uretprobe,
+                                              ref_ctr_offset=site.ref_ctr_offset)
+        except perf_uprobe.UprobeError as err:
+            self.failed_probes.append(f"{site.role} {site.function}+{site.probe_offset} "
+                                      f"in {site.module}: {err.strerror}")
+            return
+        self._perf_fds.append(perf_fd)
+        try:
+            self._links.append(perf_uprobe.link_bpf(self._prog.fd, perf_fd, index))
+        except perf_uprobe.UprobeError as err:
+            self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
+                                      f"{err.strerror}")
 
     def attach_loader(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
@@ -192,6 +232,10 @@ class Kernel:
             except OSError:
                 pass
         self._links, self._perf_fds = [], []
+        if self._multi_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._multi_fd)
+            self._multi_fd = None
         bpf = getattr(self, "bpf", None)
         if bpf is not None:
             bpf.cleanup()
@@ -378,6 +422,15 @@ class Kernel:
         return tuple(frames)
 
 
+def _multi_groups(sites: list[ProbeSite]) -> dict[tuple[str, bool], list[int]]:
+    """Site indexes per (file, uretprobe) that a multi-uprobe link can carry."""
+    groups: dict[tuple[str, bool], list[int]] = {}
+    for index, site in enumerate(sites):
+        if not site.ref_ctr_offset:
+            groups.setdefault((site.module, site.uretprobe), []).append(index)
+    return groups
+
+
 def _delete(table: Any, keys: list[Any]) -> None:
     """Delete many keys in one syscall where the kernel allows it."""
     if not keys:
@@ -406,7 +459,8 @@ def _items(table: Any) -> list[tuple[Any, Any]]:
 def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:
     role = site.spec_role
     cfg = abi.ProbeCfg(role=Role[site.role.upper()].value, caller_sp=site.caller_sp_offset,
-                          is_return=int(site.is_return), obj=_arg_loc(site.obj_loc))
+                          is_return=int(site.is_return), obj=_arg_loc(site.obj_loc),
+                          cond=site.site_cond)
     if site.type_loc is not None:
         cfg.type = _arg_loc(site.type_loc)
     elif role.type_name is not None and role.type_name.constant is not None:

@@ -18,6 +18,8 @@ NR_PERF_EVENT_OPEN = 298
 NR_BPF = 321
 BPF_LINK_CREATE = 28
 BPF_PERF_EVENT = 41
+BPF_TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type, Linux 6.6+
+BPF_F_UPROBE_MULTI_RETURN = 1
 PERF_FLAG_FD_CLOEXEC = 8
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
 
@@ -37,6 +39,17 @@ class _LinkCreateAttr(ctypes.Structure):
     _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32),
                 ("attach_type", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("bpf_cookie", ctypes.c_uint64), ("reserved", ctypes.c_uint8 * 48)]
+
+
+class _UprobeMultiAttr(ctypes.Structure):
+    """union bpf_attr.link_create with its uprobe_multi member (include/uapi/linux/bpf.h)."""
+
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32),
+                ("attach_type", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("path", ctypes.c_uint64), ("offsets", ctypes.c_uint64),
+                ("ref_ctr_offsets", ctypes.c_uint64), ("cookies", ctypes.c_uint64),
+                ("cnt", ctypes.c_uint32), ("multi_flags", ctypes.c_uint32),
+                ("pid", ctypes.c_uint32), ("reserved", ctypes.c_uint8 * 28)]
 
 
 class UprobeError(OSError):
@@ -75,6 +88,29 @@ def link_bpf(prog_fd: int, perf_fd: int, cookie: int) -> int:
     attr = _LinkCreateAttr(prog_fd=prog_fd, target_fd=perf_fd, attach_type=BPF_PERF_EVENT,
                            bpf_cookie=cookie)
     fd: int = _libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise UprobeError(err, explain_errno(err))
+    return fd
+
+
+def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int],
+                      retprobe: bool = False) -> int:
+    """One BPF link for many uprobes in one file (BPF_TRACE_UPROBE_MULTI).
+
+    Per-site perf events cost a perf_event_open and a link each; this is one
+    syscall for thousands of call sites.  `prog_fd` must have been loaded
+    with expected_attach_type BPF_TRACE_UPROBE_MULTI.
+    """
+    n = len(offsets)
+    encoded = ctypes.create_string_buffer(os.fsencode(path))
+    offs = (ctypes.c_uint64 * n)(*offsets)
+    cooks = (ctypes.c_uint64 * n)(*cookies)
+    attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI,
+                            path=ctypes.addressof(encoded), offsets=ctypes.addressof(offs),
+                            cookies=ctypes.addressof(cooks), cnt=n,
+                            multi_flags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0)
+    fd = int(_libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr)))
     if fd < 0:
         err = ctypes.get_errno()
         raise UprobeError(err, explain_errno(err))

@@ -148,7 +148,8 @@ def render_tracing(t: TracingStatus) -> str:
     lines = []
     failed = [p for p in t.probes if not p.installed]
     if t.complete:
-        lines.append(f"refcntd: tracing complete: {_plural(len(t.probes), 'probe')} installed, "
+        installed = _plural(sum(p.sites for p in t.probes), 'probe')
+        lines.append(f"refcntd: tracing complete: {installed} installed, "
                      "nothing lost")
     else:
         lines.append("refcntd: tracing INCOMPLETE, a clean result cannot be claimed:")

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -24,7 +24,7 @@ from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
-from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
+from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
 
 POLL_MS = 100
 
@@ -45,6 +45,13 @@ class TraceOptions:
     history_depth: int = 16
     comm_filter: tuple[str, ...] = ()
     cgroup_id: int | None = None
+
+
+def call_site_frames(plan: Plan) -> dict[tuple[str, int], CallSiteFrame]:
+    """Call-site probes whose stacks the report shows as the callee's entry probe's."""
+    return {(s.module, s.symbol_vaddr + s.probe_offset):
+            CallSiteFrame(s.site_kind, s.symbol_vaddr, s.site_length)
+            for s in plan.sites if s.site_kind in ("call", "jmp")}
 
 
 def type_id(name: str) -> int:
@@ -84,7 +91,8 @@ class Tracer:
         for module in plan.modules:
             self.index.add(module)
         stacks = StackSource(self.kernel.stack, self.kernel.raw_stack)
-        self.tracker = SessionTracker(self.kernel, stacks, Symbolizer(self.index), self._report)
+        sym = Symbolizer(self.index, call_site_frames(plan))
+        self.tracker = SessionTracker(self.kernel, stacks, sym, self._report)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
         if opts.history is not None:
@@ -139,9 +147,7 @@ class Tracer:
 
     def tracing_status(self) -> TracingStatus:
         failed = dict(_split_failure(f) for f in self.kernel.failed_probes)
-        probes = [ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, s.reason,
-                              _site_key(s) not in failed, failed.get(_site_key(s), ""))
-                  for s in self.plan.sites]
+        probes = _probe_statuses(self.plan, failed)
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         if self.kernel.stacks_freed_early:
@@ -152,6 +158,26 @@ class Tracer:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
+
+
+def _probe_statuses(plan: Plan, failed: dict[str, str]) -> list[ProbeStatus]:
+    """One status per entry probe, and one per function for all of its call sites."""
+    out: dict[tuple[str, str, str, int], ProbeStatus] = {}
+    for i, s in enumerate(plan.sites):
+        error = failed.get(_site_key(s), "")
+        key = (s.role, s.function, s.module, i if s.mode == "entry" else -1)
+        old = out.get(key)
+        if old is None:
+            reason = next((d.reason for d in plan.decisions if (d.role, d.function, d.module)
+                           == key[:3] and d.mode == s.mode), s.reason) if s.mode != "entry" \
+                else s.reason
+            out[key] = ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, reason,
+                                   not error, error, s.mode, 1)
+            continue
+        worst = s.cost if s.cost == "single-step" else old.cost
+        out[key] = replace(old, cost=worst, installed=old.installed and not error,
+                           error=old.error or error, sites=old.sites + 1)
+    return list(out.values())
 
 
 def _site_key(site: ProbeSite) -> str:

@@ -49,6 +49,15 @@ class Frame:
         return f"{where}{src} ({self.module})"
 
 
+@dataclass(frozen=True)
+class CallSiteFrame:
+    """A probed call (or tail jump) instruction and the function it enters."""
+
+    kind: str  # "call" or "jmp"
+    callee: int  # vaddr in the same module
+    length: int  # of the instruction
+
+
 @dataclass
 class ModuleSymbols:
     path: str
@@ -147,8 +156,10 @@ def _looks_like_elf(path: Path) -> bool:
 class Symbolizer:
     """Caches symbol tables and source lines per module across many reports."""
 
-    def __init__(self, index: BuildIdIndex) -> None:
+    def __init__(self, index: BuildIdIndex,
+                 call_sites: dict[tuple[str, int], CallSiteFrame] | None = None) -> None:
         self.index = index
+        self.call_sites = call_sites or {}  # (module, vaddr) of call-site probes
         self._modules: dict[str, ModuleSymbols | None] = {}
         self._lines: dict[tuple[str, int], tuple[str, int]] = {}
 
@@ -202,6 +213,21 @@ class Symbolizer:
         function, offset = mod.lookup(vaddr) if mod else ("", 0)
         file, line = self.source_line(path, vaddr - 1 if return_address else vaddr)
         return Frame(path, vaddr, function, offset, file, line)
+
+    def as_entry_probe(self, first: tuple[str, int] | None, frames: list[Frame]) -> None:
+        """Show a call-site probe's stack as an entry probe's: the callee first, then
+        the caller at the call's return address.  A tail jump leaves its function off,
+        as it is off the stack at the callee's entry."""
+        site = self.call_sites.get(first) if first else None
+        if site is None or not frames or first is None:
+            return
+        path, vaddr = first
+        callee = self.frame((path, site.callee), "", False)
+        if site.kind == "call":
+            frames[0] = self.frame((path, vaddr + site.length), "", True)
+            frames.insert(0, callee)
+        else:
+            frames[0] = callee
 
     def source_line(self, path: str, vaddr: int) -> tuple[str, int]:
         key = (path, vaddr)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES, refcntd
+from conftest import FIXTURES, assert_probe_mode, refcntd
 
 EXPECTED = {  # kind -> (function that did it, count before, reported apart)
     "double-put": ("double_put_site", 0, False),
@@ -17,10 +17,11 @@ EXPECTED = {  # kind -> (function that did it, count before, reported apart)
 
 
 @pytest.mark.parametrize("variant", ["O0", "O2"])
-def test_each_anomaly_kind_once_at_its_site(bpf, build, tmp_path, variant):
+def test_each_anomaly_kind_once_at_its_site(bpf, build, tmp_path, variant, probe_mode):
     exe = build.program("anomalies", [FIXTURES / "anomalies.c"], variant)
     result = refcntd(["run", "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
+    assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
     assert process["groups"] == []  # no leak: every object was deleted
     found = {a["kind"]: a for a in process["anomalies"]}

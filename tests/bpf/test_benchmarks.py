@@ -16,6 +16,8 @@ ROWS = {
     "init+release pair, no tracer", "init+release pair, refcntd (allocation stack per init)",
     "LD_PRELOAD interposer (user-space hash), PLT stubs", "malloc/free, no tracer",
     "bcc memleak (-p PID) on malloc/free", "2 threads sharing 4 objects, refcntd counting",
+    "uprobe floor on the -O2 build's entry probes (single-stepped)",
+    "refcntd counting, -O2 stubs, --probe-mode entry",
 }
 
 
@@ -29,5 +31,7 @@ def test_benchmark_smoke(bpf, tmp_path):
     threads = next(r for r in data["rows"] if r["name"].startswith("2 threads"))
     assert threads["counts_exact"] is True
     assert [s["leaked_reported"] for s in data["scale"]] == [s["objects"] for s in data["scale"]]
-    assert len(data["goals"]) == 6
+    assert len(data["goals"]) == 7
+    assert [a["call_sites"] for a in data["attach_sites"]] == [10, 100]
+    assert all(a["probes"] == a["call_sites"] for a in data["attach_sites"])
     assert (tmp_path / "results.md").read_text().startswith("# refcntd benchmark results")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES, functions, refcntd
+from conftest import FIXTURES, assert_probe_mode, functions, refcntd
 
 
 def group_by_allocator(process: dict) -> dict[str, dict]:
@@ -12,10 +12,11 @@ def group_by_allocator(process: dict) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("variant", ["O0", "O2"])
-def test_masami_missing_put_and_extra_get(bpf, build, tmp_path, variant):
+def test_masami_missing_put_and_extra_get(bpf, build, tmp_path, variant, probe_mode):
     exe = build.program("masami", [FIXTURES / "masami.c"], variant)
     result = refcntd(["run", "--history", "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
+    assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
     groups = group_by_allocator(process)
     assert sorted(groups) == ["make_b", "make_c"]  # the make_d objects were released
@@ -30,10 +31,11 @@ def test_masami_missing_put_and_extra_get(bpf, build, tmp_path, variant):
     assert "Likely culprit: extra get in funcC" in result.stderr
 
 
-def test_perflike_caller_that_forgets_its_put(bpf, build, tmp_path):
+def test_perflike_caller_that_forgets_its_put(bpf, build, tmp_path, probe_mode):
     """thread__find_map's map__get is put by sample__resolve_user, not by ..._kernel."""
     exe = build.perflike("O2fp")
     result = refcntd(["run", "--history", "map", "--", str(exe)], tmp_path / "r.json")
+    assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
     (kernel_maps,) = [g for g in process["groups"]
                       if "machine__create_kernel_maps" in functions(g)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, cc, functions, leak_summary, refcntd
+from conftest import FIXTURES, ROOT, assert_probe_mode, cc, functions, leak_summary, refcntd
 
 # The truth documented in examples/perflike.c for the default 100 samples.
 PERFLIKE_LEAKS = {"dso": [1, 1, 2], "map": [1, 1, 1, 10], "thread": [1]}
@@ -35,12 +35,18 @@ def assert_perflike_truth(process: dict) -> None:
 
 @pytest.mark.parametrize("shared", [False, True], ids=["exe", "shared-lib"])
 @pytest.mark.parametrize("variant", ["O0", "O2", "O2fp"])
-def test_perflike_exact_report(bpf, build, tmp_path, variant, shared):
+def test_perflike_exact_report(bpf, build, tmp_path, variant, shared, probe_mode):
     exe = build.perflike(variant, shared_stubs=shared)
     spec = ["--spec", str(lib_spec(tmp_path, build.stub_lib(variant)))] if shared else []
     result = refcntd(["run", *spec, "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
     report = result.report
+    if shared:  # exported stubs: callers in other modules; the entry probes stay
+        assert all(p["mode"] == "entry" for p in report["tracing"]["probes"])
+        if probe_mode == "callsites":
+            assert all("exported in .dynsym" in p["reason"] for p in report["tracing"]["probes"])
+    else:
+        assert_probe_mode(report, probe_mode)
     assert report["tracing"]["complete"], report["tracing"]
     assert report["command_status"] == 0
     assert len(report["processes"]) == 1
@@ -56,10 +62,12 @@ def test_text_report_names_file_and_line(bpf, build, tmp_path):
 
 
 @pytest.mark.parametrize("variant,iterations", [("O0", 20000), ("O2", 3000)])
-def test_multithreaded_counts_are_exact(bpf, build, tmp_path, variant, iterations):
+def test_multithreaded_counts_are_exact(bpf, build, tmp_path, variant, iterations,
+                                        probe_mode):
     exe = build.program("mthread", [FIXTURES / "mthread.c"], variant, flags=["-pthread"])
     result = refcntd(["run", "--", str(exe), str(iterations)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
+    assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
     assert leak_summary(process) == {"shared": [7, 9, 11, 13]}
     gets = sorted(i["gets"] for g in process["groups"] for i in g["instances"])
@@ -129,10 +137,11 @@ def test_clean_run_returns_command_status(bpf, build, tmp_path):
 
 
 @pytest.mark.parametrize("opt", ["-O0", "-O2"])
-def test_constructor_returning_the_object(bpf, tmp_path, opt):
+def test_constructor_returning_the_object(bpf, tmp_path, opt, probe_mode):
     exe = cc(tmp_path / "ctor", [FIXTURES / "ctor.c"], [opt, "-fno-omit-frame-pointer"])
     result = refcntd(["run", "--spec", "example-ctor", "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
+    assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
     assert leak_summary(process) == {"gadget": [3]}
     (group,) = process["groups"]

@@ -91,6 +91,15 @@ def target_yaml(name: str, path: Path, spec: str = "perf-stubs", extra: str = ""
     return f"  - name: {name}\n    path: {path}\n    spec: {spec}\n{extra}"
 
 
+def probe_points(binary: Path) -> int:
+    """Uprobes the daemon installs for the default spec (call sites count one each)."""
+    from refcntd.binary.plan import build_plan
+    from refcntd.inputs.spec import load_spec
+    plan = build_plan(load_spec("perf-stubs"), str(binary))
+    assert {d.mode for d in plan.decisions} == {"callsites"}
+    return len(plan.sites)
+
+
 def test_serve_metrics_reports_and_sigterm(bpf, build, tmp_path):
     perflike = build.perflike("O2fp")
     exe, lib = build.usdt_program("-O2", shared=True)
@@ -134,7 +143,9 @@ def test_serve_metrics_reports_and_sigterm(bpf, build, tmp_path):
     assert metric(m, "refcntd_live_object_age_seconds_count", target="widgets",
                   type="widget") == 2
     # probes and the target that could not be attached
-    assert metric(m, "refcntd_probes", target="perflike", state="attached") == 4
+    # a uprobe per call site of each -O2 stub (auto picks call sites): 4 functions, 15 sites
+    assert metric(m, "refcntd_probes", target="perflike", state="attached") == \
+        probe_points(perflike)
     assert metric(m, "refcntd_probes", target="widgets", state="attached") == 4
     assert metric(m, "refcntd_target_attach_errors", target="missing") == 1
     assert metric(m, "refcntd_dropped_records_total", target="perflike",
@@ -201,7 +212,8 @@ def test_sighup_adds_and_removes_targets_and_keeps_counts(bpf, build, tmp_path):
     assert metric(after, "refcntd_live_objects", **key) == 2  # not reset by the reload
     assert metric(after, "refcntd_operations_total", operation="get", **key) == \
         metric(before, "refcntd_operations_total", operation="get", **key) == 2
-    assert metric(before, "refcntd_probes", target="perflike", state="attached") == 4
+    assert metric(before, "refcntd_probes", target="perflike", state="attached") == \
+        probe_points(perflike)
     assert metric(after, "refcntd_probes", target="perflike", state="attached") is None
     assert metric(after, "refcntd_leaked_objects_total", target="masami", type="o") == 2
     assert "target=perflike detached" in serve.log

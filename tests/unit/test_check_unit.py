@@ -19,7 +19,7 @@ from conftest import FIXTURES, assert_one_line_error, bad_binaries, cc, refcntd
 @pytest.mark.parametrize("shared", [False, True], ids=["exe", "lib"])
 def test_check_explains_each_probe(build, variant, expect, shared):
     target = build.stub_lib(variant) if shared else build.perflike(variant)
-    result = refcntd(["check", "--binary", str(target)])
+    result = refcntd(["check", "--probe-mode", "entry", "--binary", str(target)])
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     for role, offset in expect.items():

@@ -1,0 +1,308 @@
+"""Find every place a module transfers control into a function, or prove we cannot.
+
+Why: a uprobe on a stub whose entry the kernel cannot emulate (at -O2 the
+stubs begin with `lock add`) is single-stepped on every call.  The kernel
+emulates `call rel32` and `jmp rel32/rel8`, and at a call the arguments are
+already in their registers, so probing the callers' call instructions costs
+an emulated trap instead.  That is only correct when *every* way into the
+function is a probed site: this module also collects everything that could
+bypass them (address-taken uses, dynamic exports, conditional tail jumps,
+code it cannot decode) as `blockers`, and the planner keeps the entry probe
+when there is any.
+
+The sweep is linear, per function: symbol and .eh_frame FDE ranges give the
+starts (gcc puts no data in .text on x86-64); bytes outside every known
+function are checked for rel32 branches to the target by brute force.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import capstone
+from elftools.dwarf.callframe import FDE
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.relocation import Relocation, RelocationSection
+from elftools.elf.sections import Section, SymbolTableSection
+
+from refcntd.binary.elf import ElfImage
+
+_RIP_REL = re.compile(r"\[rip ([+-]) (0x[0-9a-f]+|\d+)\]")
+_HEX = re.compile(r"(?<![\w\[])(0x[0-9a-f]+)")
+SHF_ALLOC, SHF_EXECINSTR = 0x2, 0x4
+# Read for what they mean (relocations), not scanned as raw pointers.
+_SEMANTIC_SECTIONS = ("SHT_RELA", "SHT_REL", "SHT_DYNSYM", "SHT_SYMTAB", "SHT_GNU_HASH",
+                      "SHT_HASH", "SHT_NOBITS")
+KIND_CALL = "call"
+KIND_JMP = "jmp"  # tail jump: the return address on the stack is the caller's
+
+
+@dataclass(frozen=True)
+class Site:
+    """A direct branch into the target, at an instruction boundary."""
+
+    vaddr: int
+    length: int
+    kind: str  # KIND_CALL or KIND_JMP
+    caller: str  # the function containing it ('' when unnamed)
+    after: int  # where a call returns to (vaddr + length)
+    after_exclusive: bool  # nothing but this call's return can reach `after`
+    cond: int = 0  # a conditional tail jump: 0x10 | its x86 condition code
+
+
+@dataclass
+class TargetScan:
+    """What one module does with one target address."""
+
+    target: int
+    sites: list[Site] = field(default_factory=list)
+    blockers: list[str] = field(default_factory=list)  # why `sites` may not be all
+
+
+@dataclass
+class _Function:
+    start: int
+    size: int
+    name: str
+
+
+class ModuleScan:
+    """One sweep of a module's code for a set of target addresses."""
+
+    def __init__(self, image: ElfImage, targets: dict[int, str]) -> None:
+        self.image = image
+        self.names = targets  # vaddr -> symbol name (for messages)
+        self.results = {t: TargetScan(t) for t in targets}
+        self._functions = _functions(image)
+        self._sweep()
+        self._check_gaps()
+        self._check_data()
+        self._check_relocations()
+
+    def _sweep(self) -> None:
+        """Decode every function; overlapping ranges (a symbol and its FDE, an alias)
+        must agree on a site, or a mis-started decode could put a probe mid-instruction."""
+        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        for cluster in _overlapping(self._functions):
+            reports: dict[int, list[tuple[Site, TargetScan]]] = {}
+            for fn in cluster:
+                for site, scan in self._sweep_function(md, fn):
+                    reports.setdefault(site.vaddr, []).append((site, scan))
+            for addr, got in sorted(reports.items()):
+                covering = [f for f in cluster if f.start <= addr < f.start + f.size]
+                site, scan = got[0]
+                if len(got) != len(covering):
+                    scan.blockers.append(f"function ranges disagree about the instruction at "
+                                         f"0x{addr:x}: it may not be an instruction boundary")
+                    continue
+                named = next((s.caller for s, _ in got if s.caller), "")
+                exclusive = all(s.after_exclusive for s, _ in got)
+                scan.sites.append(Site(addr, site.length, site.kind, named, site.after,
+                                       exclusive, site.cond))
+
+    def _sweep_function(self, md: capstone.Cs, fn: _Function) -> list[tuple[Site, TargetScan]]:
+        code = self.image.code_at(fn.start, fn.size)
+        decoded, targets_seen, indirect = fn.start, set(), False
+        found: list[tuple[int, int, str, TargetScan]] = []
+        for addr, size, mnem, ops in md.disasm_lite(code, fn.start):
+            decoded = addr + size
+            indirect |= mnem.endswith("jmp") and not ops.startswith("0x")
+            branch = _branch_target(mnem, ops)
+            if branch is not None:
+                targets_seen.add(branch)
+            self._classify(fn, addr, size, mnem, ops, branch, found)
+        if decoded < fn.start + fn.size:
+            self._brute_force(decoded, fn.start + fn.size,
+                              f"undecodable bytes in {fn.name or hex(fn.start)}")
+        return [(Site(addr, size, KIND_CALL if mnem == "call" else KIND_JMP, fn.name,
+                      addr + size, not indirect and addr + size not in targets_seen,
+                      _condition(self.image.code_at(addr, 2)) or 0), scan)
+                for addr, size, mnem, scan in found]
+
+    def _classify(self, fn: _Function, addr: int, size: int, mnem: str, ops: str,
+                  branch: int | None, found: list[tuple[int, int, str, TargetScan]]) -> None:
+        where = f"{fn.name or '?'}+0x{addr - fn.start:x} (0x{addr:x}: {mnem} {ops})"
+        if branch is not None and branch in self.results:
+            scan = self.results[branch]
+            first = self.image.code_at(addr, 2)
+            if mnem in ("call", "jmp") or _condition(first) is not None:
+                found.append((addr, size, mnem, scan))
+            else:
+                scan.blockers.append(f"prefixed branch at {where}: the kernel does not "
+                                     "emulate it")
+            return
+        for ref in _operand_addresses(addr, size, ops):
+            if ref in self.results and branch is None:
+                self.results[ref].blockers.append(
+                    f"address taken at {where}: it can be called through a pointer")
+
+    def _check_gaps(self) -> None:
+        """Executable bytes no known function covers: brute-force rel32 branches."""
+        covered = sorted((f.start, f.start + f.size) for f in self._functions)
+        for section in self.image.elffile().iter_sections():
+            if not section["sh_flags"] & SHF_EXECINSTR or section["sh_type"] == "SHT_NOBITS":
+                continue
+            pos, end = section["sh_addr"], section["sh_addr"] + section["sh_size"]
+            for start, stop in [*covered, (end, end)]:
+                if pos < min(start, end):
+                    self._brute_force(pos, min(start, end), f"code in {section.name} outside "
+                                      "any known function")
+                pos = max(pos, stop)
+
+    def _brute_force(self, start: int, end: int, what: str) -> None:
+        """Any byte pattern that would branch to a target if it were an instruction."""
+        code = self.image.code_at(start, end - start)
+        for i in range(len(code) - 1):
+            for target in _branch_patterns(code, i, start + i):
+                if target in self.results:
+                    self.results[target].blockers.append(
+                        f"bytes at 0x{start + i:x} ({what}) may be a branch to it")
+
+    def _check_data(self) -> None:
+        """A function pointer in a table or variable: the address stored in data."""
+        for section in self.image.elffile().iter_sections():
+            flags = section["sh_flags"]
+            if not flags & SHF_ALLOC or flags & SHF_EXECINSTR or \
+                    section["sh_type"] in _SEMANTIC_SECTIONS:
+                continue
+            blob = section.data()
+            for target, scan in self.results.items():
+                for hit in _find_all(blob, target.to_bytes(8, "little")):
+                    scan.blockers.append(f"address stored in data at 0x{section['sh_addr'] + hit:x}"
+                                         f" ({section.name}: a function-pointer table or variable)")
+
+    def _check_relocations(self) -> None:
+        """Relocations that produce the address at load time (PIE tables, GOT slots)."""
+        for section in self.image.elffile().iter_sections():
+            if section["sh_type"] not in ("SHT_RELA", "SHT_REL") or \
+                    not section.name.startswith((".rela.dyn", ".rela.plt", ".rel.")):
+                continue
+            symtab = self.image.elffile().get_section(section["sh_link"])
+            if isinstance(section, RelocationSection):
+                for rel in section.iter_relocations():
+                    self._check_relocation(rel, symtab)
+
+    def _check_relocation(self, rel: Relocation, symtab: Section) -> None:
+        addend: int = rel["r_addend"] if rel.is_RELA() else 0
+        sym_index: int = rel["r_info_sym"]
+        value = addend
+        name = ""
+        if sym_index and isinstance(symtab, SymbolTableSection):
+            sym = symtab.get_symbol(sym_index)
+            name, value = sym.name, sym["st_value"] + addend
+        for target, scan in self.results.items():
+            if value == target or (name and name == self.names[target]):
+                scan.blockers.append(f"relocation at 0x{rel['r_offset']:x} yields its address"
+                                     f" ({'symbol ' + name if name else 'relative'}): reached "
+                                     "through a pointer, GOT or PLT slot")
+
+
+def _functions(image: ElfImage) -> list[_Function]:
+    """Distinct code ranges from .symtab/.dynsym and .eh_frame."""
+    ranges: dict[tuple[int, int], str] = {}
+    for group in image.symbols.values():
+        for sym in group:
+            if sym.size:
+                ranges.setdefault((sym.vaddr, sym.size), sym.name)
+    for start, size in fde_ranges(image):
+        ranges.setdefault((start, size), "")
+    names = {start: name for (start, _), name in ranges.items() if name}
+    return [_Function(start, size, name or names.get(start, ""))
+            for (start, size), name in sorted(ranges.items())]
+
+
+def _overlapping(functions: list[_Function]) -> Iterable[list[_Function]]:
+    """Functions (sorted by start) grouped where their ranges overlap."""
+    cluster: list[_Function] = []
+    end = -1
+    for fn in functions:
+        if cluster and fn.start >= end:
+            yield cluster
+            cluster = []
+        cluster.append(fn)
+        end = max(end, fn.start + fn.size) if len(cluster) > 1 else fn.start + fn.size
+    if cluster:
+        yield cluster
+
+
+def fde_ranges(image: ElfImage) -> list[tuple[int, int]]:
+    elf = image.elffile()
+    if elf.get_section_by_name(".eh_frame") is None:
+        return []
+    return [(e.header["initial_location"], e.header["address_range"])
+            for e in elf.get_dwarf_info().EH_CFI_entries() if isinstance(e, FDE)]
+
+
+def _branch_target(mnem: str, ops: str) -> int | None:
+    """The target of a direct call/jmp/jcc (capstone prints it as a bare hex number)."""
+    if mnem.split()[-1] in ("call", "jmp") or mnem.split()[-1].startswith("j"):
+        if ops.startswith("0x") and " " not in ops:
+            return int(ops, 16)
+    return None
+
+
+def _operand_addresses(addr: int, size: int, ops: str) -> Iterable[int]:
+    for sign, value in _RIP_REL.findall(ops):
+        disp = int(value, 0)
+        yield addr + size + (disp if sign == "+" else -disp)
+    for value in _HEX.findall(_RIP_REL.sub("", ops)):
+        yield int(value, 16)
+
+
+def _condition(first: bytes) -> int | None:
+    """0x10 | cc of an unprefixed jcc (the BPF side tests it on the flags), else None."""
+    if first and 0x70 <= first[0] <= 0x7F:
+        return 0x10 | (first[0] & 0xF)
+    if len(first) == 2 and first[0] == 0x0F and 0x80 <= first[1] <= 0x8F:
+        return 0x10 | (first[1] & 0xF)
+    return None
+
+
+def _branch_patterns(code: bytes, i: int, addr: int) -> Iterable[int]:
+    """Targets of call/jmp rel32, jcc rel32, jmp/jcc rel8 if an instruction began at code[i]."""
+    op = code[i]
+    if op in (0xE8, 0xE9) and i + 5 <= len(code):
+        yield addr + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True)
+    if op == 0x0F and 0x80 <= code[i + 1] <= 0x8F and i + 6 <= len(code):
+        yield addr + 6 + int.from_bytes(code[i + 2:i + 6], "little", signed=True)
+    if op == 0xEB or 0x70 <= op <= 0x7F:
+        yield addr + 2 + int.from_bytes(code[i + 1:i + 2], "little", signed=True)
+
+
+def _find_all(blob: bytes, needle: bytes) -> Iterable[int]:
+    i = blob.find(needle)
+    while i >= 0:
+        yield i
+        i = blob.find(needle, i + 1)
+
+
+def dynamic_export(image: ElfImage, name: str) -> bool:
+    """Whether other modules can bind to `name` (PLT imports, dlsym, later dlopens)."""
+    dynsym = image.elffile().get_section_by_name(".dynsym")
+    if not isinstance(dynsym, SymbolTableSection):
+        return False
+    for sym in dynsym.iter_symbols():
+        if sym.name.split("@", 1)[0] == name and sym["st_shndx"] != "SHN_UNDEF" and \
+                sym["st_info"]["bind"] != "STB_LOCAL" and \
+                sym["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
+            return True
+    return False
+
+
+def needed(image: ElfImage) -> list[str]:
+    """DT_NEEDED sonames: the modules loaded with this one, the likely importers."""
+    dynamic = image.elffile().get_section_by_name(".dynamic")
+    if not isinstance(dynamic, DynamicSection):
+        return []
+    return [str(getattr(tag, "needed")) for tag in dynamic.iter_tags()  # noqa: B009 - set per tag kind
+            if tag.entry.d_tag == "DT_NEEDED"]
+
+
+def imports(image: ElfImage, name: str) -> bool:
+    """Whether the module binds to `name` from another one (an undefined .dynsym entry)."""
+    dynsym = image.elffile().get_section_by_name(".dynsym")
+    return isinstance(dynsym, SymbolTableSection) and any(
+        s.name.split("@", 1)[0] == name and s["st_shndx"] == "SHN_UNDEF"
+        for s in dynsym.iter_symbols())
