@@ -34,6 +34,9 @@ BPF_PERCPU_ARRAY(scratch, struct event, 1);
 BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
 BPF_TABLE("lru_hash", struct obj_key, struct grave_val, graveyard, MAX_GRAVES);
 BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
+/* Objects whose delete fired inside their last put, before its probe: that
+ * put (by this thread id) is already counted. */
+BPF_TABLE("lru_hash", struct obj_key, __u32, put_due, MAX_PROCS);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
 #if HISTORY
 BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F_NO_PREALLOC);
@@ -360,14 +363,46 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 	report_anomaly(ctx, cfg, unknown, key, 0, 0);
 }
 
+/* The type-name pointer: an argument, or loaded from a class structure it
+ * points to (type_deref: offset + 1 per pointer load). */
+static __always_inline __u64 type_pointer(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	if (!cfg->type.kind)
+		return 0;
+	__u64 ptr = fetch(ctx, &cfg->type);
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (!cfg->type_deref[i] || !ptr)
+			break;
+		void *slot = (void *)(ptr + cfg->type_deref[i] - 1);
+		ptr = 0;
+		bpf_probe_read_user(&ptr, sizeof(ptr), slot);
+	}
+	return ptr;
+}
+
+/* The object of an init: an argument, the return value, or what the
+ * constructor stored through the out-pointer saved at its entry. */
+static __always_inline __u64 init_object(struct pt_regs *ctx, struct probe_cfg *cfg,
+					 struct init_args *args)
+{
+	__u64 obj = 0;
+	if (!(cfg->flags & PF_OBJ_OUT))
+		return fetch(ctx, &cfg->obj);
+	if (args->out_ptr)
+		bpf_probe_read_user(&obj, sizeof(obj), (void *)args->out_ptr);
+	return obj;
+}
+
 /* Arguments of an init: read now, or saved by the constructor's entry probe
  * when this is its return probe (the registers are gone by then). */
 static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
 				     struct init_args *out)
 {
-	out->type_ptr = cfg->type.kind ? fetch(ctx, &cfg->type) : 0;
+	out->type_ptr = type_pointer(ctx, cfg);
 	out->count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : cfg->fixed_count;
-	if (!cfg->is_return || (!cfg->type.kind && !cfg->count.kind))
+	out->out_ptr = 0;
+	if (!cfg->is_return || (!cfg->type.kind && !cfg->count.kind && !(cfg->flags & PF_OBJ_OUT)))
 		return 0;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct init_args *saved = pending_init.lookup(&tid);
@@ -377,6 +412,7 @@ static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
 	}
 	out->type_ptr = cfg->type.kind ? saved->type_ptr : 0;
 	out->count = cfg->count.kind ? saved->count : cfg->fixed_count;
+	out->out_ptr = saved->out_ptr;
 	pending_init.delete(&tid);
 	return 0;
 }
@@ -388,8 +424,10 @@ static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *
 		return 0;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct init_args args = {};
-	args.type_ptr = cfg->type.kind ? fetch(ctx, &cfg->type) : 0;
+	args.type_ptr = type_pointer(ctx, cfg);
 	args.count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : 0;
+	if (cfg->flags & PF_OBJ_OUT)
+		args.out_ptr = fetch(ctx, &cfg->obj);
 	pending_init.update(&tid, &args);
 	return 0;
 }
@@ -410,9 +448,10 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	struct init_args args = {};
 	if (init_args(ctx, cfg, &args) != 0)
 		return 0;
-	struct obj_key key = {.tgid = tgid, .addr = fetch(ctx, &cfg->obj)};
+	struct obj_key key = {.tgid = tgid, .addr = init_object(ctx, cfg, &args)};
 	if (key.addr == 0)
 		return 0;
+	put_due.delete(&key);
 	struct obj_val val = {};
 	val.count = args.count;
 	val.type_id = cfg->fixed_type;
@@ -456,12 +495,24 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
+/* The put whose delete already fired inside it (PF_DELETE_IN_PUT). */
+static __always_inline int absorbed_put(struct obj_key *key)
+{
+	__u32 *tid = put_due.lookup(key);
+	if (!tid || *tid != (__u32)bpf_get_current_pid_tgid())
+		return 0;
+	put_due.delete(key);
+	return 1;
+}
+
 static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
+		if (absorbed_put(&key))
+			return 0;
 		missing_object(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT, ST_UNKNOWN_PUT);
 		return 0;
 	}
@@ -475,7 +526,7 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 		report_anomaly(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
 			       before, &g);
 	}
-	if (before == 1 && !HAS_DELETE)
+	if (before == 1 && (!HAS_DELETE || (cfg->flags & PF_FREES_AT_ZERO)))
 		release(&key, o);
 	return 0;
 }
@@ -490,6 +541,14 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 			       ST_UNKNOWN_DELETE);
 		return 0;
 	}
+	if ((cfg->flags & PF_DELETE_IN_PUT) && o->count == 1) {
+		/* The last put is under way and its own probe fires after this:
+		 * count it now, and let that probe pass. */
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		__sync_fetch_and_add(&o->puts, 1);
+		__sync_fetch_and_add(&o->count, -1);
+		put_due.update(&key, &tid);
+	}
 	if (o->count != 0) {
 		struct grave_val g = describe(o, 0);
 		report_anomaly(ctx, cfg, AN_DELETE_LIVE, &key, o->count, &g);
@@ -498,6 +557,21 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 		record(ctx, cfg, &key, ROLE_DELETE, o->count);
 	release(&key, o);
 	return 0;
+}
+
+/* ref_sink: a floating object's reference becomes its owner's (no change);
+ * on an object that is not floating it is a get. */
+static __always_inline int do_sink(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	__u64 addr = fetch(ctx, &cfg->obj), word = 0;
+	if (addr && bpf_probe_read_user(&word, sizeof(word), (void *)(addr + cfg->flag_offset)) == 0
+	    && (word & cfg->flag_mask)) {
+		struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .addr = addr};
+		if (objs.lookup(&key))
+			count_stat(ST_FLOATING_SUNK);
+		return 0;
+	}
+	return do_get(ctx, cfg);
 }
 
 /* One program for every entry and return probe; the bpf cookie is the probe's
@@ -514,6 +588,7 @@ int on_probe(struct pt_regs *ctx)
 	case ROLE_PUT: return do_put(ctx, cfg);
 	case ROLE_DELETE: return do_delete(ctx, cfg);
 	case ROLE_INIT_ENTRY: return do_init_entry(ctx, cfg);
+	case ROLE_SINK: return do_sink(ctx, cfg);
 	}
 	return 0;
 }

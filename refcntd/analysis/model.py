@@ -93,6 +93,7 @@ class ProcessReport:
     exit_code: int | None = None  # shell-style: 128+signal when killed
     groups: list[LeakGroup] = field(default_factory=list)
     anomalies: list[AnomalyFinding] = field(default_factory=list)
+    kept: dict[str, int] = field(default_factory=dict)  # spec's kept_by_library: reason -> objects
 
     @property
     def leaked_objects(self) -> int:

@@ -147,7 +147,7 @@ def build_plan(spec: Spec, binary: str) -> Plan:
     plan = Plan(spec)
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
-    for role in spec.roles.values():
+    for role in spec.entries:
         module = str(main.path.resolve())
         if role.library:
             module = resolve_library(role.library, main)
@@ -194,8 +194,8 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
                  why_prefix: str = "") -> None:
     code = image.code_at(sym.vaddr, sym.size or 64)
     # A return probe reads only the return value; its arguments are saved at entry.
-    args = set() if role.obj.is_return else needed_args(role)
-    choice = probepoint.choose(code, args, needs_entry_sp=role.obj.is_return)
+    args = set() if role.obj.at_return else needed_args(role)
+    choice = probepoint.choose(code, args, needs_entry_sp=role.obj.at_return)
     if isinstance(choice, probepoint.Refusal):
         plan.problems.append(f"{role.role}: {sym.name} in {module}: {choice.reason}")
         return
@@ -203,18 +203,18 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     if file_offset is None:
         plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
         return
-    caller_sp = -1 if role.obj.is_return else choice.caller_sp_offset
+    caller_sp = -1 if role.obj.at_return else choice.caller_sp_offset
     plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
                                 file_offset, choice.cost, why_prefix + choice.reason,
-                                caller_sp, role.obj.is_return, role,
+                                caller_sp, role.obj.at_return, role,
                                 **function_locations(role)))
-    if role.obj.is_return and needed_args(role):
+    if role.obj.at_return and needed_args(role):
         _plan_argument_saver(plan, role, image, module, sym, code)
 
 
 def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
                          sym: Symbol, code: bytes) -> None:
-    """An entry probe that saves a constructor's type/count arguments for its return probe."""
+    """An entry probe that saves a constructor's type/count/out-pointer arguments."""
     choice = probepoint.choose(code, needed_args(role))
     if isinstance(choice, probepoint.Refusal):
         plan.problems.append(f"{role.role}: {sym.name} in {module}: its arguments cannot be "
@@ -222,7 +222,7 @@ def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: st
         return
     plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
                                 image.vaddr_to_offset(sym.vaddr + choice.offset), choice.cost,
-                                "saves the type/count arguments for the return probe; "
+                                "saves the arguments the return probe needs; "
                                 + choice.reason, -1, False, role,
                                 **function_locations(role)))
 

@@ -50,7 +50,7 @@ def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:
     if not probes:
         return ["  usdt probes: none"]
     image = ElfImage(module)
-    roles = {r.usdt: r.role for r in plan.spec.roles.values() if r.usdt}
+    roles = {r.usdt: r.role for r in plan.spec.entries if r.usdt}
     lines = [f"  usdt probes: {len(probes)}"]
     for p in probes:
         sema = f"semaphore 0x{p.semaphore:x}" if p.semaphore else "no semaphore"

@@ -414,7 +414,21 @@ def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:
         cfg.count = _arg_loc(site.count_loc)
     elif role.initial_count is not None and role.initial_count.constant is not None:
         cfg.fixed_count = int(role.initial_count.constant)
+    _semantics(cfg, site)
     return cfg
+
+
+def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
+    """The spec's per-role behaviour (README: spec reference) as probe flags."""
+    role = site.spec_role
+    cfg.flags = ((abi.PF_FREES_AT_ZERO if role.frees_at_zero else 0)
+                 | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
+                 | (abi.PF_OBJ_OUT if role.obj.out else 0))
+    if role.type_name is not None:
+        for i, offset in enumerate(role.type_name.deref):
+            cfg.type_deref[i] = offset + 1
+    if role.floating_flag is not None:
+        cfg.flag_offset, cfg.flag_mask = role.floating_flag
 
 
 def _arg_loc(loc: ArgLoc) -> abi.ArgLoc:

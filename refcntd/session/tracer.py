@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from refcntd.analysis import kept
 from refcntd.analysis.leaks import StackSource
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
@@ -52,9 +53,7 @@ def type_id(name: str) -> int:
 
 
 def _fixed_type_ids(plan: Plan) -> dict[str, int]:
-    names = {str(r.type_name.constant) for r in plan.spec.roles.values()
-             if r.type_name is not None and r.type_name.constant is not None}
-    return {name: type_id(name) for name in sorted(names)}
+    return {name: type_id(name) for name in sorted(plan.spec.constant_types())}
 
 
 def _fnv1a(data: bytes) -> int:
@@ -88,7 +87,7 @@ class Tracer:
             self.kernel.set_comm_filter(opts.comm_filter)
         if opts.history is not None:
             self.tracker.stub_names = frozenset(
-                f for role in plan.spec.roles.values() for f in role.functions)
+                f for role in plan.spec.entries for f in role.functions)
             if opts.history != ("all",):
                 self.kernel.set_history_types([type_id(n) for n in opts.history])
 
@@ -123,6 +122,7 @@ class Tracer:
         self.tracker.handle(ev)
 
     def _report(self, report: ProcessReport) -> None:
+        kept.set_aside(report, self.plan.spec.kept_by_library)
         self.reports.append(report)
         self._on_report(report)
 

@@ -34,17 +34,17 @@ def test_every_bundled_spec_loads(path):
 
 def test_default_spec_reads_the_perf_stub_arguments():
     spec = load_spec("perf-stubs")
-    init = spec.roles["init"]
+    (init,) = spec.roles["init"]
     assert (init.obj.arg, init.type_name.arg, init.initial_count.arg) == (3, 4, 2)
-    assert spec.roles["get"].obj.arg == 2 and spec.roles["delete"].obj.arg == 1
+    assert spec.roles["get"][0].obj.arg == 2 and spec.roles["delete"][0].obj.arg == 1
 
 
 def test_library_api_with_constructor_and_fixed_type(tmp_path):
     spec = load_spec(write(tmp_path, VALID))
-    init = spec.roles["init"]
+    (init,) = spec.roles["init"]
     assert init.obj.is_return and init.type_name.constant == "foo"
     assert init.initial_count.constant == 1
-    assert spec.roles["put"].functions == ("foo_unref", "foo_release")
+    assert spec.roles["put"][0].functions == ("foo_unref", "foo_release")
     assert not spec.has_delete
 
 
