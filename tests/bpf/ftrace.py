@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 TRACEFS = Path("/sys/kernel/tracing")
 LINE = re.compile(r"-(?P<pid>\d+) +\[\d+\].*? (?P<event>\w+): \(0x[0-9a-f]+\) "
