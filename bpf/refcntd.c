@@ -483,6 +483,8 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr == 0)  /* foo_free(NULL): a no-op in the APIs refcntd traces */
+		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET, ST_UNKNOWN_GET);
@@ -509,6 +511,8 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr == 0)
+		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		if (absorbed_put(&key))
@@ -535,6 +539,8 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr == 0)
+		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		missing_object(ctx, cfg, &key, AN_DOUBLE_DELETE, AN_UNKNOWN_DELETE,

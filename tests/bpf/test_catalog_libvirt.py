@@ -8,7 +8,7 @@ object libvirt created and did not dispose, the driver's included).
 from __future__ import annotations
 
 import pytest
-from catalog import Outcome, assert_balanced, build, trace
+from catalog import Outcome, assert_balanced, assert_counts_whole, build, trace
 from ftrace import UprobeEvent, live_at_end, traced
 
 from refcntd.binary.elf import ElfImage
@@ -56,7 +56,7 @@ def test_leaked_handles_and_what_they_keep_alive(bpf, exe, tmp_path):
     for key, count in out.truth.items():  # the program's own handles, with their counts
         assert out.leaks[key] == count, (key, out.stderr)
     assert [a for a in out.anomalies if not a["separate"]] == []
-    assert out.report["tracing"]["complete"]
+    assert_counts_whole(out)
 
 
 def test_double_free_is_rejected_by_libvirt_before_any_unref(bpf, exe, tmp_path):
