@@ -357,10 +357,33 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 		return;
 	count_stat(unknown_stat);
 	__u32 one = 1;
-	if (unknown_seen.lookup(key))
+	if ((cfg->flags & PF_QUIET_UNKNOWN) || unknown_seen.lookup(key))
 		return;
 	unknown_seen.update(key, &one);
 	report_anomaly(ctx, cfg, unknown, key, 0, 0);
+}
+
+/* A library's static objects (a count of -1 that its ref/unref leave alone):
+ * operations on them are not counted (PF_STATIC_IF). */
+static __always_inline int is_static(struct probe_cfg *cfg, __u64 addr)
+{
+	__s32 value = 0;
+	if (!(cfg->flags & PF_STATIC_IF) ||
+	    bpf_probe_read_user(&value, sizeof(value), (void *)(addr + cfg->static_offset)) != 0 ||
+	    value != cfg->static_value)
+		return 0;
+	count_stat(ST_STATIC_SKIPPED);
+	return 1;
+}
+
+/* The put whose delete already fired inside it (PF_DELETE_IN_PUT). */
+static __always_inline int absorbed_put(struct obj_key *key)
+{
+	__u32 *tid = put_due.lookup(key);
+	if (!tid || *tid != (__u32)bpf_get_current_pid_tgid())
+		return 0;
+	put_due.delete(key);
+	return 1;
 }
 
 /* The type-name pointer: an argument, or loaded from a class structure it
@@ -449,7 +472,7 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	if (init_args(ctx, cfg, &args) != 0)
 		return 0;
 	struct obj_key key = {.tgid = tgid, .addr = init_object(ctx, cfg, &args)};
-	if (key.addr == 0)
+	if (key.addr == 0 || is_static(cfg, key.addr))
 		return 0;
 	put_due.delete(&key);
 	struct obj_val val = {};
@@ -483,7 +506,7 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
-	if (key.addr == 0)  /* foo_free(NULL): a no-op in the APIs refcntd traces */
+	if (key.addr == 0 || is_static(cfg, key.addr))  /* foo_free(NULL): a no-op */
 		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
@@ -497,21 +520,11 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
-/* The put whose delete already fired inside it (PF_DELETE_IN_PUT). */
-static __always_inline int absorbed_put(struct obj_key *key)
-{
-	__u32 *tid = put_due.lookup(key);
-	if (!tid || *tid != (__u32)bpf_get_current_pid_tgid())
-		return 0;
-	put_due.delete(key);
-	return 1;
-}
-
 static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
-	if (key.addr == 0)
+	if (key.addr == 0 || is_static(cfg, key.addr))
 		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {

@@ -28,6 +28,8 @@ enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 #define PF_FREES_AT_ZERO 1  /* put: the put to 0 ends life even when the spec has a delete */
 #define PF_DELETE_IN_PUT 2  /* delete: fires inside the last put, before that put's probe */
 #define PF_OBJ_OUT 4        /* init return probe: the object is *(pointer saved at entry) */
+#define PF_STATIC_IF 8      /* not an operation on objects whose int at static_offset is static_value */
+#define PF_QUIET_UNKNOWN 16 /* never-seen objects are counted, not reported one by one */
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
@@ -49,6 +51,7 @@ enum refcntd_stat {
 	ST_HISTORY_MAP_FULL,    /* loss: objects without a get/put history: history map full */
 	ST_SITES_MAP_FULL,      /* loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline) */
 	ST_FLOATING_SUNK,       /* note: floating references sunk (ref_sink on a floating object: no count change) */
+	ST_STATIC_SKIPPED,      /* note: operations on the library's static objects, not counted (spec: static_if) */
 	ST_COUNT
 };
 
@@ -97,6 +100,8 @@ struct probe_cfg {
 	__u32 type_deref[2];   /* N > 0: the type name is the pointer at (value + N - 1), in turn */
 	__u32 flag_offset;     /* sink: the floating flag is at object + flag_offset */
 	__u32 flag_mask;       /* sink: ... under this mask (0: no sink) */
+	__u32 static_offset;   /* PF_STATIC_IF: a library's static objects (count -1 ...) */
+	__s32 static_value;
 };
 
 #ifndef HISTORY_DEPTH

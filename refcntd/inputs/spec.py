@@ -9,7 +9,7 @@ drop objects through several functions with different signatures.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from refcntd.errors import UsageError
@@ -22,6 +22,7 @@ MAX_ARG = 6  # x86-64 SysV passes the first six integer arguments in registers
 MAX_SDT_ARG = 12  # sys/sdt.h supports up to 12 probe arguments
 MAX_DEREF = 2  # pointer loads the kernel side follows to a type name
 INSIDE_LAST_PUT = ("before", "after")
+UNKNOWN_OBJECTS = ("report", "count")  # operations on never-seen objects: each shown, or counted
 
 _ARG_RE = re.compile(r"^arg([1-9][0-9]*)$")
 
@@ -71,6 +72,8 @@ class RoleSpec:
     frees_at_zero: bool = False  # put: the put to 0 ends life even with a delete role
     inside_last_put: str | None = None  # delete: "before" / "after" the last put's own probe
     floating_flag: tuple[int, int] | None = None  # sink: (offset in the object, bit mask)
+    static_if: tuple[int, int] | None = None  # (offset, value): the library's static objects
+    quiet_unknown: bool = False  # the spec's unknown_objects: count
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Spec:
     description: str
     roles: dict[str, tuple[RoleSpec, ...]]
     kept_by_library: tuple[KeptRule, ...] = ()
+    unknown_objects: str = "report"  # "count": objects the library makes internally
 
     @property
     def has_delete(self) -> bool:
@@ -128,7 +132,7 @@ def load_spec(name_or_file: str = "perf-stubs") -> Spec:
 
 def parse_spec(root: YNode) -> Spec:
     top = root.mapping({"version", "name", "description", "library", "roles", "draft",
-                        "kept_by_library"}, {"version", "name", "roles"})
+                        "kept_by_library", "unknown_objects"}, {"version", "name", "roles"})
     top["version"].integer(1, 1)
     if "draft" in top and top["draft"].boolean():
         raise top["draft"].fail("this spec is a draft proposed by `refcntd spec draft`: "
@@ -139,7 +143,13 @@ def parse_spec(root: YNode) -> Spec:
     description = _optional_string(top.get("description")) or ""
     kept = tuple(_kept_rule(item) for item in top["kept_by_library"].items()) \
         if "kept_by_library" in top else ()
-    return Spec(top["name"].string(), root.path, description, roles, kept)
+    unknown = top["unknown_objects"].string() if "unknown_objects" in top else "report"
+    if unknown not in UNKNOWN_OBJECTS:
+        raise top["unknown_objects"].fail(f"expected one of {', '.join(UNKNOWN_OBJECTS)}")
+    if unknown == "count":
+        roles = {name: tuple(replace(e, quiet_unknown=True) for e in group)
+                 for name, group in roles.items()}
+    return Spec(top["name"].string(), root.path, description, roles, kept, unknown)
 
 
 def _kept_rule(node: YNode) -> KeptRule:
@@ -168,7 +178,7 @@ def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpe
 
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
-    allowed = {"functions", "usdt", "library", "object"}
+    allowed = {"functions", "usdt", "library", "object", "static_if"}
     extra = {"init": {"type", "initial_count"}, "put": {"frees_at_zero"},
              "delete": {"inside_last_put"}, "sink": {"floating_flag"}}
     required = {"object"} | ({"type"} if role == "init" else set())
@@ -195,7 +205,8 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     frees_at_zero=fields["frees_at_zero"].boolean()
                     if "frees_at_zero" in fields else False,
                     inside_last_put=_inside_last_put(fields.get("inside_last_put")),
-                    floating_flag=_floating_flag(fields.get("floating_flag")))
+                    floating_flag=_floating_flag(fields.get("floating_flag")),
+                    static_if=_static_if(fields.get("static_if")))
 
 
 def _inside_last_put(node: YNode | None) -> str | None:
@@ -214,6 +225,15 @@ def _floating_flag(node: YNode | None) -> tuple[int, int] | None:
     fields = node.mapping({"offset", "mask"}, {"offset", "mask"})
     mask = fields["mask"].integer(1, (1 << 32) - 1)
     return fields["offset"].integer(0, 4096), mask
+
+
+def _static_if(node: YNode | None) -> tuple[int, int] | None:
+    """{offset: N, value: V}: objects whose int at offset N is V are the library's
+    static ones (cairo's nil and solid objects have a count of -1): not counted."""
+    if node is None:
+        return None
+    fields = node.mapping({"offset", "value"}, {"offset", "value"})
+    return fields["offset"].integer(0, 4096), fields["value"].integer(-(1 << 31), (1 << 31) - 1)
 
 
 def _parse_target(node: YNode, fields: dict[str, YNode]) -> tuple[tuple[str, ...], str | None]:

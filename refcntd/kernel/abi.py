@@ -19,6 +19,8 @@ FNV_PRIME = 16777619
 PF_FREES_AT_ZERO = 1
 PF_DELETE_IN_PUT = 2
 PF_OBJ_OUT = 4
+PF_STATIC_IF = 8
+PF_QUIET_UNKNOWN = 16
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
 PROC_IGNORED = 1
@@ -58,6 +60,7 @@ class Stat(IntEnum):
     HISTORY_MAP_FULL = 15
     SITES_MAP_FULL = 16
     FLOATING_SUNK = 17
+    STATIC_SKIPPED = 18
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -79,6 +82,7 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.HISTORY_MAP_FULL: 'loss: objects without a get/put history: history map full',
     Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
     Stat.FLOATING_SUNK: 'note: floating references sunk (ref_sink on a floating object: no count change)',
+    Stat.STATIC_SKIPPED: "note: operations on the library's static objects, not counted (spec: static_if)",
 }
 
 
@@ -157,6 +161,8 @@ class ProbeCfg(C.Structure):
         ("type_deref", (C.c_uint32 * 2)),
         ("flag_offset", C.c_uint32),
         ("flag_mask", C.c_uint32),
+        ("static_offset", C.c_uint32),
+        ("static_value", C.c_int32),
     ]
 
 

@@ -423,12 +423,16 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
     role = site.spec_role
     cfg.flags = ((abi.PF_FREES_AT_ZERO if role.frees_at_zero else 0)
                  | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
-                 | (abi.PF_OBJ_OUT if role.obj.out else 0))
+                 | (abi.PF_OBJ_OUT if role.obj.out else 0)
+                 | (abi.PF_STATIC_IF if role.static_if else 0)
+                 | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0))
     if role.type_name is not None:
         for i, offset in enumerate(role.type_name.deref):
             cfg.type_deref[i] = offset + 1
     if role.floating_flag is not None:
         cfg.flag_offset, cfg.flag_mask = role.floating_flag
+    if role.static_if is not None:
+        cfg.static_offset, cfg.static_value = role.static_if
 
 
 def _arg_loc(loc: ArgLoc) -> abi.ArgLoc:
