@@ -37,6 +37,13 @@ BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
 /* Objects whose delete fired inside their last put, before its probe: that
  * put (by this thread id) is already counted. */
 BPF_TABLE("lru_hash", struct obj_key, __u32, put_due, MAX_PROCS);
+/* Threads inside a constructor whose return probe has not fired yet, and the
+ * references taken and dropped on not-yet-returned objects meanwhile (an
+ * instance_init that refs itself): added to the count when it returns. */
+BPF_HASH(ctor_depth, __u32, __u32, MAX_PROCS);
+BPF_TABLE("lru_hash", struct obj_key, __s64, early_ops, MAX_PROCS);
+/* Objects the library flags as expected to outlive it: no longer counted. */
+BPF_TABLE("lru_hash", struct obj_key, __u32, may_leak, MAX_GRAVES);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
 #if HISTORY
 BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F_NO_PREALLOC);
@@ -341,6 +348,21 @@ static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg
 		count_stat(ST_EVENT_LOST);
 }
 
+/* An operation on an object not in `objs` while this thread is inside a
+ * constructor: most likely the object being built; kept for its init. */
+static __always_inline int early_op(struct obj_key *key, __s64 delta)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 *depth = ctor_depth.lookup(&tid);
+	if (!depth || !*depth)
+		return 0;
+	__s64 zero = 0;
+	__s64 *ops = early_ops.lookup_or_try_init(key, &zero);
+	if (ops)
+		__sync_fetch_and_add(ops, delta);
+	return 1;
+}
+
 /* An operation on an object not in `objs`: after its delete, or never seen
  * (each never-seen object is reported once; all are counted). */
 static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg *cfg,
@@ -352,6 +374,8 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 		report_anomaly(ctx, cfg, after_delete, key, 0, g);
 		return;
 	}
+	if (may_leak.lookup(key))
+		return;
 	struct proc_val *proc = procs.lookup(&key->tgid);
 	if ((FILTERED && !proc) || (proc && (proc->flags & PROC_IGNORED)))
 		return;
@@ -373,6 +397,21 @@ static __always_inline int is_static(struct probe_cfg *cfg, __u64 addr)
 	    value != cfg->static_value)
 		return 0;
 	count_stat(ST_STATIC_SKIPPED);
+	return 1;
+}
+
+/* The library's own "may be leaked" flag is set on `o`: stop counting it,
+ * and let later operations on it pass (PF_MAY_LEAK_FLAG). */
+static __always_inline int set_aside(struct probe_cfg *cfg, struct obj_key *key)
+{
+	__u32 word = 0, one = 1;
+	if (!(cfg->flags & PF_MAY_LEAK_FLAG) ||
+	    bpf_probe_read_user(&word, sizeof(word), (void *)(key->addr + cfg->kept_offset)) != 0 ||
+	    !(word & cfg->kept_mask))
+		return 0;
+	objs.delete(key);
+	may_leak.update(key, &one);
+	count_stat(ST_MAY_BE_LEAKED);
 	return 1;
 }
 
@@ -445,7 +484,12 @@ static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (FILTERED && !procs.lookup(&tgid))
 		return 0;
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)bpf_get_current_pid_tgid(), one = 1;
+	__u32 *depth = ctor_depth.lookup(&tid);
+	if (depth)
+		__sync_fetch_and_add(depth, 1);
+	else
+		ctor_depth.update(&tid, &one);
 	struct init_args args = {};
 	args.type_ptr = type_pointer(ctx, cfg);
 	args.count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : 0;
@@ -455,9 +499,22 @@ static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *
 	return 0;
 }
 
+/* A constructor returned: this thread is one level less inside constructors. */
+static __always_inline void ctor_returned(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 *depth = ctor_depth.lookup(&tid);
+	if (depth && *depth > 1)
+		__sync_fetch_and_add(depth, -1);
+	else if (depth)
+		ctor_depth.delete(&tid);
+}
+
 static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (cfg->is_return)
+		ctor_returned();
 	struct proc_val *proc = procs.lookup(&tgid);
 	if (!proc) {
 		if (FILTERED)
@@ -475,8 +532,14 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	if (key.addr == 0 || is_static(cfg, key.addr))
 		return 0;
 	put_due.delete(&key);
+	may_leak.delete(&key);
 	struct obj_val val = {};
 	val.count = args.count;
+	__s64 *early = early_ops.lookup(&key);
+	if (early) {
+		val.count += *early;
+		early_ops.delete(&key);
+	}
 	val.type_id = cfg->fixed_type;
 	if (cfg->type.kind) {
 		val.type_id = intern_type(args.type_ptr);
@@ -510,9 +573,13 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET, ST_UNKNOWN_GET);
+		if (!early_op(&key, 1))
+			missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET,
+				       ST_UNKNOWN_GET);
 		return 0;
 	}
+	if (set_aside(cfg, &key))
+		return 0;
 	__s64 before = __sync_fetch_and_add(&o->count, 1);
 	__sync_fetch_and_add(&o->gets, 1);
 	if (HISTORY)
@@ -530,9 +597,13 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 	if (!o) {
 		if (absorbed_put(&key))
 			return 0;
-		missing_object(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT, ST_UNKNOWN_PUT);
+		if (!early_op(&key, -1))
+			missing_object(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
+				       ST_UNKNOWN_PUT);
 		return 0;
 	}
+	if (set_aside(cfg, &key))
+		return 0;
 	__sync_fetch_and_add(&o->puts, 1);
 	__s64 before = __sync_fetch_and_add(&o->count, -1);
 	if (HISTORY)
@@ -593,6 +664,17 @@ static __always_inline int do_sink(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return do_get(ctx, cfg);
 }
 
+/* A function that changes no count (it calls a probed get/put itself) but
+ * is where the library's "may be leaked" flag can be read. */
+static __always_inline int do_check(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr && objs.lookup(&key))
+		set_aside(cfg, &key);
+	return 0;
+}
+
 /* One program for every entry and return probe; the bpf cookie is the probe's
  * index in probe_cfgs, which says the role and where its arguments are. */
 int on_probe(struct pt_regs *ctx)
@@ -608,6 +690,7 @@ int on_probe(struct pt_regs *ctx)
 	case ROLE_DELETE: return do_delete(ctx, cfg);
 	case ROLE_INIT_ENTRY: return do_init_entry(ctx, cfg);
 	case ROLE_SINK: return do_sink(ctx, cfg);
+	case ROLE_CHECK: return do_check(ctx, cfg);
 	}
 	return 0;
 }

@@ -208,13 +208,15 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
                                 file_offset, choice.cost, why_prefix + choice.reason,
                                 caller_sp, role.obj.at_return, role,
                                 **function_locations(role)))
-    if role.obj.at_return and needed_args(role):
+    if role.obj.at_return and role.role == "init":  # also marks the thread as constructing
         _plan_argument_saver(plan, role, image, module, sym, code)
 
 
 def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
                          sym: Symbol, code: bytes) -> None:
-    """An entry probe that saves a constructor's type/count/out-pointer arguments."""
+    """A constructor's entry probe: saves its type/count/out-pointer arguments, and
+    marks the thread as inside a constructor, so references its instance init
+    takes on the object before it returns are added to the object's count."""
     choice = probepoint.choose(code, needed_args(role))
     if isinstance(choice, probepoint.Refusal):
         plan.problems.append(f"{role.role}: {sym.name} in {module}: its arguments cannot be "

@@ -16,7 +16,7 @@ from refcntd.errors import UsageError
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 from refcntd.paths import SPEC_DIR
 
-ROLES = ("init", "get", "put", "delete", "sink")
+ROLES = ("init", "get", "put", "delete", "sink", "check")
 REQUIRED_ROLES = {"init", "get", "put"}
 MAX_ARG = 6  # x86-64 SysV passes the first six integer arguments in registers
 MAX_SDT_ARG = 12  # sys/sdt.h supports up to 12 probe arguments
@@ -74,6 +74,7 @@ class RoleSpec:
     floating_flag: tuple[int, int] | None = None  # sink: (offset in the object, bit mask)
     static_if: tuple[int, int] | None = None  # (offset, value): the library's static objects
     quiet_unknown: bool = False  # the spec's unknown_objects: count
+    may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,7 @@ def parse_spec(root: YNode) -> Spec:
     description = _optional_string(top.get("description")) or ""
     kept = tuple(_kept_rule(item) for item in top["kept_by_library"].items()) \
         if "kept_by_library" in top else ()
-    unknown = top["unknown_objects"].string() if "unknown_objects" in top else "report"
-    if unknown not in UNKNOWN_OBJECTS:
-        raise top["unknown_objects"].fail(f"expected one of {', '.join(UNKNOWN_OBJECTS)}")
+    unknown = _unknown_objects(top.get("unknown_objects")) or "report"
     if unknown == "count":
         roles = {name: tuple(replace(e, quiet_unknown=True) for e in group)
                  for name, group in roles.items()}
@@ -178,11 +177,13 @@ def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpe
 
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
-    allowed = {"functions", "usdt", "library", "object", "static_if"}
-    extra = {"init": {"type", "initial_count"}, "put": {"frees_at_zero"},
-             "delete": {"inside_last_put"}, "sink": {"floating_flag"}}
+    allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
+    extra = {"init": {"type", "initial_count"}, "get": {"may_be_leaked"},
+             "put": {"frees_at_zero", "may_be_leaked"}, "delete": {"inside_last_put"},
+             "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
     required = {"object"} | ({"type"} if role == "init" else set())
     required |= {"floating_flag"} if role == "sink" else set()
+    required |= {"may_be_leaked"} if role == "check" else set()
     return allowed | extra.get(role, set()), required
 
 
@@ -191,7 +192,7 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
     fields = node.mapping(allowed, required)
     functions, usdt = _parse_target(node, fields)
     limit = MAX_SDT_ARG if usdt else MAX_ARG
-    allow_return = role in ("init", "get") and usdt is None
+    allow_return = role in ("init", "get", "check") and usdt is None
     obj = _parse_source(fields["object"], allow_return, allow_const=False, max_arg=limit)
     library = _optional_string(fields.get("library")) if "library" in fields else default_library
     type_name = initial = None
@@ -205,8 +206,10 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     frees_at_zero=fields["frees_at_zero"].boolean()
                     if "frees_at_zero" in fields else False,
                     inside_last_put=_inside_last_put(fields.get("inside_last_put")),
-                    floating_flag=_floating_flag(fields.get("floating_flag")),
-                    static_if=_static_if(fields.get("static_if")))
+                    floating_flag=_bit_flag(fields.get("floating_flag")),
+                    may_be_leaked=_bit_flag(fields.get("may_be_leaked")),
+                    static_if=_static_if(fields.get("static_if")),
+                    quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
 
 
 def _inside_last_put(node: YNode | None) -> str | None:
@@ -218,13 +221,24 @@ def _inside_last_put(node: YNode | None) -> str | None:
     return value
 
 
-def _floating_flag(node: YNode | None) -> tuple[int, int] | None:
-    """Where the library keeps an object's floating bit: {offset: N, mask: M}."""
+def _bit_flag(node: YNode | None) -> tuple[int, int] | None:
+    """Where the library keeps a bit of an object (floating, may be leaked):
+    {offset: N, mask: M}, a 32-bit word at object + N."""
     if node is None:
         return None
     fields = node.mapping({"offset", "mask"}, {"offset", "mask"})
     mask = fields["mask"].integer(1, (1 << 32) - 1)
     return fields["offset"].integer(0, 4096), mask
+
+
+def _unknown_objects(node: YNode | None) -> str | None:
+    """Operations on objects never seen created: each reported (once), or only counted."""
+    if node is None:
+        return None
+    value = node.string()
+    if value not in UNKNOWN_OBJECTS:
+        raise node.fail(f"expected one of {', '.join(UNKNOWN_OBJECTS)}, got {value!r}")
+    return value
 
 
 def _static_if(node: YNode | None) -> tuple[int, int] | None:

@@ -21,6 +21,7 @@ PF_DELETE_IN_PUT = 2
 PF_OBJ_OUT = 4
 PF_STATIC_IF = 8
 PF_QUIET_UNKNOWN = 16
+PF_MAY_LEAK_FLAG = 32
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
 PROC_IGNORED = 1
@@ -33,11 +34,13 @@ class Role(IntEnum):
     DELETE = 3
     INIT_ENTRY = 4
     SINK = 5
+    CHECK = 6
 
 
 ROLE_TEXT: dict[Role, str] = {
     Role.INIT_ENTRY: "saves a constructor's arguments for its return probe",
     Role.SINK: "ref_sink: a get unless the object's floating flag is set",
+    Role.CHECK: 'changes no count: reads the object\'s "may be leaked" flag',
 }
 
 
@@ -61,6 +64,7 @@ class Stat(IntEnum):
     SITES_MAP_FULL = 16
     FLOATING_SUNK = 17
     STATIC_SKIPPED = 18
+    MAY_BE_LEAKED = 19
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -83,6 +87,7 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
     Stat.FLOATING_SUNK: 'note: floating references sunk (ref_sink on a floating object: no count change)',
     Stat.STATIC_SKIPPED: "note: operations on the library's static objects, not counted (spec: static_if)",
+    Stat.MAY_BE_LEAKED: 'note: objects the library flags "may be leaked", set aside (spec: may_be_leaked)',
 }
 
 
@@ -163,6 +168,8 @@ class ProbeCfg(C.Structure):
         ("flag_mask", C.c_uint32),
         ("static_offset", C.c_uint32),
         ("static_value", C.c_int32),
+        ("kept_offset", C.c_uint32),
+        ("kept_mask", C.c_uint32),
     ]
 
 

@@ -425,7 +425,8 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
                  | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
                  | (abi.PF_OBJ_OUT if role.obj.out else 0)
                  | (abi.PF_STATIC_IF if role.static_if else 0)
-                 | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0))
+                 | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0)
+                 | (abi.PF_MAY_LEAK_FLAG if role.may_be_leaked else 0))
     if role.type_name is not None:
         for i, offset in enumerate(role.type_name.deref):
             cfg.type_deref[i] = offset + 1
@@ -433,6 +434,8 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
         cfg.flag_offset, cfg.flag_mask = role.floating_flag
     if role.static_if is not None:
         cfg.static_offset, cfg.static_value = role.static_if
+    if role.may_be_leaked is not None:
+        cfg.kept_offset, cfg.kept_mask = role.may_be_leaked
 
 
 def _arg_loc(loc: ArgLoc) -> abi.ArgLoc:
