@@ -97,6 +97,8 @@ class Spec:
     roles: dict[str, tuple[RoleSpec, ...]]
     kept_by_library: tuple[KeptRule, ...] = ()
     unknown_objects: str = "report"  # "count": objects the library makes internally
+    draft: bool = False  # proposed by `refcntd spec draft`, not confirmed yet
+    unplaced: tuple[str, ...] = ()  # what the draft could not place
 
     @property
     def has_delete(self) -> bool:
@@ -126,18 +128,24 @@ def resolve_spec_path(name_or_file: str) -> Path:
     return bundled
 
 
-def load_spec(name_or_file: str = "perf-stubs") -> Spec:
+def load_spec(name_or_file: str = "perf-stubs", allow_draft: bool = False) -> Spec:
+    """`allow_draft`: only `check` reads a draft, to explain it."""
     path = resolve_spec_path(name_or_file)
-    return parse_spec(load_yaml(path))
+    return parse_spec(load_yaml(path), allow_draft)
 
 
-def parse_spec(root: YNode) -> Spec:
+def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
     top = root.mapping({"version", "name", "description", "library", "roles", "draft",
-                        "kept_by_library", "unknown_objects"}, {"version", "name", "roles"})
+                        "unplaced", "kept_by_library", "unknown_objects"},
+                       {"version", "name", "roles"})
     top["version"].integer(1, 1)
-    if "draft" in top and top["draft"].boolean():
-        raise top["draft"].fail("this spec is a draft proposed by `refcntd spec draft`: "
-                                "check each role against the library, then delete this line")
+    draft = "draft" in top and top["draft"].boolean()
+    if draft and not allow_draft:
+        raise top["draft"].fail("a draft from `refcntd spec draft`: confirm each role "
+                                "(`refcntd check` explains it), then delete this line")
+    if "unplaced" in top and not draft:
+        raise top["unplaced"].fail("only a draft lists what it could not place")
+    unplaced = tuple(i.string() for i in top["unplaced"].items()) if "unplaced" in top else ()
     library = _optional_string(top.get("library"))
     roles_node = top["roles"].mapping(set(ROLES), REQUIRED_ROLES)
     roles = {name: _parse_entries(name, node, library) for name, node in roles_node.items()}
@@ -148,7 +156,8 @@ def parse_spec(root: YNode) -> Spec:
     if unknown == "count":
         roles = {name: tuple(replace(e, quiet_unknown=True) for e in group)
                  for name, group in roles.items()}
-    return Spec(top["name"].string(), root.path, description, roles, kept, unknown)
+    return Spec(top["name"].string(), root.path, description, roles, kept, unknown, draft,
+                unplaced)
 
 
 def _kept_rule(node: YNode) -> KeptRule:
