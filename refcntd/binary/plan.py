@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from refcntd.binary import dwarfinfo, probepoint, sdt
+from refcntd.binary import dwarfinfo, probepoint, sdt, specchecks
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -157,6 +157,9 @@ def build_plan(spec: Spec, binary: str) -> Plan:
             _plan_usdt(plan, role, images[module], module)
         else:
             _plan_role(plan, role, images[module], module)
+    libraries = {role.library or "": (resolve_library(role.library, main) if role.library
+                                       else str(main.path.resolve())) for role in spec.entries}
+    plan.problems += specchecks.double_counts(spec, libraries, images)
     plan.loader = find_loader_probe(main)
     if plan.loader is None:
         plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "

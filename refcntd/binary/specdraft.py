@@ -59,7 +59,7 @@ class Draft:
 def propose(path: str) -> Draft:
     image = ElfImage(path)
     names = {n for n, syms in image.symbols.items() if any(s.table == ".dynsym" for s in syms)}
-    calls = _CallGraph(image)
+    calls = CallGraph(image)
     types, unplaced = [], []
     for stem, get, put in _pairs(names):
         prop = TypeProposal(stem, get, put)
@@ -117,7 +117,7 @@ def _usdt(image: ElfImage, unplaced: list[str]) -> list[UsdtProposal]:
     return out
 
 
-class _CallGraph:
+class CallGraph:
     """Direct call/jmp targets of exported functions, PLT stubs resolved to names."""
 
     def __init__(self, image: ElfImage) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, refcntd
 
-from refcntd.binary.plan import resolve_library
+from refcntd.binary.plan import build_plan, resolve_library
 from refcntd.binary.specdraft import propose, render
 from refcntd.errors import ConfigError
 from refcntd.inputs.spec import load_spec
@@ -67,3 +67,39 @@ def test_cli_draft_then_check_lists_what_it_could_not_place(tmp_path):
     assert "a DRAFT" in result.stdout
     assert_one_line_error(refcntd(["run", "--spec", str(out), "--", "/bin/true"]), "draft")
     assert_one_line_error(refcntd(["spec", "draft", "--library", str(Path(tmp_path))]))
+
+
+DOUBLE = """\
+version: 1
+name: double
+library: libglib-2.0.so.0
+roles:
+  init:
+    - {functions: [g_variant_new_int32, g_variant_new_from_bytes], object: return,
+       type: {name: GVariant}}
+    - {functions: [g_hash_table_new, g_hash_table_new_full], object: return,
+       type: {name: GHashTable}}
+  get: {functions: [g_variant_ref], object: arg1}
+  put: {functions: [g_variant_unref], object: arg1}
+  sink: {functions: [g_variant_ref_sink], object: arg1, floating_flag: {offset: 32, mask: 8}}
+"""
+
+
+def test_check_finds_what_would_count_twice(tmp_path):
+    """g_variant_new_int32 calls g_variant_new_from_bytes, g_hash_table_new jumps
+    to g_hash_table_new_full (tail call), g_variant_ref_sink calls g_variant_ref."""
+    spec = tmp_path / "double.yaml"
+    spec.write_text(DOUBLE)
+    problems = build_plan(load_spec(str(spec)), "/bin/true").problems
+    assert sorted(problems) == [
+        "init: g_hash_table_new hands over to g_hash_table_new_full, both listed: each "
+        "object would be created twice; keep g_hash_table_new_full only",
+        "init: g_variant_new_int32 hands over to g_variant_new_from_bytes, both listed: each "
+        "object would be created twice; keep g_variant_new_from_bytes only",
+        "sink: g_variant_ref_sink calls g_variant_ref itself, which the get role already "
+        "counts: drop the sink role for it"]
+
+
+@pytest.mark.parametrize("spec", ["gobject", "glib", "gstreamer", "openssl", "cairo"])
+def test_bundled_specs_count_nothing_twice(spec):
+    assert build_plan(load_spec(spec), "/bin/true").problems == []
