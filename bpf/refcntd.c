@@ -19,6 +19,7 @@
 #include "refcntd.h"
 
 BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
+BPF_PERCPU_ARRAY(probe_hits, __u64, MAX_PROBES);  /* roles that never fire are reported */
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
 BPF_HASH(comm_allow, struct comm_key, __u32, 64);
@@ -683,6 +684,9 @@ int on_probe(struct pt_regs *ctx)
 	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
 	if (!cfg)
 		return 0;
+	__u64 *hits = probe_hits.lookup(&index);
+	if (hits)
+		*hits += 1;
 	switch (cfg->role) {
 	case ROLE_INIT: return do_init(ctx, cfg);
 	case ROLE_GET: return do_get(ctx, cfg);

@@ -119,6 +119,7 @@ class ProbeStatus:
     reason: str
     installed: bool
     error: str = ""
+    hits: int = -1  # times it fired; -1: not known
 
 
 @dataclass

@@ -245,6 +245,11 @@ class Kernel:
             raise err
 
     # ---- maps ------------------------------------------------------------
+    def probe_hits(self) -> list[int]:
+        """How often each planned probe fired, in plan order."""
+        table = self.bpf["probe_hits"]
+        return [sum(table[ctypes.c_int(i)]) for i in range(len(self.sites))]
+
     def stats(self) -> dict[Stat, int]:
         table = self.bpf["stats"]
         return {s: sum(table[ctypes.c_int(s.value)]) for s in Stat}

@@ -138,9 +138,10 @@ class Tracer:
 
     def tracing_status(self) -> TracingStatus:
         failed = dict(_split_failure(f) for f in self.kernel.failed_probes)
+        hits = self.kernel.probe_hits()
         probes = [ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, s.reason,
-                              _site_key(s) not in failed, failed.get(_site_key(s), ""))
-                  for s in self.plan.sites]
+                              _site_key(s) not in failed, failed.get(_site_key(s), ""), n)
+                  for s, n in zip(self.plan.sites, hits)]
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         if self.kernel.stacks_freed_early:
@@ -150,7 +151,19 @@ class Tracer:
         if unseen:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
+        notes += silent_roles(self.plan, hits)
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
+
+
+def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
+    """Spec entries none of whose probes fired: wrong functions, or callers that
+    bypass them (inlined, a private alias) - or a run that never needed them."""
+    fired: dict[int, int] = {}
+    for site, n in zip(plan.sites, hits):
+        fired[id(site.spec_role)] = fired.get(id(site.spec_role), 0) + n
+    return [f"{entry.role} role never fired in this run: "
+            f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
+            for entry in plan.spec.entries if fired.get(id(entry)) == 0]
 
 
 def _site_key(site: object) -> str:

@@ -30,3 +30,11 @@ def test_leaks_are_exact(bpf, exe, tmp_path, spec):
 @pytest.mark.parametrize("spec", ["gobject", "glib"])
 def test_real_double_unref_is_caught(bpf, exe, tmp_path, spec):
     assert_double_caught(trace(tmp_path, spec, [str(exe), spec, "double"]))
+
+
+def test_roles_that_never_fire_are_reported(bpf, exe, tmp_path):
+    """The glib spec on the GObject-only run: its GBytes and GVariant roles are idle."""
+    notes = trace(tmp_path, "glib", [str(exe), "gobject", "balanced"]).report["tracing"]["notes"]
+    silent = [n for n in notes if "never fired" in n]
+    assert any("g_bytes_new_with_free_func" in n for n in silent), notes
+    assert not any("g_hash_table_new_full" in n for n in silent), notes  # GLib's own tables

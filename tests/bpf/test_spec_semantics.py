@@ -33,7 +33,10 @@ def run(tmp_path, exe, variant: str) -> Outcome:
 def test_balanced(bpf, exe, tmp_path):
     out = run(tmp_path, exe, "balanced")
     assert_balanced(out)
-    assert any("floating references sunk" in n for n in out.report["tracing"]["notes"])
+    notes = out.report["tracing"]["notes"]
+    assert any("floating references sunk" in n for n in notes)
+    assert not [n for n in notes if "never fired" in n], notes
+    assert all(p["hits"] > 0 for p in out.report["tracing"]["probes"])
 
 
 def test_out_parameter_class_type_names_and_floating_sinks_are_exact(bpf, exe, tmp_path):
