@@ -19,6 +19,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.binary.plan import Plan
+from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
@@ -141,7 +142,7 @@ class Tracer:
         hits = self.kernel.probe_hits()
         probes = [ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, s.reason,
                               _site_key(s) not in failed, failed.get(_site_key(s), ""), n)
-                  for s, n in zip(self.plan.sites, hits)]
+                  for s, n in zip(self.plan.sites, hits, strict=True)]
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         if self.kernel.stacks_freed_early:
@@ -158,12 +159,14 @@ class Tracer:
 def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
     """Spec entries none of whose probes fired: wrong functions, or callers that
     bypass them (inlined, a private alias) - or a run that never needed them."""
-    fired: dict[int, int] = {}
-    for site, n in zip(plan.sites, hits):
-        fired[id(site.spec_role)] = fired.get(id(site.spec_role), 0) + n
+    def key(entry: RoleSpec) -> tuple[str, tuple[str, ...], str | None]:
+        return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
+    fired: dict[tuple[str, tuple[str, ...], str | None], int] = {}
+    for site, n in zip(plan.sites, hits, strict=True):
+        fired[key(site.spec_role)] = fired.get(key(site.spec_role), 0) + n
     return [f"{entry.role} role never fired in this run: "
             f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
-            for entry in plan.spec.entries if fired.get(id(entry)) == 0]
+            for entry in plan.spec.entries if fired.get(key(entry)) == 0]
 
 
 def _site_key(site: object) -> str:
