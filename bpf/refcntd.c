@@ -43,6 +43,9 @@ BPF_TABLE("lru_hash", struct obj_key, __u32, put_due, MAX_PROCS);
  * instance_init that refs itself): added to the count when it returns. */
 BPF_HASH(ctor_depth, __u32, __u32, MAX_PROCS);
 BPF_TABLE("lru_hash", struct obj_key, __s64, early_ops, MAX_PROCS);
+/* Per thread, the object its last put released: a get on it from the same
+ * thread (its dispose keeping it, PF_REVIVE) brings it back. */
+BPF_TABLE("lru_hash", __u32, struct obj_key, last_released, MAX_PROCS);
 /* Objects the library flags as expected to outlive it: no longer counted. */
 BPF_TABLE("lru_hash", struct obj_key, __u32, may_leak, MAX_GRAVES);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
@@ -566,6 +569,33 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
+/* A get inside the dispose of the object this thread's put just released:
+ * the library keeps it (a buffer going back to its pool).  Live again with
+ * the reference the get takes, its allocation remembered. */
+static __always_inline int revive(struct probe_cfg *cfg, struct obj_key *key)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct obj_key *last = last_released.lookup(&tid);
+	if (!(cfg->flags & PF_REVIVE) || !last || last->addr != key->addr ||
+	    last->tgid != key->tgid)
+		return 0;
+	struct grave_val *g = graveyard.lookup(key);
+	if (!g)
+		return 0;
+	struct obj_val val = {.count = 1, .gets = 1, .gen = g->gen, .type_id = g->type_id,
+			      .stack_id = g->stack_id, .raw_stack_id = g->raw_stack_id,
+			      .init_ns = g->init_ns, .caller_ip = g->caller_ip,
+			      .name_ptr = g->name_ptr};
+	last_released.delete(&tid);
+	if (objs.update(key, &val) != 0) {
+		count_stat(ST_OBJ_MAP_FULL);
+		return 1;
+	}
+	graveyard.delete(key);
+	count_stat(ST_REVIVED);
+	return 1;
+}
+
 static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
@@ -574,7 +604,7 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		if (!early_op(&key, 1))
+		if (!early_op(&key, 1) && !revive(cfg, &key))
 			missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET,
 				       ST_UNKNOWN_GET);
 		return 0;
@@ -615,8 +645,11 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 		report_anomaly(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
 			       before, &g);
 	}
-	if (before == 1 && (!HAS_DELETE || (cfg->flags & PF_FREES_AT_ZERO)))
+	if (before == 1 && (!HAS_DELETE || (cfg->flags & PF_FREES_AT_ZERO))) {
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
 		release(&key, o);
+		last_released.update(&tid, &key);
+	}
 	return 0;
 }
 

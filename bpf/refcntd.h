@@ -32,6 +32,7 @@ enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 #define PF_STATIC_IF 8      /* not an operation on objects whose int at static_offset is static_value */
 #define PF_QUIET_UNKNOWN 16 /* never-seen objects are counted, not reported one by one */
 #define PF_MAY_LEAK_FLAG 32 /* the library's "may be leaked" bit: at kept_offset under kept_mask */
+#define PF_REVIVE 64        /* get: revives the object this thread's last put released (dispose kept it) */
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
@@ -55,6 +56,7 @@ enum refcntd_stat {
 	ST_FLOATING_SUNK,       /* note: floating references sunk (ref_sink on a floating object: no count change) */
 	ST_STATIC_SKIPPED,      /* note: operations on the library's static objects, not counted (spec: static_if) */
 	ST_MAY_BE_LEAKED,       /* note: objects the library flags "may be leaked", set aside (spec: may_be_leaked) */
+	ST_REVIVED,             /* note: objects kept alive by their dispose after their last put (spec: revives) */
 	ST_COUNT
 };
 

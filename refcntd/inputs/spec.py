@@ -75,6 +75,7 @@ class RoleSpec:
     static_if: tuple[int, int] | None = None  # (offset, value): the library's static objects
     quiet_unknown: bool = False  # the spec's unknown_objects: count
     may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
+    revives: bool = False  # get: the object this thread's last put released comes back
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpe
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
     allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
-    extra = {"init": {"type", "initial_count"}, "get": {"may_be_leaked"},
+    extra = {"init": {"type", "initial_count"}, "get": {"may_be_leaked", "revives"},
              "put": {"frees_at_zero", "may_be_leaked"}, "delete": {"inside_last_put"},
              "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
     required = {"object"} | ({"type"} if role == "init" else set())
@@ -217,6 +218,7 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     inside_last_put=_inside_last_put(fields.get("inside_last_put")),
                     floating_flag=_bit_flag(fields.get("floating_flag")),
                     may_be_leaked=_bit_flag(fields.get("may_be_leaked")),
+                    revives=fields["revives"].boolean() if "revives" in fields else False,
                     static_if=_static_if(fields.get("static_if")),
                     quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
 

@@ -22,6 +22,7 @@ PF_OBJ_OUT = 4
 PF_STATIC_IF = 8
 PF_QUIET_UNKNOWN = 16
 PF_MAY_LEAK_FLAG = 32
+PF_REVIVE = 64
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
 PROC_IGNORED = 1
@@ -65,6 +66,7 @@ class Stat(IntEnum):
     FLOATING_SUNK = 17
     STATIC_SKIPPED = 18
     MAY_BE_LEAKED = 19
+    REVIVED = 20
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -88,6 +90,7 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.FLOATING_SUNK: 'note: floating references sunk (ref_sink on a floating object: no count change)',
     Stat.STATIC_SKIPPED: "note: operations on the library's static objects, not counted (spec: static_if)",
     Stat.MAY_BE_LEAKED: 'note: objects the library flags "may be leaked", set aside (spec: may_be_leaked)',
+    Stat.REVIVED: 'note: objects kept alive by their dispose after their last put (spec: revives)',
 }
 
 

@@ -431,7 +431,8 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
                  | (abi.PF_OBJ_OUT if role.obj.out else 0)
                  | (abi.PF_STATIC_IF if role.static_if else 0)
                  | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0)
-                 | (abi.PF_MAY_LEAK_FLAG if role.may_be_leaked else 0))
+                 | (abi.PF_MAY_LEAK_FLAG if role.may_be_leaked else 0)
+                 | (abi.PF_REVIVE if role.revives else 0))
     if role.type_name is not None:
         for i, offset in enumerate(role.type_name.deref):
             cfg.type_deref[i] = offset + 1

@@ -35,6 +35,8 @@ def test_balanced_program_reports_nothing(bpf, exe, tmp_path):
     assert_balanced(out)
     notes = out.report["tracing"]["notes"]  # pad templates, static caps: GStreamer's flag
     assert any("may be leaked" in n for n in notes), notes
+    assert any(n.startswith("10 objects kept alive by their dispose") for n in notes), notes
+    assert not [n for n in notes if "never fired" in n], notes
 
 
 def test_leaks_are_exact(bpf, exe, tmp_path):

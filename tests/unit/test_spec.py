@@ -98,7 +98,8 @@ roles:
     - {functions: [foo_new, foo_dup], object: return, type: {name: Foo}}
     - {functions: [foo_make], object: {out: arg2}, type: {arg: 1, deref: [16, 8]},
        static_if: {offset: 0, value: -1}}
-  get: {functions: [foo_ref], object: arg1, may_be_leaked: {offset: 16, mask: 4}}
+  get: {functions: [foo_ref], object: arg1, may_be_leaked: {offset: 16, mask: 4},
+        revives: true}
   put:
     - {functions: [foo_unref], object: arg1, frees_at_zero: true}
     - {functions: [bar_unref], object: arg1}
@@ -119,7 +120,7 @@ def test_semantics_real_apis_need(tmp_path):
     (delete,) = spec.roles["delete"]
     assert delete.inside_last_put == "before" and delete.quiet_unknown
     assert spec.roles["sink"][0].floating_flag == (4, 1)
-    assert spec.roles["get"][0].may_be_leaked == (16, 4)
+    assert spec.roles["get"][0].may_be_leaked == (16, 4) and spec.roles["get"][0].revives
     assert spec.roles["check"][0].obj.is_return
     assert spec.kept_by_library[0].created_in == ("libfoo.so*",)
 
