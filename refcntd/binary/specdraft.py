@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import capstone
 from elftools.elf.relocation import RelocationSection
+from elftools.elf.sections import SymbolTableSection
 
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.sdt import SdtProbe, sdt_probes
@@ -145,6 +146,8 @@ def _plt_stubs(image: ElfImage) -> dict[int, str]:
     if not isinstance(rela, RelocationSection):
         return {}
     symtab = elf.get_section(rela["sh_link"])
+    if not isinstance(symtab, SymbolTableSection):
+        return {}
     slots = {r["r_offset"]: symtab.get_symbol(r["r_info_sym"]).name.split("@")[0]
              for r in rela.iter_relocations()}
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)

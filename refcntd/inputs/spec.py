@@ -298,7 +298,7 @@ def _parse_mapping_source(node: YNode, allow_return: bool, allow_const: bool,
         if "deref" in fields:
             raise fields["deref"].fail("deref applies to {arg: N}, not to a constant name")
         return Source(constant=fields["name"].string())
-    deref = ()
+    deref: tuple[int, ...] = ()
     if "deref" in fields:
         deref = tuple(item.integer(0, 4096) for item in fields["deref"].items())
         if not 1 <= len(deref) <= MAX_DEREF:
