@@ -40,7 +40,7 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"PROBLEM: {p}" for p in plan.problems]
     lines += [f"UNPLACED (draft): {u}" for u in plan.spec.unplaced]
-    lines.append("result: " + ("cannot trace: a required probe cannot be placed"
+    lines.append("result: " + ("cannot trace as it is: see the PROBLEM lines"
                                if plan.problems else "every role can be probed"))
     if plan.spec.draft:
         lines.append("result: a DRAFT: confirm every role and the unplaced items above, "
