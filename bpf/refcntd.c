@@ -769,6 +769,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
+	ctor_depth.delete(&tid);  /* a constructor that never returned must not outlive its thread */
 	if (tid != tgid && procs.lookup(&tid)) {
 		struct event *gone = new_event(EV_THREAD_GONE, tgid, tid, 0);
 		procs.delete(&tid);
