@@ -19,6 +19,7 @@
 #include "refcntd.h"
 
 BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
+BPF_PERCPU_ARRAY(probe_hits, __u64, MAX_PROBES);  /* roles that never fire are reported */
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
 BPF_HASH(comm_allow, struct comm_key, __u32, 64);
@@ -34,6 +35,19 @@ BPF_PERCPU_ARRAY(scratch, struct event, 1);
 BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
 BPF_TABLE("lru_hash", struct obj_key, struct grave_val, graveyard, MAX_GRAVES);
 BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
+/* Objects whose delete fired inside their last put, before its probe: that
+ * put (by this thread id) is already counted. */
+BPF_TABLE("lru_hash", struct obj_key, __u32, put_due, MAX_PROCS);
+/* Threads inside a constructor whose return probe has not fired yet, and the
+ * references taken and dropped on not-yet-returned objects meanwhile (an
+ * instance_init that refs itself): added to the count when it returns. */
+BPF_HASH(ctor_depth, __u32, __u32, MAX_PROCS);
+BPF_TABLE("lru_hash", struct obj_key, __s64, early_ops, MAX_PROCS);
+/* Per thread, the object its last put released: a get on it from the same
+ * thread (its dispose keeping it, PF_REVIVE) brings it back. */
+BPF_TABLE("lru_hash", __u32, struct obj_key, last_released, MAX_PROCS);
+/* Objects the library flags as expected to outlive it: no longer counted. */
+BPF_TABLE("lru_hash", struct obj_key, __u32, may_leak, MAX_GRAVES);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
 #if HISTORY
 BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F_NO_PREALLOC);
@@ -338,6 +352,21 @@ static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg
 		count_stat(ST_EVENT_LOST);
 }
 
+/* An operation on an object not in `objs` while this thread is inside a
+ * constructor: most likely the object being built; kept for its init. */
+static __always_inline int early_op(struct obj_key *key, __s64 delta)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 *depth = ctor_depth.lookup(&tid);
+	if (!depth || !*depth)
+		return 0;
+	__s64 zero = 0;
+	__s64 *ops = early_ops.lookup_or_try_init(key, &zero);
+	if (ops)
+		__sync_fetch_and_add(ops, delta);
+	return 1;
+}
+
 /* An operation on an object not in `objs`: after its delete, or never seen
  * (each never-seen object is reported once; all are counted). */
 static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg *cfg,
@@ -349,15 +378,86 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 		report_anomaly(ctx, cfg, after_delete, key, 0, g);
 		return;
 	}
+	if (may_leak.lookup(key))
+		return;
 	struct proc_val *proc = procs.lookup(&key->tgid);
 	if ((FILTERED && !proc) || (proc && (proc->flags & PROC_IGNORED)))
 		return;
 	count_stat(unknown_stat);
 	__u32 one = 1;
-	if (unknown_seen.lookup(key))
+	if ((cfg->flags & PF_QUIET_UNKNOWN) || unknown_seen.lookup(key))
 		return;
 	unknown_seen.update(key, &one);
 	report_anomaly(ctx, cfg, unknown, key, 0, 0);
+}
+
+/* A library's static objects (a count of -1 that its ref/unref leave alone):
+ * operations on them are not counted (PF_STATIC_IF). */
+static __always_inline int is_static(struct probe_cfg *cfg, __u64 addr)
+{
+	__s32 value = 0;
+	if (!(cfg->flags & PF_STATIC_IF) ||
+	    bpf_probe_read_user(&value, sizeof(value), (void *)(addr + cfg->static_offset)) != 0 ||
+	    value != cfg->static_value)
+		return 0;
+	count_stat(ST_STATIC_SKIPPED);
+	return 1;
+}
+
+/* The library's own "may be leaked" flag is set on `o`: stop counting it,
+ * and let later operations on it pass (PF_MAY_LEAK_FLAG). */
+static __always_inline int set_aside(struct probe_cfg *cfg, struct obj_key *key)
+{
+	__u32 word = 0, one = 1;
+	if (!(cfg->flags & PF_MAY_LEAK_FLAG) ||
+	    bpf_probe_read_user(&word, sizeof(word), (void *)(key->addr + cfg->kept_offset)) != 0 ||
+	    !(word & cfg->kept_mask))
+		return 0;
+	objs.delete(key);
+	may_leak.update(key, &one);
+	count_stat(ST_MAY_BE_LEAKED);
+	return 1;
+}
+
+/* The put whose delete already fired inside it (PF_DELETE_IN_PUT). */
+static __always_inline int absorbed_put(struct obj_key *key)
+{
+	__u32 *tid = put_due.lookup(key);
+	if (!tid || *tid != (__u32)bpf_get_current_pid_tgid())
+		return 0;
+	put_due.delete(key);
+	return 1;
+}
+
+/* The type-name pointer: an argument, or loaded from a class structure it
+ * points to (type_deref: offset + 1 per pointer load). */
+static __always_inline __u64 type_pointer(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	if (!cfg->type.kind)
+		return 0;
+	__u64 ptr = fetch(ctx, &cfg->type);
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (!cfg->type_deref[i] || !ptr)
+			break;
+		void *slot = (void *)(ptr + cfg->type_deref[i] - 1);
+		ptr = 0;
+		bpf_probe_read_user(&ptr, sizeof(ptr), slot);
+	}
+	return ptr;
+}
+
+/* The object of an init: an argument, the return value, or what the
+ * constructor stored through the out-pointer saved at its entry. */
+static __always_inline __u64 init_object(struct pt_regs *ctx, struct probe_cfg *cfg,
+					 struct init_args *args)
+{
+	__u64 obj = 0;
+	if (!(cfg->flags & PF_OBJ_OUT))
+		return fetch(ctx, &cfg->obj);
+	if (args->out_ptr)
+		bpf_probe_read_user(&obj, sizeof(obj), (void *)args->out_ptr);
+	return obj;
 }
 
 /* Arguments of an init: read now, or saved by the constructor's entry probe
@@ -365,9 +465,10 @@ static __always_inline void missing_object(struct pt_regs *ctx, struct probe_cfg
 static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
 				     struct init_args *out)
 {
-	out->type_ptr = cfg->type.kind ? fetch(ctx, &cfg->type) : 0;
+	out->type_ptr = type_pointer(ctx, cfg);
 	out->count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : cfg->fixed_count;
-	if (!cfg->is_return || (!cfg->type.kind && !cfg->count.kind))
+	out->out_ptr = 0;
+	if (!cfg->is_return || (!cfg->type.kind && !cfg->count.kind && !(cfg->flags & PF_OBJ_OUT)))
 		return 0;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct init_args *saved = pending_init.lookup(&tid);
@@ -377,6 +478,7 @@ static __always_inline int init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
 	}
 	out->type_ptr = cfg->type.kind ? saved->type_ptr : 0;
 	out->count = cfg->count.kind ? saved->count : cfg->fixed_count;
+	out->out_ptr = saved->out_ptr;
 	pending_init.delete(&tid);
 	return 0;
 }
@@ -386,17 +488,37 @@ static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (FILTERED && !procs.lookup(&tgid))
 		return 0;
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)bpf_get_current_pid_tgid(), one = 1;
+	__u32 *depth = ctor_depth.lookup(&tid);
+	if (depth)
+		__sync_fetch_and_add(depth, 1);
+	else
+		ctor_depth.update(&tid, &one);
 	struct init_args args = {};
-	args.type_ptr = cfg->type.kind ? fetch(ctx, &cfg->type) : 0;
+	args.type_ptr = type_pointer(ctx, cfg);
 	args.count = cfg->count.kind ? (__s64)fetch(ctx, &cfg->count) : 0;
+	if (cfg->flags & PF_OBJ_OUT)
+		args.out_ptr = fetch(ctx, &cfg->obj);
 	pending_init.update(&tid, &args);
 	return 0;
+}
+
+/* A constructor returned: this thread is one level less inside constructors. */
+static __always_inline void ctor_returned(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 *depth = ctor_depth.lookup(&tid);
+	if (depth && *depth > 1)
+		__sync_fetch_and_add(depth, -1);
+	else if (depth)
+		ctor_depth.delete(&tid);
 }
 
 static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (cfg->is_return)
+		ctor_returned();
 	struct proc_val *proc = procs.lookup(&tgid);
 	if (!proc) {
 		if (FILTERED)
@@ -410,11 +532,18 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	struct init_args args = {};
 	if (init_args(ctx, cfg, &args) != 0)
 		return 0;
-	struct obj_key key = {.tgid = tgid, .addr = fetch(ctx, &cfg->obj)};
-	if (key.addr == 0)
+	struct obj_key key = {.tgid = tgid, .addr = init_object(ctx, cfg, &args)};
+	if (key.addr == 0 || is_static(cfg, key.addr))
 		return 0;
+	put_due.delete(&key);
+	may_leak.delete(&key);
 	struct obj_val val = {};
 	val.count = args.count;
+	__s64 *early = early_ops.lookup(&key);
+	if (early) {
+		val.count += *early;
+		early_ops.delete(&key);
+	}
 	val.type_id = cfg->fixed_type;
 	if (cfg->type.kind) {
 		val.type_id = intern_type(args.type_ptr);
@@ -440,15 +569,48 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
+/* A get inside the dispose of the object this thread's put just released:
+ * the library keeps it (a buffer going back to its pool).  Live again with
+ * the reference the get takes, its allocation remembered. */
+static __always_inline int revive(struct probe_cfg *cfg, struct obj_key *key)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct obj_key *last = last_released.lookup(&tid);
+	if (!(cfg->flags & PF_REVIVE) || !last || last->addr != key->addr ||
+	    last->tgid != key->tgid)
+		return 0;
+	struct grave_val *g = graveyard.lookup(key);
+	if (!g)
+		return 0;
+	struct obj_val val = {.count = 1, .gets = 1, .gen = g->gen, .type_id = g->type_id,
+			      .stack_id = g->stack_id, .raw_stack_id = g->raw_stack_id,
+			      .init_ns = g->init_ns, .caller_ip = g->caller_ip,
+			      .name_ptr = g->name_ptr};
+	last_released.delete(&tid);
+	if (objs.update(key, &val) != 0) {
+		count_stat(ST_OBJ_MAP_FULL);
+		return 1;
+	}
+	graveyard.delete(key);
+	count_stat(ST_REVIVED);
+	return 1;
+}
+
 static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr == 0 || is_static(cfg, key.addr))  /* foo_free(NULL): a no-op */
+		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET, ST_UNKNOWN_GET);
+		if (!early_op(&key, 1) && !revive(cfg, &key))
+			missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET,
+				       ST_UNKNOWN_GET);
 		return 0;
 	}
+	if (set_aside(cfg, &key))
+		return 0;
 	__s64 before = __sync_fetch_and_add(&o->count, 1);
 	__sync_fetch_and_add(&o->gets, 1);
 	if (HISTORY)
@@ -460,11 +622,19 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr == 0 || is_static(cfg, key.addr))
+		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
-		missing_object(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT, ST_UNKNOWN_PUT);
+		if (absorbed_put(&key))
+			return 0;
+		if (!early_op(&key, -1))
+			missing_object(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
+				       ST_UNKNOWN_PUT);
 		return 0;
 	}
+	if (set_aside(cfg, &key))
+		return 0;
 	__sync_fetch_and_add(&o->puts, 1);
 	__s64 before = __sync_fetch_and_add(&o->count, -1);
 	if (HISTORY)
@@ -475,8 +645,11 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 		report_anomaly(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
 			       before, &g);
 	}
-	if (before == 1 && !HAS_DELETE)
+	if (before == 1 && (!HAS_DELETE || (cfg->flags & PF_FREES_AT_ZERO))) {
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
 		release(&key, o);
+		last_released.update(&tid, &key);
+	}
 	return 0;
 }
 
@@ -484,11 +657,21 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr == 0)
+		return 0;
 	struct obj_val *o = objs.lookup(&key);
 	if (!o) {
 		missing_object(ctx, cfg, &key, AN_DOUBLE_DELETE, AN_UNKNOWN_DELETE,
 			       ST_UNKNOWN_DELETE);
 		return 0;
+	}
+	if ((cfg->flags & PF_DELETE_IN_PUT) && o->count == 1) {
+		/* The last put is under way and its own probe fires after this:
+		 * count it now, and let that probe pass. */
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		__sync_fetch_and_add(&o->puts, 1);
+		__sync_fetch_and_add(&o->count, -1);
+		put_due.update(&key, &tid);
 	}
 	if (o->count != 0) {
 		struct grave_val g = describe(o, 0);
@@ -520,6 +703,32 @@ static __always_inline int branch_taken(struct pt_regs *ctx, __u32 cond)
 	return (cond & 1) ? !r : r;
 }
 
+/* ref_sink: a floating object's reference becomes its owner's (no change);
+ * on an object that is not floating it is a get. */
+static __always_inline int do_sink(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	__u64 addr = fetch(ctx, &cfg->obj), word = 0;
+	if (addr && bpf_probe_read_user(&word, sizeof(word), (void *)(addr + cfg->flag_offset)) == 0
+	    && (word & cfg->flag_mask)) {
+		struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .addr = addr};
+		if (objs.lookup(&key))
+			count_stat(ST_FLOATING_SUNK);
+		return 0;
+	}
+	return do_get(ctx, cfg);
+}
+
+/* A function that changes no count (it calls a probed get/put itself) but
+ * is where the library's "may be leaked" flag can be read. */
+static __always_inline int do_check(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = fetch(ctx, &cfg->obj)};
+	if (key.addr && objs.lookup(&key))
+		set_aside(cfg, &key);
+	return 0;
+}
+
 /* One program for every entry and return probe; the bpf cookie is the probe's
  * index in probe_cfgs, which says the role and where its arguments are. */
 int on_probe(struct pt_regs *ctx)
@@ -530,12 +739,17 @@ int on_probe(struct pt_regs *ctx)
 		return 0;
 	if (cfg->cond && !branch_taken(ctx, cfg->cond))
 		return 0;
+	__u64 *hits = probe_hits.lookup(&index);
+	if (hits)
+		*hits += 1;
 	switch (cfg->role) {
 	case ROLE_INIT: return do_init(ctx, cfg);
 	case ROLE_GET: return do_get(ctx, cfg);
 	case ROLE_PUT: return do_put(ctx, cfg);
 	case ROLE_DELETE: return do_delete(ctx, cfg);
 	case ROLE_INIT_ENTRY: return do_init_entry(ctx, cfg);
+	case ROLE_SINK: return do_sink(ctx, cfg);
+	case ROLE_CHECK: return do_check(ctx, cfg);
 	}
 	return 0;
 }
@@ -577,6 +791,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
+	ctor_depth.delete(&tid);  /* a constructor that never returned must not outlive its thread */
 	if (tid != tgid && procs.lookup(&tid)) {
 		struct event *gone = new_event(EV_THREAD_GONE, tgid, tid, 0);
 		procs.delete(&tid);

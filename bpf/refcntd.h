@@ -21,7 +21,18 @@
 #define FNV_PRIME 16777619
 
 enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
-		   ROLE_INIT_ENTRY = 4 /* saves a constructor's arguments for its return probe */ };
+		   ROLE_INIT_ENTRY = 4, /* saves a constructor's arguments for its return probe */
+		   ROLE_SINK = 5, /* ref_sink: a get unless the object's floating flag is set */
+		   ROLE_CHECK = 6 /* changes no count: reads the object's "may be leaked" flag */ };
+
+/* probe_cfg.flags: how a role behaves on this API (see the README's spec reference). */
+#define PF_FREES_AT_ZERO 1  /* put: the put to 0 ends life even when the spec has a delete */
+#define PF_DELETE_IN_PUT 2  /* delete: fires inside the last put, before that put's probe */
+#define PF_OBJ_OUT 4        /* init return probe: the object is *(pointer saved at entry) */
+#define PF_STATIC_IF 8      /* not an operation on objects whose int at static_offset is static_value */
+#define PF_QUIET_UNKNOWN 16 /* never-seen objects are counted, not reported one by one */
+#define PF_MAY_LEAK_FLAG 32 /* the library's "may be leaked" bit: at kept_offset under kept_mask */
+#define PF_REVIVE 64        /* get: revives the object this thread's last put released (dispose kept it) */
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
@@ -42,6 +53,10 @@ enum refcntd_stat {
 	ST_INIT_ARGS_LOST,      /* loss: constructors returned without the arguments saved at entry */
 	ST_HISTORY_MAP_FULL,    /* loss: objects without a get/put history: history map full */
 	ST_SITES_MAP_FULL,      /* loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline) */
+	ST_FLOATING_SUNK,       /* note: floating references sunk (ref_sink on a floating object: no count change) */
+	ST_STATIC_SKIPPED,      /* note: operations on the library's static objects, not counted (spec: static_if) */
+	ST_MAY_BE_LEAKED,       /* note: objects the library flags "may be leaked", set aside (spec: may_be_leaked) */
+	ST_REVIVED,             /* note: objects kept alive by their dispose after their last put (spec: revives) */
 	ST_COUNT
 };
 
@@ -84,9 +99,17 @@ struct probe_cfg {
 	__u32 fixed_type;
 	__u32 is_return;   /* a return probe: the object is the return value */
 	__u32 cond;        /* a conditional tail jump to the function: 0x10 | x86 condition code */
+	__u32 flags;       /* PF_* */
 	struct arg_loc obj;
 	struct arg_loc type;   /* a const char * */
 	struct arg_loc count;
+	__u32 type_deref[2];   /* N > 0: the type name is the pointer at (value + N - 1), in turn */
+	__u32 flag_offset;     /* sink: the floating flag is at object + flag_offset */
+	__u32 flag_mask;       /* sink: ... under this mask (0: no sink) */
+	__u32 static_offset;   /* PF_STATIC_IF: a library's static objects (count -1 ...) */
+	__s32 static_value;
+	__u32 kept_offset;     /* PF_MAY_LEAK_FLAG: objects the library expects to outlive it */
+	__u32 kept_mask;
 };
 
 #ifndef HISTORY_DEPTH
@@ -145,6 +168,7 @@ struct site_key {
 struct init_args {
 	__u64 type_ptr;
 	__s64 count;
+	__u64 out_ptr;   /* PF_OBJ_OUT: where the constructor stores the object */
 };
 
 struct obj_key {

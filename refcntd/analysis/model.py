@@ -97,6 +97,7 @@ class ProcessReport:
     exit_code: int | None = None  # shell-style: 128+signal when killed
     groups: list[LeakGroup] = field(default_factory=list)
     anomalies: list[AnomalyFinding] = field(default_factory=list)
+    kept: dict[str, int] = field(default_factory=dict)  # spec's kept_by_library: reason -> objects
 
     @property
     def leaked_objects(self) -> int:
@@ -124,6 +125,7 @@ class ProbeStatus:
     error: str = ""
     mode: str = "entry"  # or "callsites": one status for all of a function's call sites
     sites: int = 1
+    hits: int = -1  # times it fired; -1: not known
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
-from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode
+from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode, specchecks
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -171,7 +171,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         plan.probe_modes = probe_modes
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
-    for role in spec.roles.values():
+    for role in spec.entries:
         module = str(main.path.resolve())
         if role.library:
             module = resolve_library(role.library, main)
@@ -181,6 +181,9 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
             _plan_usdt(plan, role, images[module], module)
         else:
             _plan_role(plan, role, images[module], module)
+    libraries: dict[str, str | None] = {role.library or "": (resolve_library(role.library, main) if role.library
+                                       else str(main.path.resolve())) for role in spec.entries}
+    plan.problems += specchecks.double_counts(spec, libraries, images)
     plan.loader = find_loader_probe(main)
     if plan.loader is None:
         plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
@@ -218,8 +221,8 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
                  why_prefix: str = "") -> None:
     code = image.code_at(sym.vaddr, sym.size or 64)
     # A return probe reads only the return value; its arguments are saved at entry.
-    args = set() if role.obj.is_return else needed_args(role)
-    choice = probepoint.choose(code, args, needs_entry_sp=role.obj.is_return)
+    args = set() if role.obj.at_return else needed_args(role)
+    choice = probepoint.choose(code, args, needs_entry_sp=role.obj.at_return)
     why_entry = _plan_call_sites(plan, role, image, module, sym, choice, why_prefix)
     if why_entry is None:
         return
@@ -234,13 +237,13 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     if file_offset is None:
         plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
         return
-    caller_sp = -1 if role.obj.is_return else choice.caller_sp_offset
+    caller_sp = -1 if role.obj.at_return else choice.caller_sp_offset
     kept = f"; {why_entry}" if why_entry.startswith("entry probe kept") else ""
     plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
                                 file_offset, choice.cost, why_prefix + choice.reason + kept,
-                                caller_sp, role.obj.is_return, role,
+                                caller_sp, role.obj.at_return, role,
                                 **function_locations(role)))
-    if role.obj.is_return and needed_args(role):
+    if role.obj.at_return and role.role == "init":  # also marks the thread as constructing
         _plan_argument_saver(plan, role, image, module, sym, code)
 
 
@@ -253,10 +256,10 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
         entry.cost != probepoint.COST_SINGLE_STEP
     if requested == sitemode.MODE_ENTRY or (requested == sitemode.MODE_AUTO and cheap):
         return sitemode.decide(requested, entry, sitemode.CallSitePlan())[1]
-    names = [f for r in plan.spec.roles.values() for f in r.functions]  # one sweep for all
+    names = [f for r in plan.spec.entries for f in r.functions]  # one sweep for all
     targets = sitemode.scan_targets(image, names, image.clones_of)
     calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets),
-                                     role.obj.is_return, bool(needed_args(role)),
+                                     role.obj.at_return, role.role == "init",
                                      lambda: sitemode.neighbours(plan.binary, image,
                                                                  resolve_library))
     mode, why = sitemode.decide(requested, entry, calls)
@@ -280,16 +283,21 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
 
 def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
                          sym: Symbol, code: bytes) -> None:
-    """An entry probe that saves a constructor's type/count arguments for its return probe."""
+    """A constructor's entry probe: saves its type/count/out-pointer arguments, and
+    marks the thread as inside a constructor, so references its instance init
+    takes on the object before it returns are added to the object's count."""
     choice = probepoint.choose(code, needed_args(role))
     if isinstance(choice, probepoint.Refusal):
         plan.problems.append(f"{role.role}: {sym.name} in {module}: its arguments cannot be "
                              f"saved at entry: {choice.reason}")
         return
+    file_offset = image.vaddr_to_offset(sym.vaddr + choice.offset)
+    if file_offset is None:
+        plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
+        return
     plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
-                                image.vaddr_to_offset(sym.vaddr + choice.offset),  # type: ignore[arg-type]
-                                choice.cost,
-                                "saves the type/count arguments for the return probe; "
+                                file_offset, choice.cost,
+                                "saves the arguments the return probe needs; "
                                 + choice.reason, -1, False, role,
                                 **function_locations(role)))
 

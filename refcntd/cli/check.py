@@ -15,11 +15,12 @@ from refcntd.kernel.procmem import semaphore_value
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    plan = build_plan(load_spec(args.spec), args.binary, parse_modes(args.probe_mode))
+    plan = build_plan(load_spec(args.spec, allow_draft=True), args.binary,
+                      parse_modes(args.probe_mode))
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
-    return EXIT_INCOMPLETE if plan.problems else 0
+    return EXIT_INCOMPLETE if plan.problems or plan.spec.draft else 0
 
 
 def render_check(plan: Plan, pid: int | None = None) -> str:
@@ -43,8 +44,12 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
         lines.append(f"         caller: {caller}")
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"PROBLEM: {p}" for p in plan.problems]
-    lines.append("result: " + ("cannot trace: a required probe cannot be placed"
+    lines += [f"UNPLACED (draft): {u}" for u in plan.spec.unplaced]
+    lines.append("result: " + ("cannot trace as it is: see the PROBLEM lines"
                                if plan.problems else "every role can be probed"))
+    if plan.spec.draft:
+        lines.append("result: a DRAFT: confirm every role and the unplaced items above, "
+                     "then delete its `draft: true` line to trace with it")
     return "\n".join(lines)
 
 
@@ -68,7 +73,7 @@ def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:
     if not probes:
         return ["  usdt probes: none"]
     image = ElfImage(module)
-    roles = {r.usdt: r.role for r in plan.spec.roles.values() if r.usdt}
+    roles = {r.usdt: r.role for r in plan.spec.entries if r.usdt}
     lines = [f"  usdt probes: {len(probes)}"]
     for p in probes:
         sema = f"semaphore 0x{p.semaphore:x}" if p.semaphore else "no semaphore"

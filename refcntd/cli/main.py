@@ -1,4 +1,4 @@
-"""Command line: `refcntd check | attach | run | report | serve`.
+"""Command line: `refcntd check | attach | run | report | spec | serve`.
 
 main() is the one exit point: it turns RefcntdError into one line on stderr
 and its exit code.  Each command lives in its own module.
@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--format", choices=("text", "sarif", "junit", "github"), default="text")
     rep.add_argument("--output", metavar="FILE", help="write there instead of stdout")
     _ci_args(rep)
+
+    spec = sub.add_parser("spec", help="help writing a spec: `spec draft --library PATH`")
+    spec_sub = spec.add_subparsers(dest="spec_command", required=True, parser_class=_Parser)
+    draft = spec_sub.add_parser("draft", help="propose a spec from a library's exported "
+                                              "symbols and SDT notes (a draft to confirm)")
+    draft.add_argument("--library", required=True, help="the shared library to read")
+    draft.add_argument("--name", help="the spec's name (default: LIBRARY-draft)")
+    draft.add_argument("--output", metavar="FILE", help="write there instead of stdout")
 
     serve = sub.add_parser("serve", help="trace configured programs continuously; export "
                                          "Prometheus metrics and write reports")

@@ -2,45 +2,65 @@
 
 A spec is data written by users (configs/specs/*.yaml); this module turns it
 into frozen dataclasses after a strict check, so nothing later has to guess.
+Each role is one entry or a list of entries, because real APIs create and
+drop objects through several functions with different signatures.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from refcntd.errors import UsageError
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 from refcntd.paths import SPEC_DIR
 
-ROLES = ("init", "get", "put", "delete")
+ROLES = ("init", "get", "put", "delete", "sink", "check")
 REQUIRED_ROLES = {"init", "get", "put"}
 MAX_ARG = 6  # x86-64 SysV passes the first six integer arguments in registers
 MAX_SDT_ARG = 12  # sys/sdt.h supports up to 12 probe arguments
+MAX_DEREF = 2  # pointer loads the kernel side follows to a type name
+INSIDE_LAST_PUT = ("before", "after")
+UNKNOWN_OBJECTS = ("report", "count")  # operations on never-seen objects: each shown, or counted
 
 _ARG_RE = re.compile(r"^arg([1-9][0-9]*)$")
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a value comes from: an argument (1-based), the return value, or a constant."""
+    """Where a value comes from: an argument (1-based), the return value, or a constant.
+
+    `out`: the argument points to where the function stores the object (read
+    at its return); `deref`: the value is a pointer loaded from argument +
+    each offset in turn (a type name inside a class structure).
+    """
 
     arg: int = 0
     is_return: bool = False
     constant: str | int | None = None
+    out: bool = False
+    deref: tuple[int, ...] = ()
 
     def describe(self) -> str:
         if self.is_return:
             return "return value"
+        if self.out:
+            return f"*argument {self.arg} at return"
         if self.arg:
-            return f"argument {self.arg}"
+            chain = "".join(f" -> +{off}" for off in self.deref)
+            return f"argument {self.arg}{chain}"
         return repr(self.constant)
+
+    @property
+    def at_return(self) -> bool:
+        """Read when the function returns (a return probe, arguments saved at entry)."""
+        return self.is_return or self.out
 
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """One role (init/get/put/delete) of a refcount API."""
+    """One entry of a role (init/get/put/delete/sink) of a refcount API."""
 
     role: str
     functions: tuple[str, ...]  # empty for a USDT role
@@ -49,6 +69,25 @@ class RoleSpec:
     obj: Source = Source()
     type_name: Source | None = None  # init only
     initial_count: Source | None = None  # init only
+    frees_at_zero: bool = False  # put: the put to 0 ends life even with a delete role
+    inside_last_put: str | None = None  # delete: "before" / "after" the last put's own probe
+    floating_flag: tuple[int, int] | None = None  # sink: (offset in the object, bit mask)
+    static_if: tuple[int, int] | None = None  # (offset, value): the library's static objects
+    quiet_unknown: bool = False  # the spec's unknown_objects: count
+    may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
+    revives: bool = False  # get: the object this thread's last put released comes back
+
+
+@dataclass(frozen=True)
+class KeptRule:
+    """Objects a library creates for itself and never frees on purpose (valgrind's
+    default suppressions): leaked objects of `type` (None: any) whose
+    constructor's caller (the allocation stack's first frame) is a module or
+    function matching one of `created_in` (fnmatch patterns)."""
+
+    type_name: str | None
+    created_in: tuple[str, ...]
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -56,14 +95,26 @@ class Spec:
     name: str
     path: str
     description: str
-    roles: dict[str, RoleSpec]
+    roles: dict[str, tuple[RoleSpec, ...]]
+    kept_by_library: tuple[KeptRule, ...] = ()
+    unknown_objects: str = "report"  # "count": objects the library makes internally
+    draft: bool = False  # proposed by `refcntd spec draft`, not confirmed yet
+    unplaced: tuple[str, ...] = ()  # what the draft could not place
 
     @property
     def has_delete(self) -> bool:
         return "delete" in self.roles
 
+    @property
+    def entries(self) -> tuple[RoleSpec, ...]:
+        return tuple(e for group in self.roles.values() for e in group)
+
     def libraries(self) -> set[str]:
-        return {r.library for r in self.roles.values() if r.library}
+        return {r.library for r in self.entries if r.library}
+
+    def constant_types(self) -> set[str]:
+        return {str(r.type_name.constant) for r in self.entries
+                if r.type_name is not None and r.type_name.constant is not None}
 
 
 def resolve_spec_path(name_or_file: str) -> Path:
@@ -78,20 +129,45 @@ def resolve_spec_path(name_or_file: str) -> Path:
     return bundled
 
 
-def load_spec(name_or_file: str = "perf-stubs") -> Spec:
+def load_spec(name_or_file: str = "perf-stubs", allow_draft: bool = False) -> Spec:
+    """`allow_draft`: only `check` reads a draft, to explain it."""
     path = resolve_spec_path(name_or_file)
-    return parse_spec(load_yaml(path))
+    return parse_spec(load_yaml(path), allow_draft)
 
 
-def parse_spec(root: YNode) -> Spec:
-    top = root.mapping({"version", "name", "description", "library", "roles"},
+def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
+    top = root.mapping({"version", "name", "description", "library", "roles", "draft",
+                        "unplaced", "kept_by_library", "unknown_objects"},
                        {"version", "name", "roles"})
     top["version"].integer(1, 1)
+    draft = "draft" in top and top["draft"].boolean()
+    if draft and not allow_draft:
+        raise top["draft"].fail("a draft from `refcntd spec draft`: confirm each role "
+                                "(`refcntd check` explains it), then delete this line")
+    if "unplaced" in top and not draft:
+        raise top["unplaced"].fail("only a draft lists what it could not place")
+    unplaced = tuple(i.string() for i in top["unplaced"].items()) if "unplaced" in top else ()
     library = _optional_string(top.get("library"))
     roles_node = top["roles"].mapping(set(ROLES), REQUIRED_ROLES)
-    roles = {name: _parse_role(name, node, library) for name, node in roles_node.items()}
+    roles = {name: _parse_entries(name, node, library) for name, node in roles_node.items()}
     description = _optional_string(top.get("description")) or ""
-    return Spec(top["name"].string(), root.path, description, roles)
+    kept = tuple(_kept_rule(item) for item in top["kept_by_library"].items()) \
+        if "kept_by_library" in top else ()
+    unknown = _unknown_objects(top.get("unknown_objects")) or "report"
+    if unknown == "count":
+        roles = {name: tuple(replace(e, quiet_unknown=True) for e in group)
+                 for name, group in roles.items()}
+    return Spec(top["name"].string(), root.path, description, roles, kept, unknown, draft,
+                unplaced)
+
+
+def _kept_rule(node: YNode) -> KeptRule:
+    fields = node.mapping({"type", "created_in", "reason"}, {"created_in", "reason"})
+    patterns = tuple(item.string() for item in fields["created_in"].items())
+    if not patterns:
+        raise fields["created_in"].fail("needs at least one module or function pattern")
+    type_name = fields["type"].string() if "type" in fields else None
+    return KeptRule(type_name, patterns, fields["reason"].string())
 
 
 def _optional_string(node: YNode | None) -> str | None:
@@ -100,15 +176,33 @@ def _optional_string(node: YNode | None) -> str | None:
     return node.string()
 
 
-def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec:
-    allowed = {"functions", "usdt", "library", "object"}
-    if role == "init":
-        allowed |= {"type", "initial_count"}
+def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpec, ...]:
+    """A role is one mapping, or a list of them (several signatures, libraries or types)."""
+    if node.is_mapping():
+        return (_parse_role(role, node, library),)
+    entries = tuple(_parse_role(role, item, library) for item in node.items())
+    if not entries:
+        raise node.fail("needs at least one entry")
+    return entries
+
+
+def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
+    allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
+    extra = {"init": {"type", "initial_count"}, "get": {"may_be_leaked", "revives"},
+             "put": {"frees_at_zero", "may_be_leaked"}, "delete": {"inside_last_put"},
+             "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
     required = {"object"} | ({"type"} if role == "init" else set())
+    required |= {"floating_flag"} if role == "sink" else set()
+    required |= {"may_be_leaked"} if role == "check" else set()
+    return allowed | extra.get(role, set()), required
+
+
+def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec:
+    allowed, required = _allowed_keys(role)
     fields = node.mapping(allowed, required)
     functions, usdt = _parse_target(node, fields)
     limit = MAX_SDT_ARG if usdt else MAX_ARG
-    allow_return = role in ("init", "get") and usdt is None
+    allow_return = role in ("init", "get", "check") and usdt is None
     obj = _parse_source(fields["object"], allow_return, allow_const=False, max_arg=limit)
     library = _optional_string(fields.get("library")) if "library" in fields else default_library
     type_name = initial = None
@@ -118,7 +212,53 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
             raise fields["type"].fail("a constant type must be a name, e.g. {name: dso}")
         initial = (_parse_source(fields["initial_count"], False, allow_const=True, max_arg=limit)
                    if "initial_count" in fields else Source(constant=1))
-    return RoleSpec(role, functions, library, usdt, obj, type_name, initial)
+    return RoleSpec(role, functions, library, usdt, obj, type_name, initial,
+                    frees_at_zero=fields["frees_at_zero"].boolean()
+                    if "frees_at_zero" in fields else False,
+                    inside_last_put=_inside_last_put(fields.get("inside_last_put")),
+                    floating_flag=_bit_flag(fields.get("floating_flag")),
+                    may_be_leaked=_bit_flag(fields.get("may_be_leaked")),
+                    revives=fields["revives"].boolean() if "revives" in fields else False,
+                    static_if=_static_if(fields.get("static_if")),
+                    quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
+
+
+def _inside_last_put(node: YNode | None) -> str | None:
+    if node is None:
+        return None
+    value = node.string()
+    if value not in INSIDE_LAST_PUT:
+        raise node.fail(f"expected one of {', '.join(INSIDE_LAST_PUT)}, got {value!r}")
+    return value
+
+
+def _bit_flag(node: YNode | None) -> tuple[int, int] | None:
+    """Where the library keeps a bit of an object (floating, may be leaked):
+    {offset: N, mask: M}, a 32-bit word at object + N."""
+    if node is None:
+        return None
+    fields = node.mapping({"offset", "mask"}, {"offset", "mask"})
+    mask = fields["mask"].integer(1, (1 << 32) - 1)
+    return fields["offset"].integer(0, 4096), mask
+
+
+def _unknown_objects(node: YNode | None) -> str | None:
+    """Operations on objects never seen created: each reported (once), or only counted."""
+    if node is None:
+        return None
+    value = node.string()
+    if value not in UNKNOWN_OBJECTS:
+        raise node.fail(f"expected one of {', '.join(UNKNOWN_OBJECTS)}, got {value!r}")
+    return value
+
+
+def _static_if(node: YNode | None) -> tuple[int, int] | None:
+    """{offset: N, value: V}: objects whose int at offset N is V are the library's
+    static ones (cairo's nil and solid objects have a count of -1): not counted."""
+    if node is None:
+        return None
+    fields = node.mapping({"offset", "value"}, {"offset", "value"})
+    return fields["offset"].integer(0, 4096), fields["value"].integer(-(1 << 31), (1 << 31) - 1)
 
 
 def _parse_target(node: YNode, fields: dict[str, YNode]) -> tuple[tuple[str, ...], str | None]:
@@ -143,17 +283,42 @@ def _symbol(node: YNode) -> str:
     return name
 
 
+def _parse_mapping_source(node: YNode, allow_return: bool, allow_const: bool,
+                          max_arg: int) -> Source:
+    """`{arg: N}`, `{arg: N, deref: [OFF...]}` (type), `{out: argN}`, `{name: X}`."""
+    keys = {"arg"} | ({"name", "deref"} if allow_const else set())
+    keys |= {"out"} if allow_return else set()
+    fields = node.mapping(keys)
+    chosen = [k for k in ("arg", "name", "out") if k in fields]
+    if len(chosen) != 1:
+        raise node.fail(f"give exactly one of {sorted(keys - {'deref'})}")
+    if "out" in fields:
+        return Source(arg=_arg_index(fields["out"], max_arg), out=True)
+    if "name" in fields:
+        if "deref" in fields:
+            raise fields["deref"].fail("deref applies to {arg: N}, not to a constant name")
+        return Source(constant=fields["name"].string())
+    deref: tuple[int, ...] = ()
+    if "deref" in fields:
+        deref = tuple(item.integer(0, 4096) for item in fields["deref"].items())
+        if not 1 <= len(deref) <= MAX_DEREF:
+            raise fields["deref"].fail(f"give 1..{MAX_DEREF} offsets")
+    return Source(arg=fields["arg"].integer(1, max_arg), deref=deref)
+
+
+def _arg_index(node: YNode, max_arg: int) -> int:
+    value = node.scalar()
+    if isinstance(value, str) and (m := _ARG_RE.match(value)):
+        if 1 <= int(m.group(1)) <= max_arg:
+            return int(m.group(1))
+    raise node.fail(f"expected argN with N in 1..{max_arg}, got {value!r}")
+
+
 def _parse_source(node: YNode, allow_return: bool, allow_const: bool,
                   max_arg: int = MAX_ARG) -> Source:
-    """`argN`, `return`, an integer, or `{name: X}` / `{arg: N}`."""
+    """`argN`, `return`, an integer, or a mapping (see _parse_mapping_source)."""
     if node.is_mapping():
-        keys = {"arg", "name"} if allow_const else {"arg"}
-        fields = node.mapping(keys)
-        if len(fields) != 1:
-            raise node.fail(f"give exactly one of {sorted(keys)}")
-        if "arg" in fields:
-            return Source(arg=fields["arg"].integer(1, max_arg))
-        return Source(constant=fields["name"].string())
+        return _parse_mapping_source(node, allow_return, allow_const, max_arg)
     value = node.scalar()
     if isinstance(value, str) and (m := _ARG_RE.match(value)):
         index = int(m.group(1))

@@ -16,6 +16,13 @@ PATH_LEN = 128
 LINK_MAP_MAX = 64
 FNV_OFFSET = 2166136261
 FNV_PRIME = 16777619
+PF_FREES_AT_ZERO = 1
+PF_DELETE_IN_PUT = 2
+PF_OBJ_OUT = 4
+PF_STATIC_IF = 8
+PF_QUIET_UNKNOWN = 16
+PF_MAY_LEAK_FLAG = 32
+PF_REVIVE = 64
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
 PROC_IGNORED = 1
@@ -27,10 +34,14 @@ class Role(IntEnum):
     PUT = 2
     DELETE = 3
     INIT_ENTRY = 4
+    SINK = 5
+    CHECK = 6
 
 
 ROLE_TEXT: dict[Role, str] = {
     Role.INIT_ENTRY: "saves a constructor's arguments for its return probe",
+    Role.SINK: "ref_sink: a get unless the object's floating flag is set",
+    Role.CHECK: 'changes no count: reads the object\'s "may be leaked" flag',
 }
 
 
@@ -52,6 +63,10 @@ class Stat(IntEnum):
     INIT_ARGS_LOST = 14
     HISTORY_MAP_FULL = 15
     SITES_MAP_FULL = 16
+    FLOATING_SUNK = 17
+    STATIC_SKIPPED = 18
+    MAY_BE_LEAKED = 19
+    REVIVED = 20
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -72,6 +87,10 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.INIT_ARGS_LOST: 'loss: constructors returned without the arguments saved at entry',
     Stat.HISTORY_MAP_FULL: 'loss: objects without a get/put history: history map full',
     Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
+    Stat.FLOATING_SUNK: 'note: floating references sunk (ref_sink on a floating object: no count change)',
+    Stat.STATIC_SKIPPED: "note: operations on the library's static objects, not counted (spec: static_if)",
+    Stat.MAY_BE_LEAKED: 'note: objects the library flags "may be leaked", set aside (spec: may_be_leaked)',
+    Stat.REVIVED: 'note: objects kept alive by their dispose after their last put (spec: revives)',
 }
 
 
@@ -144,9 +163,17 @@ class ProbeCfg(C.Structure):
         ("fixed_type", C.c_uint32),
         ("is_return", C.c_uint32),
         ("cond", C.c_uint32),
+        ("flags", C.c_uint32),
         ("obj", ArgLoc),
         ("type", ArgLoc),
         ("count", ArgLoc),
+        ("type_deref", (C.c_uint32 * 2)),
+        ("flag_offset", C.c_uint32),
+        ("flag_mask", C.c_uint32),
+        ("static_offset", C.c_uint32),
+        ("static_value", C.c_int32),
+        ("kept_offset", C.c_uint32),
+        ("kept_mask", C.c_uint32),
     ]
 
 
@@ -207,6 +234,7 @@ class InitArgs(C.Structure):
     _fields_ = [
         ("type_ptr", C.c_uint64),
         ("count", C.c_int64),
+        ("out_ptr", C.c_uint64),
     ]
 
 

@@ -289,6 +289,11 @@ class Kernel:
             raise err
 
     # ---- maps ------------------------------------------------------------
+    def probe_hits(self) -> list[int]:
+        """How often each planned probe fired, in plan order."""
+        table = self.bpf["probe_hits"]
+        return [sum(table[ctypes.c_int(i)]) for i in range(len(self.sites))]
+
     def stats(self) -> dict[Stat, int]:
         table = self.bpf["stats"]
         return {s: sum(table[ctypes.c_int(s.value)]) for s in Stat}
@@ -469,7 +474,29 @@ def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:
         cfg.count = _arg_loc(site.count_loc)
     elif role.initial_count is not None and role.initial_count.constant is not None:
         cfg.fixed_count = int(role.initial_count.constant)
+    _semantics(cfg, site)
     return cfg
+
+
+def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
+    """The spec's per-role behaviour (README: spec reference) as probe flags."""
+    role = site.spec_role
+    cfg.flags = ((abi.PF_FREES_AT_ZERO if role.frees_at_zero else 0)
+                 | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
+                 | (abi.PF_OBJ_OUT if role.obj.out else 0)
+                 | (abi.PF_STATIC_IF if role.static_if else 0)
+                 | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0)
+                 | (abi.PF_MAY_LEAK_FLAG if role.may_be_leaked else 0)
+                 | (abi.PF_REVIVE if role.revives else 0))
+    if role.type_name is not None:
+        for i, offset in enumerate(role.type_name.deref):
+            cfg.type_deref[i] = offset + 1
+    if role.floating_flag is not None:
+        cfg.flag_offset, cfg.flag_mask = role.floating_flag
+    if role.static_if is not None:
+        cfg.static_offset, cfg.static_value = role.static_if
+    if role.may_be_leaked is not None:
+        cfg.kept_offset, cfg.kept_mask = role.may_be_leaked
 
 
 def _arg_loc(loc: ArgLoc) -> abi.ArgLoc:
@@ -496,7 +523,7 @@ def _check_layout(bpf: Any, opts: KernelOptions) -> set[str]:
     mirrors["hist_val"] = abi.hist_val_type(opts.history_depth)
     checked: set[str] = set()
     for name in _map_names(bpf):
-        table = bpf[name]
+        table = bpf[name.encode()]
         for what, theirs in (("key", table.Key), ("value", table.Leaf)):
             if theirs.__name__.rsplit("_Array_", 1)[-1].isdigit():  # per-CPU values
                 theirs = theirs._type_

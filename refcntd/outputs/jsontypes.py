@@ -78,6 +78,7 @@ class ProcessJson(TypedDict):
     leaked_types: int
     anomalies: list[AnomalyJson]
     groups: list[GroupJson]
+    kept_by_library: NotRequired[dict[str, int]]  # spec rules: reason -> objects set aside
 
 
 class ProbeJson(TypedDict):

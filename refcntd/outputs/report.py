@@ -58,6 +58,9 @@ def render_process(p: ProcessReport) -> str:
     word = "live" if p.state == STATE_LIVE_AT_DETACH else "leaked"
     for group in p.groups:
         lines += ["", *render_group(group, word)]
+    if p.kept:
+        lines += ["", *(f"kept by the library on purpose (spec default, not a leak): "
+                        f"{_plural(n, 'object')}: {reason}" for reason, n in p.kept.items())]
     lines += ["", summary_line(p)]
     return "\n".join(lines) + "\n"
 
@@ -219,7 +222,7 @@ def process_json(p: ProcessReport) -> ProcessJson:
             "exit_status": p.exit_status or None, "exit_code": p.exit_code,
             "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
             "anomalies": [anomaly_json(a) for a in p.anomalies],
-            "groups": [group_json(g) for g in p.groups]}
+            "groups": [group_json(g) for g in p.groups], "kept_by_library": dict(p.kept)}
 
 
 def tracing_json(t: TracingStatus) -> TracingJson:

@@ -69,7 +69,8 @@ def _process(p: ProcessJson) -> ProcessReport:
     return ProcessReport(p["pid"], p["comm"], list(p["command"]), p["state"],
                          p.get("exit_status") or "", p.get("exit_code"),
                          [_group(g) for g in p["groups"]],
-                         [_anomaly(a) for a in p.get("anomalies", [])])
+                         [_anomaly(a) for a in p.get("anomalies", [])],
+                         dict(p.get("kept_by_library", {})))
 
 
 def _group(g: GroupJson) -> LeakGroup:

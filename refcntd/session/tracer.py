@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from refcntd.analysis import kept
 from refcntd.analysis.leaks import StackSource
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
@@ -19,6 +20,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.binary.plan import Plan, ProbeSite
+from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
@@ -60,9 +62,7 @@ def type_id(name: str) -> int:
 
 
 def _fixed_type_ids(plan: Plan) -> dict[str, int]:
-    names = {str(r.type_name.constant) for r in plan.spec.roles.values()
-             if r.type_name is not None and r.type_name.constant is not None}
-    return {name: type_id(name) for name in sorted(names)}
+    return {name: type_id(name) for name in sorted(plan.spec.constant_types())}
 
 
 def _fnv1a(data: bytes) -> int:
@@ -97,7 +97,7 @@ class Tracer:
             self.kernel.set_comm_filter(opts.comm_filter)
         if opts.history is not None:
             self.tracker.stub_names = frozenset(
-                f for role in plan.spec.roles.values() for f in role.functions)
+                f for role in plan.spec.entries for f in role.functions)
             if opts.history != ("all",):
                 self.kernel.set_history_types([type_id(n) for n in opts.history])
 
@@ -132,6 +132,7 @@ class Tracer:
         self.tracker.handle(ev)
 
     def _report(self, report: ProcessReport) -> None:
+        kept.set_aside(report, self.plan.spec.kept_by_library)
         self.reports.append(report)
         self._on_report(report)
 
@@ -147,7 +148,8 @@ class Tracer:
 
     def tracing_status(self) -> TracingStatus:
         failed = dict(_split_failure(f) for f in self.kernel.failed_probes)
-        probes = _probe_statuses(self.plan, failed)
+        hits = self.kernel.probe_hits()
+        probes = _probe_statuses(self.plan, failed, hits)
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         if self.kernel.stacks_freed_early:
@@ -157,13 +159,28 @@ class Tracer:
         if unseen:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
+        notes += silent_roles(self.plan, hits)
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 
-def _probe_statuses(plan: Plan, failed: dict[str, str]) -> list[ProbeStatus]:
+def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
+    """Spec entries none of whose probes fired: wrong functions, or callers that
+    bypass them (inlined, a private alias) - or a run that never needed them."""
+    def key(entry: RoleSpec) -> tuple[str, tuple[str, ...], str | None]:
+        return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
+    fired: dict[tuple[str, tuple[str, ...], str | None], int] = {}
+    for site, n in zip(plan.sites, hits, strict=True):
+        fired[key(site.spec_role)] = fired.get(key(site.spec_role), 0) + n
+    return [f"{entry.role} role never fired in this run: "
+            f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
+            for entry in plan.spec.entries if fired.get(key(entry)) == 0]
+
+
+def _probe_statuses(plan: Plan, failed: dict[str, str], hits: list[int]
+                    ) -> list[ProbeStatus]:
     """One status per entry probe, and one per function for all of its call sites."""
     out: dict[tuple[str, str, str, int], ProbeStatus] = {}
-    for i, s in enumerate(plan.sites):
+    for i, (s, n) in enumerate(zip(plan.sites, hits, strict=True)):
         error = failed.get(_site_key(s), "")
         key = (s.role, s.function, s.module, i if s.mode == "entry" else -1)
         old = out.get(key)
@@ -172,11 +189,12 @@ def _probe_statuses(plan: Plan, failed: dict[str, str]) -> list[ProbeStatus]:
                            == key[:3] and d.mode == s.mode), s.reason) if s.mode != "entry" \
                 else s.reason
             out[key] = ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, reason,
-                                   not error, error, s.mode, 1)
+                                   not error, error, s.mode, 1, n)
             continue
         worst = s.cost if s.cost == "single-step" else old.cost
         out[key] = replace(old, cost=worst, installed=old.installed and not error,
-                           error=old.error or error, sites=old.sites + 1)
+                           error=old.error or error, sites=old.sites + 1,
+                           hits=old.hits + n)
     return list(out.values())
 
 

@@ -34,17 +34,17 @@ def test_every_bundled_spec_loads(path):
 
 def test_default_spec_reads_the_perf_stub_arguments():
     spec = load_spec("perf-stubs")
-    init = spec.roles["init"]
+    (init,) = spec.roles["init"]
     assert (init.obj.arg, init.type_name.arg, init.initial_count.arg) == (3, 4, 2)
-    assert spec.roles["get"].obj.arg == 2 and spec.roles["delete"].obj.arg == 1
+    assert spec.roles["get"][0].obj.arg == 2 and spec.roles["delete"][0].obj.arg == 1
 
 
 def test_library_api_with_constructor_and_fixed_type(tmp_path):
     spec = load_spec(write(tmp_path, VALID))
-    init = spec.roles["init"]
+    (init,) = spec.roles["init"]
     assert init.obj.is_return and init.type_name.constant == "foo"
     assert init.initial_count.constant == 1
-    assert spec.roles["put"].functions == ("foo_unref", "foo_release")
+    assert spec.roles["put"][0].functions == ("foo_unref", "foo_release")
     assert not spec.has_delete
 
 
@@ -85,3 +85,65 @@ def test_cli_reports_bad_spec_in_one_line(tmp_path):
 def test_unknown_bundled_spec_name(tmp_path):
     result = refcntd(["check", "--binary", "/bin/true", "--spec", "nosuchspec"])
     assert_one_line_error(result, "no bundled spec named 'nosuchspec'", "perf-stubs")
+
+
+SEMANTICS = """\
+version: 1
+name: rich
+library: libfoo.so.1
+kept_by_library:
+  - {type: Foo, created_in: ["libfoo.so*"], reason: the library's own table}
+roles:
+  init:
+    - {functions: [foo_new, foo_dup], object: return, type: {name: Foo}}
+    - {functions: [foo_make], object: {out: arg2}, type: {arg: 1, deref: [16, 8]},
+       static_if: {offset: 0, value: -1}}
+  get: {functions: [foo_ref], object: arg1, may_be_leaked: {offset: 16, mask: 4},
+        revives: true}
+  put:
+    - {functions: [foo_unref], object: arg1, frees_at_zero: true}
+    - {functions: [bar_unref], object: arg1}
+  delete: {usdt: "foo:dispose", object: arg1, inside_last_put: before,
+           unknown_objects: count}
+  sink: {functions: [foo_ref_sink], object: arg1, floating_flag: {offset: 4, mask: 1}}
+  check: {functions: [foo_mark], object: return, may_be_leaked: {offset: 48, mask: 1}}
+"""
+
+
+def test_semantics_real_apis_need(tmp_path):
+    spec = load_spec(write(tmp_path, SEMANTICS))
+    new, make = spec.roles["init"]
+    assert new.functions == ("foo_new", "foo_dup") and new.type_name.constant == "Foo"
+    assert make.obj.out and make.obj.arg == 2 and make.obj.at_return
+    assert make.type_name.deref == (16, 8) and make.static_if == (0, -1)
+    assert spec.roles["put"][0].frees_at_zero and not spec.roles["put"][1].frees_at_zero
+    (delete,) = spec.roles["delete"]
+    assert delete.inside_last_put == "before" and delete.quiet_unknown
+    assert spec.roles["sink"][0].floating_flag == (4, 1)
+    assert spec.roles["get"][0].may_be_leaked == (16, 4) and spec.roles["get"][0].revives
+    assert spec.roles["check"][0].obj.is_return
+    assert spec.kept_by_library[0].created_in == ("libfoo.so*",)
+
+
+@pytest.mark.parametrize("old,new,key,problem", [
+    ("inside_last_put: before", "inside_last_put: during", "roles.delete.inside_last_put",
+     "one of"),
+    ("frees_at_zero: true}", "frees_at_zero: 1}", "roles.put[0].frees_at_zero",
+     "true or false"),
+    ("{functions: [foo_ref], object: arg1, may", "{functions: [foo_ref], object: arg1, "
+     "frees_at_zero: true, may", "roles.get.frees_at_zero", "unknown key"),
+    ("deref: [16, 8]", "deref: [16, 8, 0]", "roles.init[1].type.deref", "1..2"),
+    ("{out: arg2}", "{out: arg9}", "roles.init[1].object.out", "1..6"),
+    ("floating_flag: {offset: 4, mask: 1}", "floating_flag: {offset: 4}",
+     "roles.sink.floating_flag", "missing required key 'mask'"),
+    ("unknown_objects: count", "unknown_objects: hide", "roles.delete.unknown_objects",
+     "one of"),
+    ("reason: the library's own table", "why: x", "kept_by_library[0].why", "unknown key"),
+])
+def test_bad_semantics_name_file_line_and_key(tmp_path, old, new, key, problem):
+    assert old in SEMANTICS
+    path = write(tmp_path, SEMANTICS.replace(old, new))
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    assert info.value.key == key, info.value.message
+    assert problem in info.value.problem

@@ -1,0 +1,40 @@
+"""Bundled specs gobject and glib on Debian's libgobject/libglib 2.74, as installed."""
+
+from __future__ import annotations
+
+import pytest
+from catalog import assert_balanced, assert_double_caught, assert_exact_leaks, build, trace
+
+PKGS = ["gobject-2.0"]
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("glib"), "glibtypes.c", PKGS)
+
+
+@pytest.mark.parametrize("spec", ["gobject", "glib"])
+def test_balanced_program_reports_nothing(bpf, exe, tmp_path, spec):
+    out = trace(tmp_path, spec, [str(exe), spec, "balanced"])
+    assert_balanced(out)
+    if spec == "glib":  # GLib's own tables are set aside by the spec, and counted
+        assert sum(out.process["kept_by_library"].values()) >= 1
+
+
+@pytest.mark.parametrize("spec", ["gobject", "glib"])
+def test_leaks_are_exact(bpf, exe, tmp_path, spec):
+    out = trace(tmp_path, spec, [str(exe), spec, "leak"])
+    assert_exact_leaks(out)
+
+
+@pytest.mark.parametrize("spec", ["gobject", "glib"])
+def test_real_double_unref_is_caught(bpf, exe, tmp_path, spec):
+    assert_double_caught(trace(tmp_path, spec, [str(exe), spec, "double"]))
+
+
+def test_roles_that_never_fire_are_reported(bpf, exe, tmp_path):
+    """The glib spec on the GObject-only run: its GBytes and GVariant roles are idle."""
+    notes = trace(tmp_path, "glib", [str(exe), "gobject", "balanced"]).report["tracing"]["notes"]
+    silent = [n for n in notes if "never fired" in n]
+    assert any("g_bytes_new_with_free_func" in n for n in silent), notes
+    assert not any("g_hash_table_new_full" in n for n in silent), notes  # GLib's own tables

@@ -1,0 +1,105 @@
+"""`refcntd spec draft` on Debian's libgobject, libvirt and libcrypto as installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, refcntd
+
+from refcntd.binary.plan import build_plan, resolve_library
+from refcntd.binary.specdraft import propose, render
+from refcntd.errors import ConfigError
+from refcntd.inputs.spec import load_spec
+
+
+def pairs(library: str) -> dict[str, tuple[str, str, list[str]]]:
+    draft = propose(resolve_library(library, None))
+    return {t.stem: (t.get, t.put, t.constructors) for t in draft.types}
+
+
+def test_gobject_pair_and_the_constructors_g_object_new_hands_over_to():
+    found = pairs("libgobject-2.0.so.0")
+    get, put, ctors = found["g_object"]
+    assert (get, put) == ("g_object_ref", "g_object_unref")
+    assert ctors == ["g_object_new_valist", "g_object_new_with_properties", "g_object_newv"]
+    assert "g_object_weak" not in found  # weak references are not a count
+
+
+def test_libcrypto_up_ref_free_pairs():
+    found = pairs("libcrypto.so.3")
+    assert found["X509"][:2] == ("X509_up_ref", "X509_free")
+    assert {"X509_new", "d2i_X509", "X509_dup"} <= set(found["X509"][2])
+    assert found["EVP_PKEY"][:2] == ("EVP_PKEY_up_ref", "EVP_PKEY_free")
+    assert "EVP_PKEY_new" in found["EVP_PKEY"][2]
+    assert found["BIO"][:2] == ("BIO_up_ref", "BIO_free")
+    assert "BIO_new_ex" in found["BIO"][2] and "BIO_new" not in found["BIO"][2]  # via PLT
+
+
+def test_libvirt_usdt_lifecycle_and_function_pairs():
+    draft = propose(resolve_library("libvirt.so.0", None))
+    (group,) = draft.usdt
+    assert {r: p.full_name for r, p in group.probes.items()} == {
+        "init": "libvirt:object_new", "get": "libvirt:object_ref",
+        "put": "libvirt:object_unref", "delete": "libvirt:object_dispose"}
+    assert any("inside_last_put" in u for u in draft.unplaced)
+    stems = {t.stem: (t.get, t.put) for t in draft.types}
+    assert stems["virDomain"] == ("virDomainRef", "virDomainFree")
+
+
+@pytest.mark.parametrize("library", ["libgobject-2.0.so.0", "libvirt.so.0", "libcrypto.so.3"])
+def test_a_draft_is_a_valid_spec_that_only_check_accepts(tmp_path, library):
+    path = tmp_path / "draft.yaml"
+    path.write_text(render(propose(resolve_library(library, None)), "d"))
+    spec = load_spec(str(path), allow_draft=True)
+    assert spec.draft and {"init", "get", "put"} <= spec.roles.keys()
+    with pytest.raises(ConfigError, match="draft"):
+        load_spec(str(path))
+
+
+def test_cli_draft_then_check_lists_what_it_could_not_place(tmp_path):
+    out = tmp_path / "gobject-draft.yaml"
+    lib = resolve_library("libgobject-2.0.so.0", None)
+    assert refcntd(["spec", "draft", "--library", lib, "--output", str(out)]).returncode == 0
+    result = refcntd(["check", "--binary", lib, "--spec", str(out)])
+    assert result.returncode != 0  # a draft is not a clean bill
+    assert "UNPLACED (draft): g_param_spec" in result.stdout
+    assert "a DRAFT" in result.stdout
+    assert_one_line_error(refcntd(["run", "--spec", str(out), "--", "/bin/true"]), "draft")
+    assert_one_line_error(refcntd(["spec", "draft", "--library", str(Path(tmp_path))]))
+
+
+DOUBLE = """\
+version: 1
+name: double
+library: libglib-2.0.so.0
+roles:
+  init:
+    - {functions: [g_variant_new_int32, g_variant_new_from_bytes], object: return,
+       type: {name: GVariant}}
+    - {functions: [g_hash_table_new, g_hash_table_new_full], object: return,
+       type: {name: GHashTable}}
+  get: {functions: [g_variant_ref], object: arg1}
+  put: {functions: [g_variant_unref], object: arg1}
+  sink: {functions: [g_variant_ref_sink], object: arg1, floating_flag: {offset: 32, mask: 8}}
+"""
+
+
+def test_check_finds_what_would_count_twice(tmp_path):
+    """g_variant_new_int32 calls g_variant_new_from_bytes, g_hash_table_new jumps
+    to g_hash_table_new_full (tail call), g_variant_ref_sink calls g_variant_ref."""
+    spec = tmp_path / "double.yaml"
+    spec.write_text(DOUBLE)
+    problems = build_plan(load_spec(str(spec)), "/bin/true").problems
+    assert sorted(problems) == [
+        "init: g_hash_table_new hands over to g_hash_table_new_full, both listed: each "
+        "object would be created twice; keep g_hash_table_new_full only",
+        "init: g_variant_new_int32 hands over to g_variant_new_from_bytes, both listed: each "
+        "object would be created twice; keep g_variant_new_from_bytes only",
+        "sink: g_variant_ref_sink calls g_variant_ref itself, which the get role already "
+        "counts: drop the sink role for it"]
+
+
+@pytest.mark.parametrize("spec", ["gobject", "glib", "gstreamer", "openssl", "cairo"])
+def test_bundled_specs_count_nothing_twice(spec):
+    assert build_plan(load_spec(spec), "/bin/true").problems == []
