@@ -19,7 +19,9 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           gcc libc6-dev make binutils systemtap-sdt-dev systemd curl
           # libraries of the bundled specs (configs/specs), for their tests
           pkg-config libglib2.0-dev libgstreamer1.0-dev libvirt-dev libvirt0 libssl-dev
-          libcairo2-dev)
+          libcairo2-dev
+          # promtool and a real Prometheus for the rules tests (configs/prometheus)
+          prometheus)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

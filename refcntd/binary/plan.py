@@ -181,8 +181,9 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
             _plan_usdt(plan, role, images[module], module)
         else:
             _plan_role(plan, role, images[module], module)
-    libraries: dict[str, str | None] = {role.library or "": (resolve_library(role.library, main) if role.library
-                                       else str(main.path.resolve())) for role in spec.entries}
+    libraries: dict[str, str | None] = {
+        role.library or "": (resolve_library(role.library, main) if role.library
+                             else str(main.path.resolve())) for role in spec.entries}
     plan.problems += specchecks.double_counts(spec, libraries, images)
     plan.loader = find_loader_probe(main)
     if plan.loader is None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib.metadata
 
-from refcntd.errors import RefcntdError, UsageError
-from refcntd.inputs.config import load_config
+from refcntd import __version__
+from refcntd.errors import EXIT_INCOMPLETE, RefcntdError, UsageError
+from refcntd.inputs.config import Config, load_config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -13,18 +16,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from refcntd.service import httpserver
     from refcntd.service.daemon import Daemon, setup_logging
+    from refcntd.service.metrics import BuildInfo
     config = load_config(args.config)
     if args.check:
-        print(f"{config.path}: ok, {len(config.targets)} target(s), metrics on "
-              f"{config.listen_host}:{config.listen_port}, reports in {config.report_dir}")
-        return 0
+        return _check(config, args.strict)
     setup_logging()
     daemon = Daemon(config, strict=args.strict)
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(daemon.collector())
+    registry.register(BuildInfo(__version__, _bcc_version()))
+    ready = httpserver.Readiness()
     try:
-        httpserver.start(config.listen_host, config.listen_port, registry)
+        httpserver.start(config.listen_host, config.listen_port, registry, ready, daemon.status)
     except OSError as err:
         raise UsageError(f"cannot listen on {config.listen_host}:{config.listen_port}: "
                          f"{err.strerror}", f"change 'listen' in {config.path}") from None
@@ -33,5 +37,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except RefcntdError:
         daemon.shutdown()
         raise
+    ready.set()
     daemon.run()
     return 0
+
+
+def _check(config: Config, strict: bool) -> int:
+    """The file is valid; with --strict also every target's binaries can be probed."""
+    print(f"{config.path}: ok, {len(config.targets)} target(s), metrics on "
+          f"{config.listen_host}:{config.listen_port}, reports in {config.report_dir}")
+    if not strict:
+        return 0
+    from refcntd.binary.plan import build_plan
+    failed = 0
+    for target in config.targets:
+        for path in sorted(glob.glob(target.path)) or [target.path]:
+            try:
+                build_plan(target.spec, path).require_complete()
+                print(f"target {target.name}: {path}: every role can be probed")
+            except RefcntdError as err:
+                failed += 1
+                print(f"target {target.name}: {path}: CANNOT ATTACH: {err.message}")
+    return EXIT_INCOMPLETE if failed else 0
+
+
+def _bcc_version() -> str:
+    try:
+        return importlib.metadata.version("bcc")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -33,6 +33,7 @@ from refcntd.session.tracer import TraceOptions, Tracer
 
 log = logging.getLogger("refcntd")
 IDLE_S = 0.05
+RETENTION_EVERY_S = 60.0  # old reports are pruned on a timer, not only on the next write
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
 
@@ -41,6 +42,7 @@ class TargetRuntime:
     target: Target
     stats: TargetStats
     tracers: dict[str, Tracer] = field(default_factory=dict)  # binary path -> tracer
+    attached_at: dict[str, float] = field(default_factory=dict)  # binary path -> time.time()
     failed: dict[str, str] = field(default_factory=dict)  # binary path -> why
 
 
@@ -54,6 +56,8 @@ class Daemon:
         self.stop = False
         self.reload_requested = False
         self._proc_events = _ProcConnector()
+        self.started = time.time()
+        self._next_prune = 0.0
 
     # ---- lifecycle -----------------------------------------------------------
     def attach_all(self) -> None:
@@ -76,8 +80,19 @@ class Daemon:
             if self.reload_requested:
                 self.reload_requested = False
                 self.reload()
+            self._prune_on_timer()
         _sd_notify("STOPPING=1")
         self.shutdown()
+
+    def _prune_on_timer(self) -> None:
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + RETENTION_EVERY_S
+        try:
+            self.store.prune()
+        except OSError as err:
+            log.error("pruning reports in %s failed: %s", self.store.dir, err.strerror)
 
     def _on_stop(self, _sig: int, _frame: object) -> None:
         self.stop = True
@@ -118,6 +133,7 @@ class Daemon:
                 raise
             return
         runtime.tracers[path] = tracer
+        runtime.attached_at[path] = time.time()
         runtime.stats.tracers = list(runtime.tracers.values())
         runtime.stats.probes_failed = 0
         for failure in tracer.kernel.failed_probes:
@@ -157,9 +173,47 @@ class Daemon:
             for name, target in wanted.items():
                 if name not in self.targets:
                     self._add_target(target)
+                else:
+                    self._apply_live(self.targets[name], target)
+            self._apply_settings(new)
             self.config = new
-            self.store.retention = new.retention
         log.info("reloaded %s: %d target(s)", new.path, len(self.targets))
+
+    def _apply_live(self, runtime: TargetRuntime, target: Target) -> None:
+        """Settings of a kept target that need no new probes."""
+        if target.age_threshold_s != runtime.target.age_threshold_s:
+            log.info("target=%s age_threshold %.0fs -> %.0fs", target.name,
+                     runtime.target.age_threshold_s, target.age_threshold_s)
+        runtime.target = target
+        runtime.stats.age_threshold_s = target.age_threshold_s
+
+    def _apply_settings(self, new: Config) -> None:
+        """Daemon-wide settings: applied live, or a log line saying a restart is needed."""
+        old = self.config
+        if (new.listen_host, new.listen_port) != (old.listen_host, old.listen_port):
+            log.warning("listen %s:%d -> %s:%d needs a restart; still listening on %s:%d",
+                        old.listen_host, old.listen_port, new.listen_host, new.listen_port,
+                        old.listen_host, old.listen_port)
+        if new.report_dir != old.report_dir:
+            log.info("report_dir %s -> %s", old.report_dir, new.report_dir)
+            stats = self.store.stats
+            self.store = ReportStore(new.report_dir, new.retention)
+            self.store.stats = stats  # counters never go down
+        self.store.retention = new.retention
+        self._next_prune = 0.0  # apply the new retention limits now, before "reloaded"
+        self._prune_on_timer()
+
+    def status(self) -> dict[str, object]:
+        """What /status shows: per target, which binaries are attached and since when."""
+        with self.lock:
+            return {"started": self.started, "config": self.config.path, "targets": {
+                name: {"path": rt.target.path,
+                       "attached": {path: {"probes": len(tr.plan.sites), "since": since,
+                                           "build_ids": {m.path: m.build_id
+                                                         for m in tr.plan.modules.values()}}
+                                    for path, (tr, since) in _with_since(rt).items()},
+                       "failed": dict(rt.failed)}
+                for name, rt in self.targets.items()}}
 
     # ---- reports ----------------------------------------------------------------
     def _on_report(self, runtime: TargetRuntime, p: ProcessReport) -> None:
@@ -201,6 +255,11 @@ class Daemon:
 
     def collector(self) -> RefcntdCollector:
         return RefcntdCollector(self.view, lambda: self.store.stats)
+
+
+def _with_since(runtime: TargetRuntime) -> dict[str, tuple[Tracer, float]]:
+    return {path: (tracer, runtime.attached_at.get(path, 0.0))
+            for path, tracer in runtime.tracers.items()}
 
 
 class _JournalFormatter(logging.Formatter):

@@ -8,6 +8,7 @@ exited processes, so they never go down.
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -98,6 +99,8 @@ class RefcntdCollector:
         f["attach_errors"].add_metric([t], s.attach_errors)
         for (name, op), n in sorted(ops.items()):
             f["operations"].add_metric([t, name, op], n)
+        for name, _op in ops:  # a known type with nothing live is 0, not an absent series
+            live.setdefault(name, [])
         for name, ages in sorted(live.items()):
             f["live"].add_metric([t, name], len(ages))
             f["older"].add_metric([t, name], sum(1 for a in ages if a > s.age_threshold_s))
@@ -178,3 +181,17 @@ def _families() -> _Families:
         "dropped": c("refcntd_dropped_records", "Records the kernel side could not keep",
                      labels=["target", "reason"]),
     }
+
+
+class BuildInfo:
+    """refcntd_build_info: which refcntd, Python, bcc and kernel answer this scrape."""
+
+    def __init__(self, version: str, bcc: str) -> None:
+        self.labels = {"version": version, "python": platform.python_version(),
+                       "bcc": bcc, "kernel": platform.release()}
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily("refcntd_build_info", "Always 1; the labels say what is running",
+                              labels=list(self.labels))
+        g.add_metric(list(self.labels.values()), 1)
+        yield g
