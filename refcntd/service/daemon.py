@@ -33,6 +33,7 @@ from refcntd.session.tracer import TraceOptions, Tracer
 
 log = logging.getLogger("refcntd")
 IDLE_S = 0.05
+WATCH_EVERY_S = 1.0  # how often target paths are checked for new, replaced or removed files
 RETENTION_EVERY_S = 60.0  # old reports are pruned on a timer, not only on the next write
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
@@ -43,6 +44,7 @@ class TargetRuntime:
     stats: TargetStats
     tracers: dict[str, Tracer] = field(default_factory=dict)  # binary path -> tracer
     attached_at: dict[str, float] = field(default_factory=dict)  # binary path -> time.time()
+    identity: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # path -> (dev, inode)
     failed: dict[str, str] = field(default_factory=dict)  # binary path -> why
 
 
@@ -58,6 +60,7 @@ class Daemon:
         self._proc_events = _ProcConnector()
         self.started = time.time()
         self._next_prune = 0.0
+        self._next_watch = 0.0
 
     # ---- lifecycle -----------------------------------------------------------
     def attach_all(self) -> None:
@@ -81,8 +84,51 @@ class Daemon:
                 self.reload_requested = False
                 self.reload()
             self._prune_on_timer()
+            self._watch_on_timer()
         _sd_notify("STOPPING=1")
         self.shutdown()
+
+    def _watch_on_timer(self) -> None:
+        now = time.monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + WATCH_EVERY_S
+        with self.lock:
+            for runtime in list(self.targets.values()):
+                self._follow(runtime)
+
+    def _follow(self, runtime: TargetRuntime) -> None:
+        """Attach binaries that appeared, re-attach replaced ones (package upgrades:
+        a new inode at the same path), detach the ones that are gone."""
+        name = runtime.target.name
+        present = {p: _identity(p) for p in glob.glob(runtime.target.path)}
+        for path in list(runtime.tracers):
+            now = present.get(path)
+            if now == runtime.identity.get(path):
+                continue
+            why = "removed" if now is None else "replaced (new inode)"
+            log.warning("target=%s binary=%s %s: detaching", name, path, why)
+            self._detach_binary(runtime, path)
+        for path, ident in sorted(present.items()):
+            if ident is None or path in runtime.tracers:
+                continue
+            if path in runtime.failed and runtime.identity.get(path) == ident:
+                continue  # failed on this very file: retry only when it changes
+            runtime.failed.pop(path, None)
+            log.info("target=%s binary=%s appeared: attaching", name, path)
+            self._attach_binary(runtime, path)
+        if present:  # a glob that matched nothing at start is no longer a failure
+            for path in [p for p in runtime.failed if p not in present]:
+                del runtime.failed[path]
+        runtime.stats.attach_errors = len(runtime.failed)
+
+    def _detach_binary(self, runtime: TargetRuntime, path: str) -> None:
+        tracer = runtime.tracers.pop(path)
+        runtime.attached_at.pop(path, None)
+        runtime.identity.pop(path, None)
+        tracer.finish(RunResult("serve", runtime.target.spec.name, path))
+        tracer.kernel.detach()
+        runtime.stats.tracers = list(runtime.tracers.values())
 
     def _prune_on_timer(self) -> None:
         now = time.monotonic()
@@ -127,6 +173,7 @@ class Daemon:
             tracer.start()
         except RefcntdError as err:
             runtime.failed[path] = err.message
+            runtime.identity[path] = _identity(path)
             runtime.stats.attach_errors = len(runtime.failed)
             log.error("target=%s binary=%s cannot attach: %s", target.name, path, err.message)
             if self.strict:
@@ -134,6 +181,7 @@ class Daemon:
             return
         runtime.tracers[path] = tracer
         runtime.attached_at[path] = time.time()
+        runtime.identity[path] = _identity(path)
         runtime.stats.tracers = list(runtime.tracers.values())
         runtime.stats.probes_failed = 0
         for failure in tracer.kernel.failed_probes:
@@ -152,6 +200,8 @@ class Daemon:
         """A newly exec'd program matching a target's glob is attached at once."""
         with self.lock:
             for runtime in self.targets.values():
+                if exe in runtime.identity and runtime.identity[exe] != _identity(exe):
+                    self._follow(runtime)  # replaced since attached: don't wait for the timer
                 if exe not in runtime.tracers and exe not in runtime.failed and \
                         fnmatch.fnmatch(exe, runtime.target.path):
                     log.info("target=%s new binary %s (pid %d)", runtime.target.name, exe, tgid)
@@ -255,6 +305,15 @@ class Daemon:
 
     def collector(self) -> RefcntdCollector:
         return RefcntdCollector(self.view, lambda: self.store.stats)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path` now; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _with_since(runtime: TargetRuntime) -> dict[str, tuple[Tracer, float]]:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
+import subprocess
+import time
 
-from conftest import FIXTURES
-from test_serve import Serve, free_port, target_yaml
+from conftest import FIXTURES, leak_summary
+from test_run import PERFLIKE_LEAKS
+from test_serve import Serve, free_port, metric, target_yaml
 
 
 def test_reload_applies_what_it_can_and_says_what_needs_a_restart(bpf, build, tmp_path):
@@ -30,4 +36,60 @@ def test_reload_applies_what_it_can_and_says_what_needs_a_restart(bpf, build, tm
         assert sorted(p.name for p in new_dir.glob("*.json")) == [
             "20200103T000000.000000Z-svc-3.json", "20200104T000000.000000Z-svc-4.json"]
         assert serve.scrape()  # still served on the old port
+        assert serve.stop() == 0
+
+
+def _report_of(serve: Serve, pid: int) -> dict:
+    serve.wait_log(f"pid={pid} ", 30)
+    found = [p for p in serve.reports.glob(f"*-{pid}.json")]
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+def _wait_count(serve: Serve, needle: str, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while serve.log.count(needle) < n and time.monotonic() < deadline:
+        _read_some(serve)
+    assert serve.log.count(needle) >= n, serve.log
+
+
+def _read_some(serve: Serve) -> None:
+    try:
+        serve.wait_log("\0", 0.5)  # a needle never logged: just reads for 0.5 s
+    except AssertionError:
+        pass
+
+
+def test_replaced_binary_is_traced_again(bpf, build, tmp_path):
+    target = tmp_path / "perf"
+    shutil.copy(build.perflike("O2fp"), target)
+    with Serve(tmp_path, target_yaml("perf", target)) as serve:
+        first = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
+        assert first.wait(60) == 0
+        assert leak_summary(_report_of(serve, first.pid)["processes"][0]) == PERFLIKE_LEAKS
+        # a package upgrade: the new file is renamed over the old path (new inode)
+        staged = tmp_path / "perf.dpkg-new"
+        shutil.copy(build.perflike("O2fp"), staged)
+        os.replace(staged, target)
+        serve.wait_log(f"binary={target} replaced (new inode)", 30)
+        serve.wait_log(f"binary={target} appeared: attaching", 30)
+        _wait_count(serve, f"binary={target} attached", 2)
+        second = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
+        assert second.wait(60) == 0
+        report = _report_of(serve, second.pid)
+        assert leak_summary(report["processes"][0]) == PERFLIKE_LEAKS
+        assert report["tracing"]["complete"], report["tracing"]
+        assert serve.stop() == 0
+
+
+def test_binary_created_after_start_is_attached(bpf, build, tmp_path):
+    target = tmp_path / "later"
+    with Serve(tmp_path, target_yaml("later", target)) as serve:
+        assert f"binary={target} cannot attach" in serve.log
+        shutil.copy(build.perflike("O2fp"), target)
+        serve.wait_log(f"binary={target} attached", 60)
+        proc = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
+        assert proc.wait(60) == 0
+        assert leak_summary(_report_of(serve, proc.pid)["processes"][0]) == PERFLIKE_LEAKS
+        assert metric(serve.scrape(), "refcntd_target_attach_errors", target="later") == 0
         assert serve.stop() == 0
