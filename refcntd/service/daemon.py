@@ -44,7 +44,7 @@ class TargetRuntime:
     stats: TargetStats
     tracers: dict[str, Tracer] = field(default_factory=dict)  # binary path -> tracer
     attached_at: dict[str, float] = field(default_factory=dict)  # binary path -> time.time()
-    identity: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # path -> (dev, inode)
+    identity: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # (dev, inode)
     failed: dict[str, str] = field(default_factory=dict)  # binary path -> why
 
 
