@@ -16,7 +16,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
-          gcc libc6-dev make binutils systemtap-sdt-dev systemd curl)
+          gcc libc6-dev make binutils systemtap-sdt-dev systemd curl libdw1)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

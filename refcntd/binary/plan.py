@@ -82,6 +82,8 @@ class Plan:
     usdt: dict[str, list[sdt.SdtProbe]] = field(default_factory=dict)  # module -> its SDT probes
     problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
     notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
+    # DWARF the scan could not examine (tracing incomplete): reason -> units not examined
+    scan_gaps: dict[str, int] = field(default_factory=dict)
 
     def require_complete(self) -> None:
         if self.problems:
@@ -178,7 +180,9 @@ def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None
             _plan_symbol(plan, role, image, module, sym)
         clones = _plan_clones(plan, role, image, module, fname)
         found_any = found_any or bool(syms) or clones
-    inlined = dwarfinfo.inlined_copies(image, set(role.functions))
+    scan = dwarfinfo.inlined_copies(image, set(role.functions))
+    _note_scan_gaps(plan, role, module, scan)
+    inlined = scan.copies
     for copy in inlined:
         plan.problems.append(
             f"{role.role}: {copy.function} was inlined at {copy.count} call site(s) in {module} "
@@ -188,6 +192,17 @@ def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None
         names = ", ".join(role.functions)
         where = module if image.has_symtab else f"{module} (stripped: no .symtab)"
         plan.problems.append(f"{role.role}: no function {names} in {where}")
+
+
+def _note_scan_gaps(plan: Plan, role: RoleSpec, module: str, scan: dwarfinfo.InlinedScan
+                    ) -> None:
+    """Units the inlined-copy scan did not reach make tracing incomplete, said by name."""
+    if scan.complete:
+        return
+    shown = ", ".join(scan.not_examined[:5]) + (", ..." if len(scan.not_examined) > 5 else "")
+    why = (f"compilation units of {module} not examined for inlined copies of "
+           f"{', '.join(role.functions)} ({shown}): calls inlined there would not be counted")
+    plan.scan_gaps[why] = len(scan.not_examined)
 
 
 def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,

@@ -18,7 +18,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
-    return EXIT_INCOMPLETE if plan.problems else 0
+    return EXIT_INCOMPLETE if plan.problems or plan.scan_gaps else 0
 
 
 def render_check(plan: Plan, pid: int | None = None) -> str:
@@ -39,9 +39,17 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
         lines.append(f"         caller: {caller}")
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"PROBLEM: {p}" for p in plan.problems]
-    lines.append("result: " + ("cannot trace: a required probe cannot be placed"
-                               if plan.problems else "every role can be probed"))
+    lines += [f"INCOMPLETE: {n} {why}" for why, n in plan.scan_gaps.items()]
+    lines.append("result: " + _verdict(plan))
     return "\n".join(lines)
+
+
+def _verdict(plan: Plan) -> str:
+    if plan.problems:
+        return "cannot trace: a required probe cannot be placed"
+    if plan.scan_gaps:
+        return "every role can be probed, but the DWARF scan is incomplete (see INCOMPLETE)"
+    return "every role can be probed"
 
 
 def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:

@@ -143,6 +143,7 @@ class Tracer:
                   for s in self.plan.sites]
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
+        lost.update(self.plan.scan_gaps)  # DWARF not examined for inlined copies
         if self.kernel.stacks_freed_early:
             lost["allocation stacks freed with another process that shared them"] = \
                 self.kernel.stacks_freed_early
