@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from refcntd.binary import dwarfinfo, probepoint, sdt
+from refcntd.binary.analysiscache import DwarfFacts
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -84,6 +85,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # worth knowing, not fatal
     # DWARF the scan could not examine (tracing incomplete): reason -> units not examined
     scan_gaps: dict[str, int] = field(default_factory=dict)
+    dwarf_cached: dict[str, bool] = field(default_factory=dict)  # module -> answers from cache
 
     def require_complete(self) -> None:
         if self.problems:
@@ -149,6 +151,7 @@ def build_plan(spec: Spec, binary: str) -> Plan:
     plan = Plan(spec)
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
+    facts: dict[str, DwarfFacts] = {}
     for role in spec.roles.values():
         module = str(main.path.resolve())
         if role.library:
@@ -158,7 +161,12 @@ def build_plan(spec: Spec, binary: str) -> Plan:
         if role.usdt:
             _plan_usdt(plan, role, images[module], module)
         else:
-            _plan_role(plan, role, images[module], module)
+            if module not in facts:
+                facts[module] = DwarfFacts(images[module], spec)
+            _plan_role(plan, role, facts[module], module)
+    for f in facts.values():
+        f.save()
+    plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}
     plan.loader = find_loader_probe(main)
     if plan.loader is None:
         plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
@@ -172,15 +180,16 @@ def build_plan(spec: Spec, binary: str) -> Plan:
     return plan
 
 
-def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None:
+def _plan_role(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str) -> None:
+    image = facts.image
     found_any = False
     for fname in role.functions:
         syms = image.symbols.get(fname, [])
         for sym in syms:
             _plan_symbol(plan, role, image, module, sym)
-        clones = _plan_clones(plan, role, image, module, fname)
+        clones = _plan_clones(plan, role, facts, module, fname)
         found_any = found_any or bool(syms) or clones
-    scan = dwarfinfo.inlined_copies(image, set(role.functions))
+    scan = facts.inlined_copies(set(role.functions))
     _note_scan_gaps(plan, role, module, scan)
     inlined = scan.copies
     for copy in inlined:
@@ -242,8 +251,10 @@ def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: st
                                 **function_locations(role)))
 
 
-def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> bool:
+def _plan_clones(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str, fname: str
+                 ) -> bool:
     """Probe gcc's copies of `fname` whose argument registers DWARF establishes."""
+    image = facts.image
     planned = False
     for clone in image.clones_of(fname):
         kind = CLONE_RE.match(clone.name).group("kind")
@@ -251,7 +262,7 @@ def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname
             plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
                               "nothing to probe")
             continue
-        remapped = _remap_for_clone(role, image, clone, fname)
+        remapped = _remap_for_clone(role, facts, clone, fname)
         if isinstance(remapped, str):
             plan.problems.append(f"{role.role}: gcc made a copy {clone.name} of {fname} in "
                                  f"{module} ({kind} clone): calls to it bypass a probe on "
@@ -264,12 +275,12 @@ def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname
     return planned
 
 
-def _remap_for_clone(role: RoleSpec, image: ElfImage, clone: Symbol, fname: str
+def _remap_for_clone(role: RoleSpec, facts: DwarfFacts, clone: Symbol, fname: str
                      ) -> RoleSpec | str:
     """The role with argument indexes as the clone receives them, or why not."""
-    if not image.has_debug_info:
+    if not facts.image.has_debug_info:
         return "without DWARF its argument layout is unknown"
-    regs = dwarfinfo.clone_argument_registers(image, clone.vaddr, fname)
+    regs = facts.clone_registers(clone.vaddr, fname)
     if regs is None:
         return "its DWARF does not describe it"
 

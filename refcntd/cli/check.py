@@ -28,6 +28,9 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
                   f"  build-id: {mod.build_id or 'none (stacks resolvable only while it runs)'}",
                   f"  frame pointers: {mod.frame_pointers}",
                   f"  symbol table: {'.symtab and .dynsym' if mod.has_symtab else '.dynsym only'}"]
+        if mod.path in plan.dwarf_cached:
+            lines.append("  dwarf answers: " + ("from the analysis cache" if
+                                                plan.dwarf_cached[mod.path] else "computed"))
         lines += render_usdt(plan, mod.path, pid)
     for site in plan.sites:
         lines.append(f"{site.role:<6} {site.function} at 0x{site.symbol_vaddr:x}: probe "
