@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from elftools.dwarf.compileunit import CompileUnit
 from elftools.dwarf.die import DIE
 
+from refcntd import progress
 from refcntd.binary import libdw
 from refcntd.binary.elf import ElfImage
 
@@ -127,7 +128,10 @@ def _libdw_inlined(image: ElfImage, names: set[str], budget_s: float
     dies: list[DIE] = []
     cross: list[CompileUnit] = []
     with libdw.Dwarf(image.path) as dw:
-        for unit_off, die_off in dw.unit_offsets():
+        units = list(dw.unit_offsets())
+        for done, (unit_off, die_off) in enumerate(units):
+            if done % 64 == 0:
+                progress.advance(done, len(units))
             cu = dwarf.get_CU_at(unit_off)
             if _refers_across_units(cu):
                 cross.append(cu)

@@ -6,15 +6,16 @@ import argparse
 from pathlib import Path
 
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import Plan, build_plan
+from refcntd.binary.plan import Plan
 from refcntd.binary.sdt import semaphore_file_offset
+from refcntd.cli.stages import analyse
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.kernel.procmem import semaphore_value
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    plan = build_plan(load_spec(args.spec), args.binary)
+    plan = analyse(load_spec(args.spec), args.binary)
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))

@@ -59,7 +59,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
              f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
              f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
-             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={max(probe_count, 1)}",
+             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={probe_slots(probe_count)}",
              f"-DMAX_GRAVES={opts.max_graves}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
@@ -72,6 +72,33 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
               f"-DMAX_SITES={opts.max_sites}"]
     return flags
+
+
+def probe_slots(probe_count: int) -> int:
+    """probe_cfgs' size: a power of two >= 16, so a compile started before the binary
+    analysis has counted the probes (kernel/precompile.py) usually has the right size."""
+    slots = 16
+    while slots < probe_count:
+        slots *= 2
+    return slots
+
+
+def prepare() -> Any:
+    """Privileges, tracefs and kernel headers checked; bcc imported and returned."""
+    check_privileges()
+    ensure_tracefs()
+    os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
+    return _import_bcc()
+
+
+def compile_program(opts: KernelOptions, probe_count: int) -> Any:
+    """bcc's compile and load of bpf/refcntd.c: about 2 s, so also run ahead in a thread."""
+    bcc = prepare()
+    try:
+        return bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"), cflags=bpf_cflags(opts, probe_count))
+    except Exception as err:  # bcc raises bare Exception for compile/load errors
+        raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
+                                 "check kernel headers (BCC_KERNEL_SOURCE)") from None
 
 
 def check_privileges() -> None:
@@ -114,11 +141,10 @@ def _import_bcc() -> object:
 class Kernel:
     """Loaded BPF state and attached probes; a context manager that always detaches."""
 
-    def __init__(self, opts: KernelOptions, sites: list[ProbeSite]) -> None:
-        check_privileges()
-        ensure_tracefs()
-        os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
-        bcc = _import_bcc()
+    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None
+                 ) -> None:
+        """`program`: bpf/refcntd.c already compiled for `opts` (compile_program)."""
+        bcc = prepare()
         self._bcc = bcc
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
@@ -126,8 +152,7 @@ class Kernel:
         self.failed_probes: list[str] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         try:
-            self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
-                               cflags=bpf_cflags(opts, len(sites)))
+            self.bpf = program if program is not None else compile_program(opts, len(sites))
             self.layout_checked = _check_layout(self.bpf, opts)
             self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
         except EnvironmentProblem:
