@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from refcntd import __version__
@@ -66,11 +66,16 @@ class DwarfFacts:
         return (self.cache_dir or CACHE_DIR) / "analysis" / name
 
     def inlined_copies(self, names: set[str]) -> dwarfinfo.InlinedScan:
-        k = ",".join(sorted(names))
+        """Of `names`; one scan serves every role of the spec (a scan costs a pass)."""
+        k = ",".join(sorted(self._all_names()))
         if k not in self.inlined:
-            self.inlined[k] = dwarfinfo.inlined_copies(self.image, names)
+            self.inlined[k] = dwarfinfo.inlined_copies(self.image, self._all_names())
             self.dirty = True
-        return self.inlined[k]
+        scan = self.inlined[k]
+        return replace(scan, copies=tuple(c for c in scan.copies if c.function in names))
+
+    def _all_names(self) -> set[str]:
+        return {f for role in self.spec.roles.values() for f in role.functions}
 
     def clone_registers(self, vaddr: int, original: str) -> dict[int, int] | None:
         k = f"{vaddr:x} {original}"

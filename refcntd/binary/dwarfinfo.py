@@ -22,16 +22,13 @@ from elftools.dwarf.compileunit import CompileUnit
 from elftools.dwarf.die import DIE
 
 from refcntd import progress
-from refcntd.binary import libdw
+from refcntd.binary import abbrev, libdw
 from refcntd.binary.elf import ElfImage
 
 # DWARF x86-64 register numbers of the six integer argument registers.
 _DWARF_ARG_REG = {5: 1, 4: 2, 1: 3, 2: 4, 8: 5, 9: 6}  # rdi rsi rdx rcx r8 r9
 DW_OP_REG0 = 0x50
 WALK_BUDGET_S = 20.0
-# Forms by which an inlined copy may name an origin outside its own unit.
-_CROSS_UNIT_FORMS = {"DW_FORM_ref_addr", "DW_FORM_GNU_ref_alt", "DW_FORM_ref_sup4",
-                     "DW_FORM_ref_sup8", "DW_FORM_ref_sig8"}
 
 
 @dataclass(frozen=True)
@@ -127,33 +124,23 @@ def _libdw_inlined(image: ElfImage, names: set[str], budget_s: float
     dwarf = image.elffile().get_dwarf_info()
     dies: list[DIE] = []
     cross: list[CompileUnit] = []
+    section = image.elffile().get_section_by_name(".debug_abbrev")
+    crossing = abbrev.cross_unit_tables(section.data()) if section is not None else set()
     with libdw.Dwarf(image.path) as dw:
         units = list(dw.unit_offsets())
-        for done, (unit_off, die_off) in enumerate(units):
+        for done, (unit_off, die_off, abbrev_off) in enumerate(units):
             if done % 64 == 0:
                 progress.advance(done, len(units))
-            cu = dwarf.get_CU_at(unit_off)
-            if _refers_across_units(cu):
-                cross.append(cu)
+            if abbrev_off in crossing:
+                cross.append(dwarf.get_CU_at(unit_off))
                 continue
             unit = dw.die_at(die_off)
             for fn in dw.top_functions(unit) if unit is not None else ():
                 if dw.name(fn) in names:
+                    cu = dwarf.get_CU_at(unit_off)
                     dies += [cu.get_DIE_from_refaddr(off) for off in dw.inline_instances(fn)]
     walked, gaps = _walk_inlined(image, names, iter(cross), budget_s)
     return dies + walked, gaps
-
-
-def _refers_across_units(cu: CompileUnit) -> bool:
-    """An abbreviation that can point an abstract origin into another unit, or import one."""
-    # pyelftools has no public iterator over a table; its map is stable since 0.26
-    for decl in cu.get_abbrev_table()._abbrev_map.values():
-        if decl["tag"] in ("DW_TAG_imported_unit", "DW_TAG_partial_unit"):
-            return True
-        for spec in decl["attr_spec"]:
-            if spec.name == "DW_AT_abstract_origin" and spec.form in _CROSS_UNIT_FORMS:
-                return True
-    return False
 
 
 # ---- clones ----------------------------------------------------------------------
@@ -182,7 +169,7 @@ def _libdw_subprograms_at(image: ElfImage, vaddr: int) -> list[DIE]:
     with libdw.Dwarf(image.path) as dw:
         unit = dw.unit_at_address(vaddr)
         units = [unit] if unit is not None else \
-            [u for _, d in dw.unit_offsets() if (u := dw.die_at(d)) is not None]
+            [u for _, d, _ in dw.unit_offsets() if (u := dw.die_at(d)) is not None]
         offsets = [dw.offset(fn) for u in units for fn in dw.top_functions(u)
                    if dw.low_pc(fn) == vaddr]
     return [dwarf.get_DIE_from_refaddr(off) for off in offsets]

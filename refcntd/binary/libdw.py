@@ -90,12 +90,12 @@ class Dwarf:
         self._lib.dwarf_end(self._dbg)
         os.close(self._fd)
 
-    def unit_offsets(self) -> Iterator[tuple[int, int]]:
-        """(unit header offset, unit DIE offset) of every unit in .debug_info."""
-        off, nxt, hsize = 0, ctypes.c_uint64(), ctypes.c_size_t()
+    def unit_offsets(self) -> Iterator[tuple[int, int, int]]:
+        """(unit header offset, unit DIE offset, abbreviation table offset) of every unit."""
+        off, nxt, hsize, abbrev = 0, ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64()
         while self._lib.dwarf_nextcu(self._dbg, off, ctypes.byref(nxt), ctypes.byref(hsize),
-                                     None, None, None) == 0:
-            yield off, off + hsize.value
+                                     ctypes.byref(abbrev), None, None) == 0:
+            yield off, off + hsize.value, abbrev.value
             off = nxt.value
 
     def die_at(self, offset: int) -> Die | None:

@@ -66,7 +66,7 @@ def test_bad_entries_are_rebuilt(program: Path, cache: Path, damage: str) -> Non
     elif damage == "garbage":
         entry.write_bytes(b"\0\xff" * 100)
     elif damage == "edited body":  # a wrong answer with a stale digest
-        data["body"]["inlined"]["obj_get"]["copies"][0][1] = 99
+        data["body"]["inlined"]["obj_get,obj_init,obj_put"]["copies"][0][1] = 99
         entry.write_text(json.dumps(data))
     else:
         data["key"]["refcntd" if damage == "other version" else "spec"] = "x"

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bigsource  # noqa: E402
 
-from refcntd.binary import dwarfinfo  # noqa: E402
+from refcntd.binary import abbrev, dwarfinfo  # noqa: E402
 from refcntd.binary.elf import ElfImage  # noqa: E402
 from refcntd.binary.plan import build_plan  # noqa: E402
 from refcntd.cli.check import render_check  # noqa: E402
@@ -47,7 +47,13 @@ def test_fast_scan_matches_full_walk(program: ElfImage) -> None:
     assert [(c.function, c.count) for c in fast.copies] == [("obj_get", 3)]
 
 
-def test_fast_scan_matches_full_walk_across_units_with_lto(lto_program: ElfImage) -> None:
+def _crossing(image: ElfImage) -> set[int]:
+    return abbrev.cross_unit_tables(image.elffile().get_section_by_name(".debug_abbrev").data())
+
+
+def test_fast_scan_matches_full_walk_across_units_with_lto(lto_program: ElfImage,
+                                                           program: ElfImage) -> None:
+    assert _crossing(lto_program) and not _crossing(program)  # LTO units walked in full
     fast = dwarfinfo.inlined_copies(lto_program, NAMES)
     full = dwarfinfo.full_walk_inlined(lto_program, NAMES)
     assert fast.complete and fast.copies == full.copies
