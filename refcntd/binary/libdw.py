@@ -4,7 +4,7 @@ Why libdw: walking every DIE in Python (pyelftools) costs ~30 us per DIE,
 45 s on perf.  libdw walks the tree in C and skips subtrees by
 DW_AT_sibling, so only the answers cross into Python: DIE offsets, which
 pyelftools then reads one by one.  libdw.so.1 is Debian's `libdw1`.
-Measured against the alternatives in benchmarks/results/dwarf-scan.md.
+Measured against the alternatives in benchmarks/results/bigbinary.md.
 """
 
 from __future__ import annotations

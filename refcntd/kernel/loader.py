@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from refcntd.binary.plan import ProbeSite
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kernel import abi, perf_uprobe
+from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat
+from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
 from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
     AnomalyRecord,
@@ -211,6 +215,7 @@ class Kernel:
             raise ProbeError(f"probe not installed: {self.failed_probes[0]}")
 
     def detach(self) -> None:
+        self._finish_deletes()
         for fd in self._links + self._perf_fds:
             try:
                 os.close(fd)
@@ -285,6 +290,7 @@ class Kernel:
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]:
         """Read and remove the objects of one process (gen None: whatever gen)."""
+        self._finish_deletes()
         objs = self.bpf["objs"]
         names = self.type_names()
         picked = [(k, v) for k, v in _items(objs)
@@ -292,6 +298,36 @@ class Kernel:
         _delete(objs, [k for k, _ in picked])
         history = self._history([k for k, _ in picked])
         return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
+
+    def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns:
+        """drain() as columns, for a process without history: the map is read BATCH entries
+        at a time, each batch decoded by C loops; only the process's keys are deleted."""
+        self._finish_deletes()
+        objs, builder = self.bpf["objs"], ColumnBuilder(abi.ObjKey, abi.ObjVal)
+        size, doomed = ctypes.sizeof(abi.ObjKey), bytearray()
+        for keys, values, n in _lookup_batches(objs):
+            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
+            gens = objcols.column(values, abi.ObjVal, "gen", n)
+            keep = _rows_of(tgids, gens, tgid, gen, n)
+            builder.add(keys, values, n, None if len(keep) == n else keep)
+            raw = memoryview(keys).cast("B")
+            if len(keep) == n:
+                doomed += raw[:n * size]
+            else:
+                for i in keep:
+                    doomed += raw[i * size:(i + 1) * size]
+        if doomed:  # the kernel takes ~2 us a key: done while the report is made
+            batch = (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed)
+            self._deleting = threading.Thread(target=_delete, args=(objs, batch), daemon=True)
+            self._deleting.start()
+        return ObjectColumns(tgid, builder.columns, self.type_names())
+
+    def _finish_deletes(self) -> None:
+        """Wait for drain_columns' background delete (ctypes releases the GIL meanwhile)."""
+        deleting = getattr(self, "_deleting", None)
+        if deleting is not None:
+            deleting.join()
+            self._deleting = None
 
     def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
         """Per type name: (inits, gets, puts, releases) of objects released so far."""
@@ -355,8 +391,10 @@ class Kernel:
                 for k, v in picked]
 
     def live_objects(self) -> list[ObjectRecord]:
+        self._finish_deletes()
         names = self.type_names()
-        return [_decode_object(k, v, names) for k, v in _items(self.bpf["objs"])]
+        return [_decode_object(keys[i], values[i], names)
+                for keys, values, n in _lookup_batches(self.bpf["objs"]) for i in range(n)]
 
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
         """Free every stack-store entry a reported process created.
@@ -402,14 +440,15 @@ class Kernel:
         return tuple(frames)
 
 
-def _delete(table: object, keys: list) -> None:
+def _delete(table: object, keys: list | ctypes.Array[Any]) -> None:
     """Delete many keys in one syscall where the kernel allows it."""
-    if not keys:
+    if not len(keys):
         return
     try:
-        batch = (type(keys[0]) * len(keys))(*keys)
-        for _ in table.items_delete_batch(batch):
-            pass
+        # not a generator when given keys: iterating its None used to fail after the
+        # batch had deleted everything, and every key was then deleted (again) one by one
+        batch = keys if isinstance(keys, ctypes.Array) else (type(keys[0]) * len(keys))(*keys)
+        table.items_delete_batch(batch)
         return
     except Exception:  # noqa: BLE001 - map types or kernels without batch deletes
         pass
@@ -418,6 +457,38 @@ def _delete(table: object, keys: list) -> None:
             del table[key]
         except KeyError:
             pass
+
+
+BATCH = 65536  # map entries read per syscall by drain_columns
+
+
+def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n: int
+             ) -> range | list[int]:
+    """Rows of one process (and generation); counted in C when all rows are its own."""
+    if tgids.tolist().count(tgid) == n and (gen is None or gens.tolist().count(gen) == n):
+        return range(n)
+    return [i for i in range(n) if tgids[i] == tgid and (gen is None or gens[i] == gen)]
+
+
+def _lookup_batches(table: Any) -> Iterator[tuple[ctypes.Array[Any], ctypes.Array[Any], int]]:
+    """(keys, values, n) per BPF_MAP_LOOKUP_BATCH; the buffers are reused between batches."""
+    from bcc.libbcc import lib  # the loader is the one module that may import bcc
+    keys, values = (table.Key * BATCH)(), (table.Leaf * BATCH)()
+    token, count = ctypes.c_uint32(0), ctypes.c_uint32(0)
+    first = True
+    while True:
+        count.value = BATCH
+        res = lib.bpf_lookup_batch(table.map_fd, None if first else ctypes.byref(token),
+                                   ctypes.byref(token), ctypes.byref(keys),
+                                   ctypes.byref(values), ctypes.byref(count))
+        err = ctypes.get_errno()
+        if count.value:
+            yield keys, values, count.value
+        if res != 0:
+            if err == errno.ENOENT:
+                return
+            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
+        first = False
 
 
 def _items(table: object) -> Iterable[tuple[object, object]]:

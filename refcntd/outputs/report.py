@@ -6,7 +6,7 @@ import json
 import re
 import shlex
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from refcntd import __version__
 from refcntd.analysis.model import (
@@ -69,7 +69,8 @@ def render_anomaly(a: AnomalyFinding) -> list[str]:
 
 
 def render_group(g: LeakGroup, word: str) -> list[str]:
-    counts = sorted({o.count for o in g.objects})
+    counts = g.objects.counts() if hasattr(g.objects, "counts") else \
+        sorted({o.count for o in g.objects})  # drained as columns: without an object each
     count_text = ", ".join(str(c) for c in counts)
     lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
              f"(final count {count_text}) allocated at:"]
@@ -252,10 +253,13 @@ def iter_json(result: RunResult, chunk_objects: int = 20000) -> Iterator[str]:
     yield text[pos:] + "\n"
 
 
-def _instances_text(objects: list[LeakedObject], chunk: int) -> Iterator[str]:
+def _instances_text(objects: Sequence[LeakedObject], chunk: int) -> Iterator[str]:
     yield "["
     for start in range(0, len(objects), chunk):
-        lines = [_instance_line(o) for o in objects[start:start + chunk]]
+        if hasattr(objects, "json_lines"):  # drained as columns (analysis.leaks)
+            lines = objects.json_lines(start, start + chunk)
+        else:
+            lines = [_instance_line(o) for o in objects[start:start + chunk]]
         yield ("," if start else "") + ",".join(lines)
     yield "]"
 
