@@ -61,14 +61,14 @@ def _name(die: DIE | None) -> str:
     while die is not None:
         attr = die.attributes.get("DW_AT_name")
         if attr is not None:
-            return attr.value.decode(errors="replace")
+            return str(attr.value.decode(errors="replace"))
         die = _origin(die)
     return ""
 
 
 def _unit_name(cu: CompileUnit) -> str:
     attr = cu.get_top_DIE().attributes.get("DW_AT_name")
-    return attr.value.decode(errors="replace") if attr else f"unit at 0x{cu.cu_offset:x}"
+    return str(attr.value.decode(errors="replace")) if attr else f"unit at 0x{cu.cu_offset:x}"
 
 
 # ---- inlined copies --------------------------------------------------------------

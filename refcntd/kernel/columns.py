@@ -13,6 +13,7 @@ import ctypes
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from refcntd.kernel.records import ObjectRecord, StackRef
 
@@ -54,14 +55,14 @@ class ColumnBuilder:
                  ) -> None:
         self.key_type, self.value_type = key_type, value_type
         self.columns: dict[str, array[int]] = {"addr": array("Q")}
-        for name, ctype in value_type._fields_:
+        for name, ctype in _fields(value_type):
             self.columns[name] = array(ctype._type_)
 
     def add(self, keys: ctypes.Array[ctypes.Structure], values: ctypes.Array[ctypes.Structure],
             n: int, keep: list[int] | None) -> None:
         """Rows 0..n-1, or only the rows in `keep`."""
         self._add("addr", column(keys, self.key_type, "addr", n), keep)
-        for name, _ in self.value_type._fields_:
+        for name, _ in _fields(self.value_type):
             self._add(name, column(values, self.value_type, name, n), keep)
 
     def _add(self, name: str, column: memoryview, keep: list[int] | None) -> None:
@@ -75,9 +76,14 @@ def column(buf: ctypes.Array[ctypes.Structure], struct: type[ctypes.Structure], 
             n: int) -> memoryview:
     """Field `name` of rows 0..n-1 of `buf`, as a strided view (no Python loop)."""
     f = getattr(struct, name)
-    fmt = dict(struct._fields_)[name]._type_
+    fmt: Any = dict(_fields(struct))[name]._type_
     stride = ctypes.sizeof(struct)
     if stride % f.size or f.offset % f.size:
         raise ValueError(f"{struct.__name__}.{name} is not aligned to its size")
-    words = memoryview(buf).cast("B")[:n * stride].cast(fmt)
+    words: memoryview = memoryview(buf).cast("B")[:n * stride].cast(fmt)
     return words[f.offset // f.size::stride // f.size]
+
+
+def _fields(struct: type[ctypes.Structure]) -> list[tuple[str, Any]]:
+    """(name, ctypes type) of a struct's fields (the ABI structs have no bit fields)."""
+    return [(f[0], f[1]) for f in struct._fields_]
