@@ -88,15 +88,16 @@ def attach_time(exe: Path) -> dict[str, object]:
                              "--binary", str(exe)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    line = proc.stderr.readline()
-    while line and "attached" not in line:  # after the progress lines
+    line, stages = proc.stderr.readline(), []
+    while line and "attached" not in line:  # after the --verbose lines
+        stages.append(line.strip())
         line = proc.stderr.readline()
     elapsed = time.monotonic() - t0
     proc.send_signal(signal.SIGINT)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"seconds": round(elapsed, 3), "rss_mib": round(usage.ru_maxrss / 1024, 1),
-            "ready": "attached" in line, "line": line.strip()}
+            "ready": "attached" in line, "line": line.strip(), "stages": stages}
 
 
 def measure(shape: bigsource.Shape, out: Path, before: Path | None, attach: bool
@@ -132,7 +133,8 @@ def render(data: dict[str, object], machine: dict[str, object]) -> str:
               for r in data["check"]]  # type: ignore[attr-defined]
     for r in data.get("attach", []):  # type: ignore[attr-defined]
         lines.append(f"\nattach to probes installed: {r['seconds']} s, peak RSS "
-                     f"{r['rss_mib']} MiB ({r['line']})")
+                     f"{r['rss_mib']} MiB; --verbose said:")
+        lines += [f"    {stage}" for stage in r["stages"]]
     return "\n".join(lines) + "\n"
 
 

@@ -64,7 +64,8 @@ def drgn_index(image: ElfImage, names: set[str]) -> object:
     out: dict[str, object] = {}
     for name in sorted(names):
         try:
-            out[name] = hex(prog.function(name).address_)
+            address = prog.function(name).address_  # None: only an inlined definition
+            out[name] = hex(address) if address is not None else "no address"
         except LookupError:
             out[name] = None
     return {"out_of_line": out, "inlined": "no API to enumerate inlined instances"}

@@ -216,11 +216,8 @@ class Kernel:
 
     def detach(self) -> None:
         self._finish_deletes()
-        for fd in self._links + self._perf_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for fds in (self._links, self._perf_fds):
+            _close_all(fds)
         self._links, self._perf_fds = [], []
         bpf = getattr(self, "bpf", None)
         if bpf is not None:
@@ -460,6 +457,19 @@ def _delete(table: object, keys: list | ctypes.Array[Any]) -> None:
 
 
 BATCH = 65536  # map entries read per syscall by drain_columns
+
+
+def _close_all(fds: list[int]) -> None:
+    """Close in parallel: removing a uprobe waits ~35 ms for the kernel (RCU) here, and
+    the waits of concurrent closes overlap (a detach of 30 probes: 1.1 s one by one)."""
+    def close(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    threads = [threading.Thread(target=close, args=(fd,)) for fd in fds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n: int
