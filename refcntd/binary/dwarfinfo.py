@@ -14,6 +14,7 @@ budget; what the budget leaves unexamined is reported, never dropped.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ from refcntd.binary.elf import ElfImage
 # DWARF x86-64 register numbers of the six integer argument registers.
 _DWARF_ARG_REG = {5: 1, 4: 2, 1: 3, 2: 4, 8: 5, 9: 6}  # rdi rsi rdx rcx r8 r9
 DW_OP_REG0 = 0x50
-WALK_BUDGET_S = 20.0
+# Seconds for walking, in Python, the units libdw cannot search alone (LTO, dwz);
+# REFCNTD_DWARF_BUDGET_S changes it (0: report them all as not examined).
+WALK_BUDGET_S = float(os.environ.get("REFCNTD_DWARF_BUDGET_S", "20"))
 
 
 @dataclass(frozen=True)
