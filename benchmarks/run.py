@@ -232,7 +232,8 @@ def attach_time(lib: Path) -> float:
     t0 = time.monotonic()
     proc = subprocess.Popen([*REFCNTD, "attach", "--binary", str(lib)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    proc.stderr.readline()
+    while "attached" not in proc.stderr.readline():  # after any progress lines
+        pass
     elapsed = time.monotonic() - t0
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
@@ -285,7 +286,8 @@ def xol_mapping(exe: Path) -> int:
     """[uprobes] XOL mappings in a target during an entry-probe-only refcntd run."""
     proc = subprocess.Popen([*REFCNTD, "attach", "--binary", str(exe)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    proc.stderr.readline()
+    while "attached" not in proc.stderr.readline():  # after any progress lines
+        pass
     target = subprocess.Popen([str(exe), "getput", "1000", "wait"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     target.stdout.readline()

@@ -21,7 +21,9 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           pkg-config libglib2.0-dev libgstreamer1.0-dev libvirt-dev libvirt0 libssl-dev
           libcairo2-dev
           # promtool and a real Prometheus for the rules tests (configs/prometheus)
-          prometheus)
+          prometheus
+          # libdw: the DWARF scan for inlined copies and clones (binary/dwarfscan.py)
+          libdw1)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from refcntd.analysis.attribution import PathOp, attribute
 from refcntd.analysis.model import (
@@ -14,6 +17,7 @@ from refcntd.analysis.model import (
     LeakGroup,
     LeakKey,
 )
+from refcntd.kernel.columns import ObjectColumns
 from refcntd.kernel.records import AnomalyRecord, ObjectRecord, RawFrame, ReleasedSite, StackRef
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
@@ -72,6 +76,93 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)
     return sorted(groups.values(), key=lambda g: (-len(g.objects), g.type_name))
+
+
+def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now_ns: int,
+                  mods: ProcessModules | None = None) -> list[LeakGroup]:
+    """group_leaks() for objects drained as columns (no history): rows are grouped by
+    (type, allocation stack) first, each distinct stack symbolized once, and no object
+    is built until an output asks for it."""
+    mods = mods or ProcessModules()
+    groups: dict[tuple[object, ...], tuple[LeakGroup, list[int]]] = {}
+    for (type_id, name_ptr, *ref), idx in _rows_by_key(objs).items():
+        frames, truncated = symbolize_stack(StackRef(*ref), stacks, sym, mods)
+        known = objs.type_names.get(type_id, "") if type_id else ""
+        group = LeakGroup(_type_name(known, name_ptr, sym, mods), frames,
+                          stack_truncated=truncated)
+        groups.setdefault(group.key(), (group, []))[1].extend(idx)
+    for group, idx in groups.values():
+        group.objects = LeakedObjects(objs, idx, now_ns)  # type: ignore[assignment]
+    return sorted((g for g, _ in groups.values()), key=lambda g: (-len(g.objects), g.type_name))
+
+
+def _rows_by_key(objs: ObjectColumns) -> dict[tuple[int, ...], list[int]]:
+    """Row numbers by (type id, type name pointer, stack id, raw stack id, caller)."""
+    c = objs.columns
+    keys = zip(c["type_id"], c["name_ptr"], c["stack_id"], c["raw_stack_id"], c["caller_ip"],
+               strict=True)
+    distinct = set(keys)
+    if len(distinct) == 1:  # the common case: no loop over the rows at all
+        return {distinct.pop(): list(range(len(objs)))}
+    rows: defaultdict[tuple[int, ...], list[int]] = defaultdict(list)
+    keys = zip(c["type_id"], c["name_ptr"], c["stack_id"], c["raw_stack_id"], c["caller_ip"],
+               strict=True)
+    for i, key in enumerate(keys):
+        rows[key].append(i)
+    return rows
+
+
+class LeakedObjects(Sequence[LeakedObject]):
+    """A group's objects, read from the drained columns when asked for: the text
+    report shows a few, the JSON streams them all without a LeakedObject each."""
+
+    def __init__(self, objs: ObjectColumns, rows: list[int], now_ns: int) -> None:
+        self._c, self._rows, self._now = objs.columns, rows, now_ns
+        self._sorted = False  # by address: done when all are asked for, not for a few
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _ordered(self, i: slice) -> list[int]:
+        addr = self._c["addr"].__getitem__
+        if not self._sorted:
+            start, stop, step = i.indices(len(self._rows))
+            if start == 0 and step == 1 and stop <= 64:  # the text report's first few
+                return heapq.nsmallest(stop, self._rows, key=addr)
+            self._rows.sort(key=addr)
+            self._sorted = True
+        return self._rows[i]
+
+    @overload
+    def __getitem__(self, i: int) -> LeakedObject: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[LeakedObject]: ...
+
+    def __getitem__(self, i: int | slice) -> LeakedObject | list[LeakedObject]:
+        if isinstance(i, slice):
+            return [self._object(r) for r in self._ordered(i)]
+        return self._object(self._ordered(slice(i, i + 1 if i != -1 else None))[0])
+
+    def _object(self, r: int) -> LeakedObject:
+        c = self._c
+        return LeakedObject(c["addr"][r], c["count"][r], c["gets"][r], c["puts"][r],
+                            max(0, self._now - c["init_ns"][r]))
+
+    def counts(self) -> list[int]:
+        """The distinct final counts, sorted."""
+        count = self._c["count"]
+        if len(self._rows) == len(count):
+            return sorted(set(count))
+        return sorted(set(map(count.__getitem__, self._rows)))
+
+    def json_lines(self, start: int, stop: int) -> list[str]:
+        """instance_json() of rows start..stop-1 as JSON text (the schema's field order)."""
+        c, now = self._c, self._now
+        addr, count, gets, puts, init = (c["addr"], c["count"], c["gets"], c["puts"],
+                                         c["init_ns"])
+        return [f'{{"address": "0x{addr[r]:x}", "count": {count[r]}, "gets": {gets[r]}, '
+                f'"puts": {puts[r]}, "age_ns": {max(0, now - init[r])}}}'
+                for r in self._ordered(slice(start, stop))]
 
 
 def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,

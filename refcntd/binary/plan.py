@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
 from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode, specchecks
+from refcntd.binary.analysiscache import DwarfFacts
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import BinaryError, ProbeError
@@ -104,6 +105,9 @@ class Plan:
     probe_modes: dict[str, str] = field(default_factory=lambda: {"*": sitemode.MODE_AUTO})
     binary: str = ""  # the traced executable or library
     decisions: list[sitemode.ModeDecision] = field(default_factory=list)  # per function
+    # DWARF the scan could not examine (tracing incomplete): reason -> units not examined
+    scan_gaps: dict[str, int] = field(default_factory=dict)
+    dwarf_cached: dict[str, bool] = field(default_factory=dict)  # module -> answers from cache
 
     def require_complete(self) -> None:
         if self.problems:
@@ -171,6 +175,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         plan.probe_modes = probe_modes
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
+    facts: dict[str, DwarfFacts] = {}
     for role in spec.entries:
         module = str(main.path.resolve())
         if role.library:
@@ -180,7 +185,12 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         if role.usdt:
             _plan_usdt(plan, role, images[module], module)
         else:
-            _plan_role(plan, role, images[module], module)
+            if module not in facts:
+                facts[module] = DwarfFacts(images[module], spec)
+            _plan_role(plan, role, facts[module], module)
+    for f in facts.values():
+        f.save()
+    plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}
     libraries: dict[str, str | None] = {
         role.library or "": (resolve_library(role.library, main) if role.library
                              else str(main.path.resolve())) for role in spec.entries}
@@ -198,15 +208,18 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     return plan
 
 
-def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None:
+def _plan_role(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str) -> None:
+    image = facts.image
     found_any = False
     for fname in role.functions:
         syms = image.symbols.get(fname, [])
         for sym in syms:
             _plan_symbol(plan, role, image, module, sym)
-        clones = _plan_clones(plan, role, image, module, fname)
+        clones = _plan_clones(plan, role, facts, module, fname)
         found_any = found_any or bool(syms) or clones
-    inlined = dwarfinfo.inlined_copies(image, set(role.functions))
+    scan = facts.inlined_copies(set(role.functions))
+    _note_scan_gaps(plan, role, module, scan)
+    inlined = scan.copies
     for copy in inlined:
         plan.problems.append(
             f"{role.role}: {copy.function} was inlined at {copy.count} call site(s) in {module} "
@@ -216,6 +229,17 @@ def _plan_role(plan: Plan, role: RoleSpec, image: ElfImage, module: str) -> None
         names = ", ".join(role.functions)
         where = module if image.has_symtab else f"{module} (stripped: no .symtab)"
         plan.problems.append(f"{role.role}: no function {names} in {where}")
+
+
+def _note_scan_gaps(plan: Plan, role: RoleSpec, module: str, scan: dwarfinfo.InlinedScan
+                    ) -> None:
+    """Units the inlined-copy scan did not reach make tracing incomplete, said by name."""
+    if scan.complete:
+        return
+    shown = ", ".join(scan.not_examined[:5]) + (", ..." if len(scan.not_examined) > 5 else "")
+    why = (f"compilation units of {module} not examined for inlined copies of "
+           f"{', '.join(role.functions)} ({shown}): calls inlined there would not be counted")
+    plan.scan_gaps[why] = len(scan.not_examined)
 
 
 def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,
@@ -303,8 +327,10 @@ def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: st
                                 **function_locations(role)))
 
 
-def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname: str) -> bool:
+def _plan_clones(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str, fname: str
+                 ) -> bool:
     """Probe gcc's copies of `fname` whose argument registers DWARF establishes."""
+    image = facts.image
     planned = False
     for clone in image.clones_of(fname):
         kind = CLONE_RE.match(clone.name).group("kind")  # type: ignore[union-attr]
@@ -312,7 +338,7 @@ def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname
             plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
                               "nothing to probe")
             continue
-        remapped = _remap_for_clone(role, image, clone, fname)
+        remapped = _remap_for_clone(role, facts, clone, fname)
         if isinstance(remapped, str):
             plan.problems.append(f"{role.role}: gcc made a copy {clone.name} of {fname} in "
                                  f"{module} ({kind} clone): calls to it bypass a probe on "
@@ -325,12 +351,12 @@ def _plan_clones(plan: Plan, role: RoleSpec, image: ElfImage, module: str, fname
     return planned
 
 
-def _remap_for_clone(role: RoleSpec, image: ElfImage, clone: Symbol, fname: str
+def _remap_for_clone(role: RoleSpec, facts: DwarfFacts, clone: Symbol, fname: str
                      ) -> RoleSpec | str:
     """The role with argument indexes as the clone receives them, or why not."""
-    if not image.has_debug_info:
+    if not facts.image.has_debug_info:
         return "without DWARF its argument layout is unknown"
-    regs = dwarfinfo.clone_argument_registers(image, clone.vaddr, fname)
+    regs = facts.clone_registers(clone.vaddr, fname)
     if regs is None:
         return "its DWARF does not describe it"
 

@@ -219,13 +219,16 @@ def frame_setup(code: bytes) -> tuple[bool, bool]:
     is looked for anywhere in the body rather than at the entry.
     """
     pushed = framed = calls = False
-    for insn in _disassembler().disasm(code, 0):
-        if insn.id == X.X86_INS_PUSH and insn.op_str == "rbp":
+    # disasm_lite (no operand details) and an early stop: `check` samples 400 functions
+    for _addr, _size, mnemonic, op_str in _disassembler().disasm_lite(code, 0):
+        if mnemonic == "push" and op_str == "rbp":
             pushed = True
-        elif pushed and insn.id == X.X86_INS_MOV and insn.op_str == "rbp, rsp":
+        elif pushed and mnemonic == "mov" and op_str == "rbp, rsp":
             framed = True
-        elif capstone.CS_GRP_CALL in insn.groups:
+        elif mnemonic in ("call", "lcall"):
             calls = True
+        if framed and calls:
+            break
     return framed, calls
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
-from refcntd.cli.common import finish_output, history_options, printer
+from refcntd.cli.common import early_compile, finish_output, history_options, printer
+from refcntd.cli.stages import analyse
 from refcntd.errors import EXIT_INCOMPLETE
 from refcntd.inputs.spec import load_spec
 from refcntd.session.tracer import TraceOptions, attach
@@ -16,10 +16,12 @@ from refcntd.session.tracer import TraceOptions, attach
 def cmd_attach(args: argparse.Namespace) -> int:
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         **history_options(args))
-    plan = build_plan(load_spec(args.spec), args.binary, parse_modes(args.probe_mode))
+    spec = load_spec(args.spec)
+    early = early_compile(spec, args.pid is not None, opts)
+    plan = analyse(spec, args.binary, parse_modes(args.probe_mode))
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731
                           file=sys.stderr, flush=True)
-    result = attach(plan, args.pid, opts, printer(sys.stdout), ready)
+    result = attach(plan, args.pid, opts, printer(sys.stdout), ready, early)
     finish_output(result, args, sys.stdout)
     return 0 if result.tracing.complete else EXIT_INCOMPLETE

@@ -6,21 +6,22 @@ import argparse
 from pathlib import Path
 
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import Plan, build_plan
+from refcntd.binary.plan import Plan
 from refcntd.binary.sdt import semaphore_file_offset
 from refcntd.binary.sitemode import parse_modes
+from refcntd.cli.stages import analyse
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.kernel.procmem import semaphore_value
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    plan = build_plan(load_spec(args.spec, allow_draft=True), args.binary,
-                      parse_modes(args.probe_mode))
+    plan = analyse(load_spec(args.spec, allow_draft=True), args.binary,
+                   parse_modes(args.probe_mode))
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
-    return EXIT_INCOMPLETE if plan.problems or plan.spec.draft else 0
+    return EXIT_INCOMPLETE if plan.problems or plan.scan_gaps or plan.spec.draft else 0
 
 
 def render_check(plan: Plan, pid: int | None = None) -> str:
@@ -30,6 +31,9 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
                   f"  build-id: {mod.build_id or 'none (stacks resolvable only while it runs)'}",
                   f"  frame pointers: {mod.frame_pointers}",
                   f"  symbol table: {'.symtab and .dynsym' if mod.has_symtab else '.dynsym only'}"]
+        if mod.path in plan.dwarf_cached:
+            lines.append("  dwarf answers: " + ("from the analysis cache" if
+                                                plan.dwarf_cached[mod.path] else "computed"))
         lines += render_usdt(plan, mod.path, pid)
     lines += render_modes(plan)
     for site in plan.sites:
@@ -45,12 +49,20 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"PROBLEM: {p}" for p in plan.problems]
     lines += [f"UNPLACED (draft): {u}" for u in plan.spec.unplaced]
-    lines.append("result: " + ("cannot trace as it is: see the PROBLEM lines"
-                               if plan.problems else "every role can be probed"))
+    lines += [f"INCOMPLETE: {n} {why}" for why, n in plan.scan_gaps.items()]
+    lines.append("result: " + _verdict(plan))
     if plan.spec.draft:
         lines.append("result: a DRAFT: confirm every role and the unplaced items above, "
                      "then delete its `draft: true` line to trace with it")
     return "\n".join(lines)
+
+
+def _verdict(plan: Plan) -> str:
+    if plan.problems:
+        return "cannot trace as it is: see the PROBLEM lines"
+    if plan.scan_gaps:
+        return "every role can be probed, but the DWARF scan is incomplete (see INCOMPLETE)"
+    return "every role can be probed"
 
 
 def render_modes(plan: Plan) -> list[str]:

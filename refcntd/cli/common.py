@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, TextIO, TypedDict
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
+from refcntd.inputs.spec import Spec
+from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.outputs import report
+from refcntd.session.tracer import TraceOptions, kernel_options
 
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
@@ -72,6 +75,14 @@ def history_options(args: argparse.Namespace) -> HistoryOptions:
     if not names:
         raise UsageError("--history: give 'all' or type names")
     return {"history": ("all",) if "all" in names else names, "history_depth": depth}
+
+
+def early_compile(spec: Spec, filtered: bool, opts: TraceOptions) -> BackgroundCompile:
+    """Start compiling the BPF program before the analysis: it needs only the options and
+    the number of probe slots, guessed from the spec (a miss only costs the old time)."""
+    guess = sum(max(1, len(r.functions)) * (2 if r.obj.at_return else 1)
+                for r in spec.entries)
+    return BackgroundCompile(kernel_options(spec, True, filtered, opts), guess)
 
 
 def printer(stream: TextIO) -> Callable[[ProcessReport], None]:

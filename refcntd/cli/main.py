@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from refcntd import __version__
+from refcntd import __version__, progress
 from refcntd.errors import EXIT_FINDINGS, RefcntdError, UsageError
 from refcntd.inputs.config import DEFAULT_CONFIG
 
@@ -33,17 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--pid", type=int, help="also show the USDT semaphore values of this "
                                                "live process")
     _spec_arg(check)
+    _progress_args(check)
 
     att = sub.add_parser("attach", help="trace a binary system-wide (or one pid) until Ctrl-C")
     att.add_argument("--binary", required=True, help="executable or shared library to probe")
     att.add_argument("--pid", type=int, help="only this process and its descendants")
     _spec_arg(att)
     _output_args(att)
+    _progress_args(att)
 
     run = sub.add_parser("run", help="run a command under the tracer; exit status says if "
                                      "it leaked")
     _spec_arg(run)
     _output_args(run)
+    _progress_args(run)
     run.add_argument("--wait-descendants", type=float, default=10.0, metavar="SECONDS",
                      help="after the command exits, wait this long for its traced "
                           "descendants (default 10)")
@@ -86,6 +89,15 @@ def _spec_arg(p: argparse.ArgumentParser) -> None:
                         "$REFCNTD_PROBE_MODE, else auto)")
 
 
+def _progress_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--verbose", action="store_true",
+                       help="print on stderr where the time goes (analysis, BPF compile, "
+                            "probe creation, per-process setup)")
+    group.add_argument("--quiet", action="store_true",
+                       help="no progress on stderr for long steps")
+
+
 def _ci_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sarif", metavar="FILE", help="also write SARIF 2.1.0")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
@@ -120,6 +132,8 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if hasattr(args, "verbose"):
+            progress.configure(args.verbose, args.quiet)
         return _command(args.command)(args)
     except RefcntdError as err:
         print(err.line(), file=sys.stderr)

@@ -7,9 +7,16 @@ import shutil
 import sys
 from pathlib import Path
 
-from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
-from refcntd.cli.common import ci_outputs, finish_output, history_options, printer, run_exit_status
+from refcntd.cli.common import (
+    ci_outputs,
+    early_compile,
+    finish_output,
+    history_options,
+    printer,
+    run_exit_status,
+)
+from refcntd.cli.stages import analyse
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.session.tracer import TraceOptions, run_command
@@ -24,9 +31,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                         max_stacks=args.max_stacks, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = _resolve_command(command[0])
-    plan = build_plan(load_spec(args.spec), exe, parse_modes(args.probe_mode))
+    spec = load_spec(args.spec)
+    early = early_compile(spec, True, opts)
+    plan = analyse(spec, exe, parse_modes(args.probe_mode))
     plan.require_complete()
-    result = run_command(plan, command, opts, printer(sys.stderr))
+    result = run_command(plan, command, opts, printer(sys.stderr), early)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     ci_outputs(result, verdict, args, sys.stderr)

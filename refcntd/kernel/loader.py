@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from refcntd.binary.plan import ProbeSite
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kernel import abi, perf_uprobe
+from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat
+from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
 from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
     AnomalyRecord,
@@ -59,7 +63,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
              f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
              f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
-             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={max(probe_count, 1)}",
+             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={probe_slots(probe_count)}",
              f"-DMAX_GRAVES={opts.max_graves}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
@@ -72,6 +76,33 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
               f"-DMAX_SITES={opts.max_sites}"]
     return flags
+
+
+def probe_slots(probe_count: int) -> int:
+    """probe_cfgs' size: a power of two >= 16, so a compile started before the binary
+    analysis has counted the probes (kernel/precompile.py) usually has the right size."""
+    slots = 16
+    while slots < probe_count:
+        slots *= 2
+    return slots
+
+
+def prepare() -> Any:
+    """Privileges, tracefs and kernel headers checked; bcc imported and returned."""
+    check_privileges()
+    ensure_tracefs()
+    os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
+    return _import_bcc()
+
+
+def compile_program(opts: KernelOptions, probe_count: int) -> Any:
+    """bcc's compile and load of bpf/refcntd.c: about 2 s, so also run ahead in a thread."""
+    bcc = prepare()
+    try:
+        return bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"), cflags=bpf_cflags(opts, probe_count))
+    except Exception as err:  # bcc raises bare Exception for compile/load errors
+        raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
+                                 "check kernel headers (BCC_KERNEL_SOURCE)") from None
 
 
 def check_privileges() -> None:
@@ -114,11 +145,10 @@ def _import_bcc() -> Any:
 class Kernel:
     """Loaded BPF state and attached probes; a context manager that always detaches."""
 
-    def __init__(self, opts: KernelOptions, sites: list[ProbeSite]) -> None:
-        check_privileges()
-        ensure_tracefs()
-        os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
-        bcc = _import_bcc()
+    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None
+                 ) -> None:
+        """`program`: bpf/refcntd.c already compiled for `opts` (compile_program)."""
+        bcc = prepare()
         self._bcc = bcc
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
@@ -128,8 +158,7 @@ class Kernel:
         self.failed_probes: list[str] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         try:
-            self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
-                               cflags=bpf_cflags(opts, len(sites)))
+            self.bpf = program if program is not None else compile_program(opts, len(sites))
             self.layout_checked = _check_layout(self.bpf, opts)
             self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
         except EnvironmentProblem:
@@ -226,11 +255,9 @@ class Kernel:
             raise ProbeError(f"probe not installed: {self.failed_probes[0]}")
 
     def detach(self) -> None:
-        for fd in self._links + self._perf_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._finish_deletes()
+        for fds in (self._links, self._perf_fds):
+            _close_all(fds)
         self._links, self._perf_fds = [], []
         if self._multi_fd is not None:
             with contextlib.suppress(OSError):
@@ -309,6 +336,7 @@ class Kernel:
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]:
         """Read and remove the objects of one process (gen None: whatever gen)."""
+        self._finish_deletes()
         objs = self.bpf["objs"]
         names = self.type_names()
         picked = [(k, v) for k, v in _items(objs)
@@ -316,6 +344,37 @@ class Kernel:
         _delete(objs, [k for k, _ in picked])
         history = self._history([k for k, _ in picked])
         return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
+
+    def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns:
+        """drain() as columns, for a process without history: the map is read BATCH entries
+        at a time, each batch decoded by C loops; only the process's keys are deleted."""
+        self._finish_deletes()
+        objs, builder = self.bpf["objs"], ColumnBuilder(abi.ObjKey, abi.ObjVal)
+        size, doomed = ctypes.sizeof(abi.ObjKey), bytearray()
+        for keys, values, n in _lookup_batches(objs):
+            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
+            gens = objcols.column(values, abi.ObjVal, "gen", n)
+            keep = _rows_of(tgids, gens, tgid, gen, n)
+            builder.add(keys, values, n, None if len(keep) == n else list(keep))
+            raw = memoryview(keys).cast("B")
+            if len(keep) == n:
+                doomed += raw[:n * size]
+            else:
+                for i in keep:
+                    doomed += raw[i * size:(i + 1) * size]
+        if doomed:  # the kernel takes ~2 us a key: done while the report is made
+            batch = (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed)
+            self._deleting: threading.Thread | None = threading.Thread(
+                target=_delete, args=(objs, batch), daemon=True)
+            self._deleting.start()
+        return ObjectColumns(tgid, builder.columns, self.type_names())
+
+    def _finish_deletes(self) -> None:
+        """Wait for drain_columns' background delete (ctypes releases the GIL meanwhile)."""
+        deleting = getattr(self, "_deleting", None)
+        if deleting is not None:
+            deleting.join()
+            self._deleting = None
 
     def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
         """Per type name: (inits, gets, puts, releases) of objects released so far."""
@@ -380,8 +439,10 @@ class Kernel:
                 for k, v in picked]
 
     def live_objects(self) -> list[ObjectRecord]:
+        self._finish_deletes()
         names = self.type_names()
-        return [_decode_object(k, v, names) for k, v in _items(self.bpf["objs"])]
+        return [_decode_object(keys[i], values[i], names)
+                for keys, values, n in _lookup_batches(self.bpf["objs"]) for i in range(n)]
 
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
         """Free every stack-store entry a reported process created.
@@ -436,14 +497,15 @@ def _multi_groups(sites: list[ProbeSite]) -> dict[tuple[str, bool], list[int]]:
     return groups
 
 
-def _delete(table: Any, keys: list[Any]) -> None:
+def _delete(table: Any, keys: list[Any] | ctypes.Array[Any]) -> None:
     """Delete many keys in one syscall where the kernel allows it."""
-    if not keys:
+    if not len(keys):
         return
     try:
-        batch = (type(keys[0]) * len(keys))(*keys)
-        for _ in table.items_delete_batch(batch):
-            pass
+        # not a generator when given keys: iterating its None used to fail after the
+        # batch had deleted everything, and every key was then deleted (again) one by one
+        batch = keys if isinstance(keys, ctypes.Array) else (type(keys[0]) * len(keys))(*keys)
+        table.items_delete_batch(batch)
         return
     except Exception:  # noqa: BLE001 - map types or kernels without batch deletes
         pass
@@ -452,6 +514,51 @@ def _delete(table: Any, keys: list[Any]) -> None:
             del table[key]
         except KeyError:
             pass
+
+
+BATCH = 65536  # map entries read per syscall by drain_columns
+
+
+def _close_all(fds: list[int]) -> None:
+    """Close in parallel: removing a uprobe waits ~35 ms for the kernel (RCU) here, and
+    the waits of concurrent closes overlap (a detach of 30 probes: 1.1 s one by one)."""
+    def close(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    threads = [threading.Thread(target=close, args=(fd,)) for fd in fds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n: int
+             ) -> range | list[int]:
+    """Rows of one process (and generation); counted in C when all rows are its own."""
+    if tgids.tolist().count(tgid) == n and (gen is None or gens.tolist().count(gen) == n):
+        return range(n)
+    return [i for i in range(n) if tgids[i] == tgid and (gen is None or gens[i] == gen)]
+
+
+def _lookup_batches(table: Any) -> Iterator[tuple[ctypes.Array[Any], ctypes.Array[Any], int]]:
+    """(keys, values, n) per BPF_MAP_LOOKUP_BATCH; the buffers are reused between batches."""
+    from bcc.libbcc import lib  # the loader is the one module that may import bcc
+    keys, values = (table.Key * BATCH)(), (table.Leaf * BATCH)()
+    token, count = ctypes.c_uint32(0), ctypes.c_uint32(0)
+    first = True
+    while True:
+        count.value = BATCH
+        res = lib.bpf_lookup_batch(table.map_fd, None if first else ctypes.byref(token),
+                                   ctypes.byref(token), ctypes.byref(keys),
+                                   ctypes.byref(values), ctypes.byref(count))
+        err = ctypes.get_errno()
+        if count.value:
+            yield keys, values, count.value
+        if res != 0:
+            if err == errno.ENOENT:
+                return
+            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
+        first = False
 
 
 def _items(table: Any) -> list[tuple[Any, Any]]:

@@ -52,7 +52,7 @@ class GroupJson(TypedDict):
     stack_truncated: bool
     stack: list[FrameJson]
     culprits: list[CulpritJson]
-    instances: list[InstanceJson]
+    instances: NotRequired[list[InstanceJson]]  # absent only inside stream_json
 
 
 class AnomalyJson(TypedDict):

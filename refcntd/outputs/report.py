@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import uuid
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 from refcntd import __version__
@@ -80,7 +83,8 @@ def render_anomaly(a: AnomalyFinding) -> list[str]:
 
 
 def render_group(g: LeakGroup, word: str) -> list[str]:
-    counts = sorted({o.count for o in g.objects})
+    counts = g.objects.counts() if hasattr(g.objects, "counts") else \
+        sorted({o.count for o in g.objects})  # drained as columns: without an object each
     count_text = ", ".join(str(c) for c in counts)
     lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
              f"(final count {count_text}) allocated at:"]
@@ -186,16 +190,19 @@ def frame_json(f: Frame) -> FrameJson:
     return out
 
 
-def group_json(g: LeakGroup) -> GroupJson:
-    return {
+def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
+    """Without `instances` the key is left out (stream_json writes them itself)."""
+    out: GroupJson = {
         "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
         "stack": [frame_json(f) for f in g.frames],
         "culprits": [{"kind": c.kind, "function": c.function.function,
                       "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
                       "references": c.references, "released_uses": c.released_uses}
                      for c in g.culprits],
-        "instances": [instance_json(o) for o in g.objects],
     }
+    if instances:
+        out["instances"] = [instance_json(o) for o in g.objects]
+    return out
 
 
 def instance_json(o: LeakedObject) -> InstanceJson:
@@ -217,12 +224,13 @@ def anomaly_json(a: AnomalyFinding) -> AnomalyJson:
             "alloc_stack": [frame_json(f) for f in a.alloc_frames]}
 
 
-def process_json(p: ProcessReport) -> ProcessJson:
+def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
     return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
             "exit_status": p.exit_status or None, "exit_code": p.exit_code,
             "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
             "anomalies": [anomaly_json(a) for a in p.anomalies],
-            "groups": [group_json(g) for g in p.groups], "kept_by_library": dict(p.kept)}
+            "groups": [group_json(g, instances) for g in p.groups],
+            "kept_by_library": dict(p.kept)}
 
 
 def tracing_json(t: TracingStatus) -> TracingJson:
@@ -230,16 +238,55 @@ def tracing_json(t: TracingStatus) -> TracingJson:
             "probes": [cast(ProbeJson, vars(p)) for p in t.probes]}
 
 
-def run_json(result: RunResult) -> RunJson:
+def run_json(result: RunResult, instances: bool = True) -> RunJson:
     return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
             "mode": result.mode, "spec": result.spec, "target": result.target,
             "command_status": result.command_status, "tracing": tracing_json(result.tracing),
             "leaked_objects": result.leaked_objects, "anomalies": result.anomalies,
-            "processes": [process_json(p) for p in result.processes]}
+            "processes": [process_json(p, instances) for p in result.processes]}
 
 
 def write_json(result: RunResult, path: str) -> None:
     with open(path, "w") as f:
-        json.dump(run_json(result), f, indent=2)
-        f.write("\n")
+        for chunk in iter_json(result):
+            f.write(chunk)
+
+
+def iter_json(result: RunResult, chunk_objects: int = 20000) -> Iterator[str]:
+    """run_json(result) as text, streamed: each group's instances are formatted and written
+    a chunk at a time, so a million leaked objects never exist as one document of dicts.
+    The rest of the document is small (bounded by groups) and dumped as usual."""
+    token = f"@@refcntd-instances-{uuid.uuid4().hex}-"
+    groups = [g for p in result.processes for g in p.groups]
+    doc = run_json(result, instances=False)
+    marks = iter(range(len(groups)))
+    for process in doc["processes"]:
+        for group in process["groups"]:
+            cast(dict[str, object], group)["instances"] = f"{token}{next(marks)}"
+    text = json.dumps(doc, indent=2)
+    pos = 0
+    for match in re.finditer(f'"{re.escape(token)}(\\d+)"', text):
+        yield text[pos:match.start()]
+        yield from _instances_text(groups[int(match.group(1))].objects, chunk_objects)
+        pos = match.end()
+    yield text[pos:] + "\n"
+
+
+def _instances_text(objects: Sequence[LeakedObject], chunk: int) -> Iterator[str]:
+    yield "["
+    for start in range(0, len(objects), chunk):
+        if hasattr(objects, "json_lines"):  # drained as columns (analysis.leaks)
+            lines = objects.json_lines(start, start + chunk)
+        else:
+            lines = [_instance_line(o) for o in objects[start:start + chunk]]
+        yield ("," if start else "") + ",".join(lines)
+    yield "]"
+
+
+def _instance_line(o: LeakedObject) -> str:
+    """instance_json(o) as JSON text; the common case (no history) without a dict."""
+    if o.history_total:
+        return json.dumps(instance_json(o))
+    return (f'{{"address": "0x{o.address:x}", "count": {o.count}, "gets": {o.gets}, '
+            f'"puts": {o.puts}, "age_ns": {o.age_ns}}}')
 

@@ -19,6 +19,7 @@ from refcntd.analysis.leaks import (
     ProcessModules,
     StackSource,
     anomaly_findings,
+    group_columns,
     group_leaks,
 )
 from refcntd.analysis.model import (
@@ -28,6 +29,7 @@ from refcntd.analysis.model import (
     ProcessReport,
 )
 from refcntd.kernel.abi import EventKind
+from refcntd.kernel.columns import ObjectColumns
 from refcntd.kernel.records import (
     AnomalyRecord,
     LifecycleEvent,
@@ -53,6 +55,7 @@ class KernelView(Protocol):
     """What sessions need from kernel.Kernel; kept small so tests can pass fixtures."""
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
+    def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns: ...
     def live_objects(self) -> list[ObjectRecord]: ...
     def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None: ...
@@ -121,8 +124,14 @@ class SessionTracker:
         if ev.exit_code < 0 and waited is None:
             waited = self.wait_status(ev.tgid)
         status, code = _exit_status(ev.exit_code, waited)
-        records = self.kernel.drain(ev.tgid, ev.gen)
+        records = self._drain(ev.tgid, ev.gen)
         self._report(session, STATE_EXITED, records, ev.ts, status, code)
+
+    def _drain(self, tgid: int, gen: int | None) -> list[ObjectRecord] | ObjectColumns:
+        """Without history, as columns: a million objects are reported in seconds."""
+        if self.stub_names is None:
+            return self.kernel.drain_columns(tgid, gen)
+        return self.kernel.drain(tgid, gen)
 
     # ---- end of tracing --------------------------------------------------------
     def finish(self) -> None:
@@ -130,7 +139,7 @@ class SessionTracker:
         now = self.clock_ns()
         for session in list(self.sessions.values()):
             alive = (self.proc_root / str(session.tgid)).exists()
-            records = self.kernel.drain(session.tgid, session.gen)
+            records = self._drain(session.tgid, session.gen)
             state = STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN
             if records or session.tgid in self._anomalies:
                 self._report(session, state, records, now, "", None)
@@ -148,14 +157,18 @@ class SessionTracker:
             self._report(session, STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN,
                          records, now, "", None)
 
-    def _report(self, session: Session, state: str, records: list[ObjectRecord], now: int,
+    def _report(self, session: Session, state: str,
+                records: list[ObjectRecord] | ObjectColumns, now: int,
                 status: str, code: int | None) -> None:
         self.reported.add((session.tgid, session.gen))
         mods = ProcessModules()
         history = None
         if self.stub_names is not None:
             history = HistoryContext(self.stub_names, self.kernel.released_sites(session.tgid))
-        groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
+        if isinstance(records, ObjectColumns):
+            groups = group_columns(records, self.stacks, self.sym, now, mods)
+        else:
+            groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
         anomaly_records = self._anomalies.pop(session.tgid, [])
         anomalies = anomaly_findings(anomaly_records, self.stacks, self.sym, mods)
         self.kernel.forget_stacks(session.tgid, session.gen,
@@ -173,10 +186,14 @@ def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _stack_refs(records: list[ObjectRecord], anomalies: list[AnomalyRecord],
+def _stack_refs(records: list[ObjectRecord] | ObjectColumns, anomalies: list[AnomalyRecord],
                 history: HistoryContext | None) -> list[StackRef]:
     """Every stack a process's report used: the kernel may free them now."""
-    refs = [StackRef(r.stack_id, r.raw_stack_id, r.caller_ip) for r in records]
+    if isinstance(records, ObjectColumns):  # no history: only allocation stacks
+        refs = records.stack_refs()
+        records = []
+    else:
+        refs = [StackRef(r.stack_id, r.raw_stack_id, r.caller_ip) for r in records]
     for r in records:
         if r.history:
             refs += [e.where for e in r.history.events] + [s.where for s in r.history.sites]

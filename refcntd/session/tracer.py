@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from refcntd import progress
 from refcntd.analysis import kept
 from refcntd.analysis.leaks import StackSource
 from refcntd.analysis.model import (
@@ -20,10 +21,11 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.binary.plan import Plan, ProbeSite
-from refcntd.inputs.spec import RoleSpec
+from refcntd.inputs.spec import RoleSpec, Spec
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
+from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
@@ -72,21 +74,43 @@ def _fnv1a(data: bytes) -> int:
     return h
 
 
+def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOptions
+                   ) -> KernelOptions:
+    """What the BPF program is compiled for: known before the binary analysis ends."""
+    return KernelOptions(filtered=filtered, has_delete=spec.has_delete,
+                         max_objects=opts.max_objects, max_stacks=opts.max_stacks,
+                         exit_code_offset=btf.member_offset("task_struct", "exit_code"),
+                         loader_probe=has_loader,
+                         history=opts.history, history_depth=opts.history_depth,
+                         comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
+
+
+def _load_kernel(kopts: KernelOptions, plan: Plan, early: BackgroundCompile | None) -> Kernel:
+    """The kernel side, from the program compiled during the analysis when it fits."""
+    program = None
+    if early is not None:
+        with progress.stage("BPF compile (started before the analysis)"):
+            program, waited = early.take(kopts, len(plan.sites))
+        if program is not None:
+            progress.note(f"BPF compile: {early.seconds:.2f} s, during the binary analysis "
+                          f"(waited {waited:.2f} s for it after)")
+        else:
+            progress.note("BPF compile: the early compile did not fit the plan; compiling again")
+    with progress.stage("BPF compile and load" if program is None else "BPF load"):
+        return Kernel(kopts, plan.sites, program)
+
+
 class Tracer:
     """A loaded, attached kernel plus the session tracker reading its events."""
 
     def __init__(self, plan: Plan, filtered: bool, opts: TraceOptions,
-                 on_report: Callable[[ProcessReport], None]) -> None:
+                 on_report: Callable[[ProcessReport], None],
+                 early: BackgroundCompile | None = None) -> None:
         self.plan = plan
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
-        kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
-                              max_objects=opts.max_objects, max_stacks=opts.max_stacks,
-                              exit_code_offset=btf.member_offset("task_struct", "exit_code"),
-                              loader_probe=plan.loader is not None,
-                              history=opts.history, history_depth=opts.history_depth,
-                              comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
-        self.kernel = Kernel(kopts, plan.sites)
+        kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
+        self.kernel = _load_kernel(kopts, plan, early)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
@@ -113,12 +137,13 @@ class Tracer:
             self.kernel.set_fixed_type(type_id, name)
         self.kernel.configure_probes(lambda name: ids[name])
         self.kernel.open_events(self._on_event)
-        self.kernel.attach_all()
-        if self.plan.loader:
-            why = self.kernel.attach_loader(self.plan.loader.path, self.plan.loader.sites)
-            if why:
-                self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
-                                       "libraries unloaded before exit may stay unresolved")
+        with progress.stage("probe creation"):
+            self.kernel.attach_all()
+            why = self.plan.loader and self.kernel.attach_loader(self.plan.loader.path,
+                                                                 self.plan.loader.sites)
+        if why:
+            self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
+                                   "libraries unloaded before exit may stay unresolved")
 
     def _on_event(self, ev: LifecycleEvent | AnomalyRecord) -> None:
         if isinstance(ev, AnomalyRecord):
@@ -152,6 +177,7 @@ class Tracer:
         probes = _probe_statuses(self.plan, failed, hits)
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
+        lost.update(self.plan.scan_gaps)  # DWARF not examined for inlined copies
         if self.kernel.stacks_freed_early:
             lost["allocation stacks freed with another process that shared them"] = \
                 self.kernel.stacks_freed_early
@@ -209,14 +235,16 @@ def _split_failure(text: str) -> tuple[str, str]:
 
 # ---- run ------------------------------------------------------------------------
 def run_command(plan: Plan, command: list[str], opts: TraceOptions,
-                on_report: Callable[[ProcessReport], None]) -> RunResult:
+                on_report: Callable[[ProcessReport], None],
+                early: BackgroundCompile | None = None) -> RunResult:
     """Start `command` gated, register it, release it, trace it and its descendants."""
     result = RunResult("run", plan.spec.name, command[0])
-    with Tracer(plan, filtered=True, opts=opts, on_report=on_report) as tracer:
+    with Tracer(plan, filtered=True, opts=opts, on_report=on_report, early=early) as tracer:
         tracer.start()
-        child = Child(command)
-        root_gen = tracer.kernel.register_process(child.pid)
-        tracer.tracker.add_root(child.pid, root_gen, command)
+        with progress.stage("per-process setup"):
+            child = Child(command)
+            root_gen = tracer.kernel.register_process(child.pid)
+            tracer.tracker.add_root(child.pid, root_gen, command)
         tracer.tracker.wait_status = lambda tgid: _wait_root(child, tgid)
         child.release()
         with _forward_signals(child):
@@ -328,18 +356,21 @@ class _StopFlag:
 
 def attach(plan: Plan, pid: int | None, opts: TraceOptions,
            on_report: Callable[[ProcessReport], None],
-           ready: Callable[[], None] = lambda: None) -> RunResult:
+           ready: Callable[[], None] = lambda: None,
+           early: BackgroundCompile | None = None) -> RunResult:
     """Trace until SIGINT/SIGTERM; system-wide, or `pid` and its descendants."""
     result = RunResult("attach", plan.spec.name, plan.sites[0].module if plan.sites else "")
     flag = _StopFlag()
     saved = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with Tracer(plan, filtered=pid is not None, opts=opts, on_report=on_report) as tracer:
+        with Tracer(plan, filtered=pid is not None, opts=opts, on_report=on_report,
+                    early=early) as tracer:
             tracer.start()
-            for tgid in _process_tree(pid) if pid is not None else []:
-                gen = tracer.kernel.register_process(tgid)
-                tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
-                tracer.index.add_process_maps(f"/proc/{tgid}/maps")
+            with progress.stage("per-process setup"):
+                for tgid in _process_tree(pid) if pid is not None else []:
+                    gen = tracer.kernel.register_process(tgid)
+                    tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
+                    tracer.index.add_process_maps(f"/proc/{tgid}/maps")
             ready()
             while not flag.stop:
                 tracer.poll()

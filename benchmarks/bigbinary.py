@@ -1,0 +1,162 @@
+"""refcntd on a binary as big as a real one (>= 1M DWARF DIEs, like perf 6.1).
+
+    .venv/bin/python benchmarks/bigbinary.py [--smoke] [--out DIR] [--before TREE]
+
+Builds the generated program (benchmarks/bigsource.py), then measures, each
+in a fresh process (wall time and peak RSS from wait4):
+
+* the candidate DWARF scans (benchmarks/dwarfscan.py) on the same binary;
+* `refcntd check` cold (empty cache) and warm, for the default spec and for
+  the obj_* spec whose inlined copies and clones the binary carries;
+* with root, `refcntd attach` until its probes are installed;
+* with `--before TREE` (a checkout of an older refcntd), the same `check`
+  there, as the baseline.
+
+Writes bigbinary.md and bigbinary.json into DIR (default benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bigsource  # noqa: E402
+from dwarfscan import CANDIDATES  # noqa: E402
+
+OBJ_NAMES = ["obj_init", "obj_get", "obj_put"]
+SPECS = ("perf-stubs", "example-objapi")
+
+
+def candidates(exe: Path) -> list[dict[str, object]]:
+    rows = []
+    for name in CANDIDATES:
+        run = _reaped([sys.executable, str(HERE / "dwarfscan.py"), name, str(exe), *OBJ_NAMES])
+        found = json.loads(run["stdout"]) if run["status"] == 0 else {"error": run["stderr"]}
+        rows.append({"candidate": name, "seconds": run["seconds"], "rss_mib": run["rss_mib"],
+                     "scan_seconds": round(found.get("seconds", 0.0), 3),
+                     "found": found.get("found", found.get("error"))})
+    return rows
+
+
+def _reaped(cmd: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None
+            ) -> dict[str, object]:
+    """Run cmd to its end, reaped with wait4 for its own peak RSS; wall seconds, output."""
+    t0 = time.monotonic()
+    out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_f, stderr=err_f, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out_f.seek(0)
+    err_f.seek(0)
+    return {"seconds": round(wall, 3), "rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "status": proc.returncode, "stdout": out_f.read(), "stderr": err_f.read()[-2000:]}
+
+
+def check_runs(exe: Path, tree: Path, label: str) -> list[dict[str, object]]:
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, REFCNTD_CACHE=cache)
+        for spec in SPECS:
+            for temp in ("cold", "warm"):
+                run = _reaped([sys.executable, "-m", "refcntd", "check", "--binary", str(exe),
+                               "--spec", spec], cwd=tree, env=env)
+                rows.append({"refcntd": label, "spec": spec, "cache": temp,
+                             "seconds": run["seconds"], "rss_mib": run["rss_mib"],
+                             "status": run["status"],
+                             "inlined": "inlined at" in str(run["stdout"]),
+                             "cached": "from the analysis cache" in str(run["stdout"]),
+                             "incomplete": "INCOMPLETE" in str(run["stdout"])})
+    return rows
+
+
+def attach_time(exe: Path) -> dict[str, object]:
+    """Start of `refcntd attach` to its 'attached' line (every probe installed)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "refcntd", "attach", "--verbose",
+                             "--binary", str(exe)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line, stages = proc.stderr.readline(), []
+    while line and "attached" not in line:  # after the --verbose lines
+        stages.append(line.strip())
+        line = proc.stderr.readline()
+    elapsed = time.monotonic() - t0
+    proc.send_signal(signal.SIGINT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"seconds": round(elapsed, 3), "rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "ready": "attached" in line, "line": line.strip(), "stages": stages}
+
+
+def measure(shape: bigsource.Shape, out: Path, before: Path | None, attach: bool
+            ) -> dict[str, object]:
+    exe = bigsource.build(out / "bigbuild", shape)
+    data: dict[str, object] = {"dies": bigsource.count_dies(exe), "shape": vars(shape),
+                               "binary_mib": round(exe.stat().st_size / 2**20, 1)}
+    data["candidates"] = candidates(exe)
+    data["check"] = check_runs(exe, ROOT, "this tree")
+    if before is not None:
+        data["check"] += check_runs(exe, before, "before")
+    if attach and os.geteuid() == 0:
+        data["attach"] = [attach_time(exe) for _ in range(2)]
+    return data
+
+
+def render(data: dict[str, object], machine: dict[str, object]) -> str:
+    lines = ["# refcntd on a big binary", "",
+             f"Machine: {machine}", "",
+             f"Generated program: {data['shape']}, {data['dies']:,} DWARF DIEs, "
+             f"{data['binary_mib']} MiB (`gcc -g -O2`).", "",
+             "## Finding inlined copies of obj_init/obj_get/obj_put (one fresh process each)",
+             "", "| candidate | wall s (incl. start) | scan s | peak RSS MiB | found |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['candidate']} | {r['seconds']} | {r['scan_seconds']} | {r['rss_mib']} | "
+              f"{json.dumps(r['found'])} |" for r in data["candidates"]]  # type: ignore[attr-defined]
+    lines += ["", "## `refcntd check --binary` (fresh process each; cache in a new directory)",
+              "", "| refcntd | spec | cache | wall s | peak RSS MiB | exit | inlined copies "
+              "reported | scan incomplete | DWARF from cache |", "|---" * 9 + "|"]
+    lines += [f"| {r['refcntd']} | {r['spec']} | {r['cache']} | {r['seconds']} | "
+              f"{r['rss_mib']} | {r['status']} | {r['inlined']} | {r['incomplete']} | "
+              f"{r.get('cached', '-')} |"
+              for r in data["check"]]  # type: ignore[attr-defined]
+    for r in data.get("attach", []):  # type: ignore[attr-defined]
+        lines.append(f"\nattach to probes installed: {r['seconds']} s, peak RSS "
+                     f"{r['rss_mib']} MiB; --verbose said:")
+        lines += [f"    {stage}" for stage in r["stages"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny program (seconds)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--build", type=Path, help="where to build (default: OUT)")
+    parser.add_argument("--before", type=Path, help="an older refcntd checkout, as baseline")
+    parser.add_argument("--no-attach", action="store_true", help="skip the attach timing")
+    args = parser.parse_args()
+    from run import machine
+    shape = bigsource.SMOKE if args.smoke else bigsource.FULL
+    data = measure(shape, args.build or args.out, args.before, not args.no_attach)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "bigbinary-smoke" if args.smoke else "bigbinary"
+    text = render(data, machine())
+    (args.out / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.json").write_text(json.dumps(data | {"machine": machine()}, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

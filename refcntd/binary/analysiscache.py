@@ -1,0 +1,132 @@
+"""DWARF answers kept per binary, so a second check or attach does no DWARF work.
+
+Keyed by build-id + spec + refcntd version (a rebuilt binary, an edited spec
+or a new refcntd get a new entry).  An entry carries its key and a digest of
+its contents and is checked on load: a file that does not match (stale,
+truncated, corrupt, written by something else) is ignored and rebuilt, never
+trusted.  Binaries without a build-id are not cached: nothing identifies them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from refcntd import __version__
+from refcntd.binary import dwarfinfo
+from refcntd.binary.elf import ElfImage
+from refcntd.inputs.spec import Spec
+from refcntd.paths import CACHE_DIR
+
+FORMAT = 1
+
+
+def _digest(payload: object) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def spec_key(spec: Spec) -> str:
+    """What of the spec the analysis depends on: its roles, whatever file they came from."""
+    return hashlib.sha256(repr(sorted(spec.roles.items())).encode()).hexdigest()[:16]
+
+
+@dataclass
+class DwarfFacts:
+    """DWARF answers for one binary and spec: loaded from the cache, or computed and saved."""
+
+    image: ElfImage
+    spec: Spec
+    cache_dir: Path | None = None  # None: refcntd.paths.CACHE_DIR
+    inlined: dict[str, dwarfinfo.InlinedScan] = field(default_factory=dict)
+    clones: dict[str, dict[int, int] | None] = field(default_factory=dict)
+    loaded: bool = False  # answers came from a valid cache entry
+    dirty: bool = False  # something was computed that the entry lacks
+
+    def __post_init__(self) -> None:
+        self.loaded = self._load()
+
+    @property
+    def key(self) -> dict[str, object] | None:
+        if not self.image.build_id:
+            return None
+        return {"format": FORMAT, "build_id": self.image.build_id,
+                "spec": spec_key(self.spec), "refcntd": __version__}
+
+    @property
+    def path(self) -> Path | None:
+        key = self.key
+        if key is None:
+            return None
+        name = f"{key['build_id']}-{key['spec']}-{__version__}.json"
+        return (self.cache_dir or CACHE_DIR) / "analysis" / name
+
+    def inlined_copies(self, names: set[str]) -> dwarfinfo.InlinedScan:
+        """Of `names`; one scan serves every role of the spec (a scan costs a pass)."""
+        k = ",".join(sorted(self._all_names()))
+        if k not in self.inlined:
+            self.inlined[k] = dwarfinfo.inlined_copies(self.image, self._all_names())
+            self.dirty = True
+        scan = self.inlined[k]
+        return replace(scan, copies=tuple(c for c in scan.copies if c.function in names))
+
+    def _all_names(self) -> set[str]:
+        return {f for role in self.spec.entries for f in role.functions}
+
+    def clone_registers(self, vaddr: int, original: str) -> dict[int, int] | None:
+        k = f"{vaddr:x} {original}"
+        if k not in self.clones:
+            self.clones[k] = dwarfinfo.clone_argument_registers(self.image, vaddr, original)
+            self.dirty = True
+        return self.clones[k]
+
+    # ---- the file ----------------------------------------------------------------
+    def save(self) -> None:
+        """Write the entry atomically; a cache that cannot be written is only slower."""
+        path = self.path
+        if path is None or not self.dirty:
+            return
+        # An unfinished scan is not kept: the next run tries again.
+        body = {"inlined": {k: _scan_json(s) for k, s in self.inlined.items() if s.complete},
+                "clones": {k: None if r is None else {str(a): v for a, v in r.items()}
+                           for k, r in self.clones.items()}}
+        entry = {"key": self.key, "body": body, "digest": _digest(body)}
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f)
+            os.replace(tmp, path)
+        self.dirty = False
+
+    def _load(self) -> bool:
+        path = self.path
+        if path is None:
+            return False
+        try:
+            entry = json.loads(path.read_text())
+            if entry["key"] != self.key or entry["digest"] != _digest(entry["body"]):
+                return False
+            inlined = {k: _scan_from(s) for k, s in entry["body"]["inlined"].items()}
+            clones = {k: None if r is None else {int(a): int(v) for a, v in r.items()}
+                      for k, r in entry["body"]["clones"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        self.inlined, self.clones = inlined, clones
+        return True
+
+
+def _scan_json(scan: dwarfinfo.InlinedScan) -> dict[str, object]:
+    return {"copies": [[c.function, c.count, list(c.sites)] for c in scan.copies],
+            "not_examined": list(scan.not_examined), "method": scan.method}
+
+
+def _scan_from(data: dict[str, object]) -> dwarfinfo.InlinedScan:
+    copies = tuple(dwarfinfo.InlinedCopies(str(f), int(n), tuple(str(s) for s in sites))
+                   for f, n, sites in data["copies"])  # type: ignore[attr-defined]
+    return dwarfinfo.InlinedScan(copies, tuple(str(u) for u in data["not_examined"]),  # type: ignore[attr-defined]
+                                 str(data["method"]))

@@ -1,0 +1,20 @@
+"""The binary analysis as a stage of check, attach and run (timed, with progress).
+
+Apart from cli/common.py so that `check` does not import the tracing stages.
+"""
+
+from __future__ import annotations
+
+from refcntd import progress
+from refcntd.binary.plan import Plan, build_plan
+from refcntd.inputs.spec import Spec
+
+
+def analyse(spec: Spec, binary: str, modes: dict[str, str] | None = None) -> Plan:
+    """The binary analysis, as a stage the user sees when it takes long."""
+    with progress.stage("ELF/DWARF analysis"):
+        plan = build_plan(spec, binary, modes)
+    for module, cached in plan.dwarf_cached.items():
+        progress.note(f"DWARF answers for {module}: "
+                      + ("from the analysis cache" if cached else "computed"))
+    return plan

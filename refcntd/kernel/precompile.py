@@ -1,0 +1,57 @@
+"""Compile the BPF program in a thread while the binary is analysed.
+
+bcc's compile takes about 2 s here and depends only on the options and on
+the number of probe slots (a power of two, see loader.probe_slots), both
+known before the analysis: so attach and run start it first.  bcc's compile
+is a ctypes call, which releases the GIL: the analysis runs meanwhile.  When
+the analysis ends with other options (more probes than guessed, no ld.so
+probe), the early program is dropped and the right one compiled as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from refcntd.kernel import loader
+from refcntd.kernel.loader import KernelOptions
+
+
+class BackgroundCompile:
+    def __init__(self, opts: KernelOptions, probe_guess: int) -> None:
+        self.opts, self.slots = opts, loader.probe_slots(probe_guess)
+        self.program: Any = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="bpf-compile", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.program = loader.compile_program(self.opts, self.slots)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            self.error = err
+        self.seconds = time.monotonic() - t0
+
+    def take(self, opts: KernelOptions, probe_count: int) -> tuple[Any, float]:
+        """(the program, seconds waited for it) if it fits; (None, waited) if not.
+
+        Errors of the early compile (no privileges, no headers) are raised here,
+        after the analysis has had its say about the binary."""
+        t0 = time.monotonic()
+        self._thread.join()
+        waited = time.monotonic() - t0
+        if self.error is not None:
+            raise self.error
+        if opts != self.opts or loader.probe_slots(probe_count) != self.slots:
+            self.discard()
+            return None, waited
+        program, self.program = self.program, None
+        return program, waited
+
+    def discard(self) -> None:
+        if self.program is not None:
+            self.program.cleanup()
+            self.program = None

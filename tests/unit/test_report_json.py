@@ -1,0 +1,37 @@
+"""The streamed JSON writer produces exactly the document run_json() describes."""
+
+from __future__ import annotations
+
+import json
+
+from refcntd.analysis.model import (
+    HistoryStep,
+    LeakedObject,
+    LeakGroup,
+    ProcessReport,
+    RunResult,
+)
+from refcntd.outputs import report
+from refcntd.symbolize.symbolizer import Frame
+
+
+def _result(objects_per_group: int) -> RunResult:
+    frames = (Frame("/bin/x", 0x1000, 'quote"d', 4, "x.c", 12), Frame("", 0x2000, raw="ip 0x2"))
+    step = HistoryStep("get", 2, frames, 5)
+    groups = [LeakGroup(name, frames, [LeakedObject(0x1000 + 16 * i, i % 3, i, i // 2, 7 * i)
+                                       for i in range(objects_per_group)])
+              for name in ("dso", "@@refcntd-instances-0@@", "ünï\n")]
+    groups[0].objects.append(LeakedObject(0xdead, 1, 1, 0, 9, (step,), 3))
+    procs = [ProcessReport(42, "x", ["x", "--a b"], "exited", "exit 0", 0, groups),
+             ProcessReport(43, "y", [], "exited")]
+    return RunResult("run", "perf-stubs", "x", procs)
+
+
+def test_streamed_json_is_run_json(tmp_path):
+    for n in (0, 1, 5, 45):
+        result = _result(n)
+        path = tmp_path / f"r{n}.json"
+        report.write_json(result, str(path))
+        assert json.loads(path.read_text()) == json.loads(json.dumps(report.run_json(result)))
+    chunks = list(report.iter_json(_result(45), chunk_objects=10))
+    assert "".join(chunks) == path.read_text()
