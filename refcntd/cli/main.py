@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="render a saved run (--json) again")
     rep.add_argument("run_json", metavar="RUN.json")
-    rep.add_argument("--format", choices=("text", "sarif", "junit", "github"), default="text")
+    rep.add_argument("--format", choices=("text", "sarif", "junit", "github", "folded"),
+                     default="text", help="folded: stacks for flame graphs")
     rep.add_argument("--output", metavar="FILE", help="write there instead of stdout")
     _ci_args(rep)
 

@@ -23,6 +23,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         text += report.render_run(result) + ciformats.verdict_text(verdict)
     elif args.format == "sarif":
         text = json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n"
+    elif args.format == "folded":
+        from refcntd.outputs.folded import folded
+        text = folded(result)
     elif args.format == "junit":
         text = ciformats.junit(result, verdict)
     else:

@@ -33,6 +33,7 @@ class Target:
     cgroup: str | None = None  # only processes in this cgroup (v2 path)
     history: tuple[str, ...] | None = None
     age_threshold_s: float = 300.0  # live objects older than this are counted apart
+    max_type_labels: int = 100  # distinct `type` label values per target; the rest fold
 
     def signature(self) -> tuple[object, ...]:
         """What must stay equal for a reload to keep this target's kernel state."""
@@ -106,8 +107,8 @@ def _size(node: YNode) -> int:
 
 
 def _target(node: YNode) -> Target:
-    fields = node.mapping({"name", "path", "spec", "comm", "cgroup", "history", "age_threshold"},
-                          {"name", "path"})
+    fields = node.mapping({"name", "path", "spec", "comm", "cgroup", "history", "age_threshold",
+                           "max_type_labels"}, {"name", "path"})
     name = fields["name"].string()
     if not _NAME.match(name):
         raise fields["name"].fail(f"'{name}' is not a name (letters, digits, _ . -)")
@@ -121,7 +122,8 @@ def _target(node: YNode) -> Target:
         raise fields["cgroup"].fail("a cgroup path starts with / (e.g. /system.slice/x.service)")
     history = _history(fields["history"]) if "history" in fields else None
     age = _duration(fields["age_threshold"]) if "age_threshold" in fields else 300.0
-    return Target(name, path, spec, comm, cgroup, history, age)
+    cap = fields["max_type_labels"].integer(1, 10000) if "max_type_labels" in fields else 100
+    return Target(name, path, spec, comm, cgroup, history, age, cap)
 
 
 def _spec(node: YNode) -> Spec:

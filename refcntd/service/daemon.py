@@ -155,7 +155,8 @@ class Daemon:
 
     # ---- targets -------------------------------------------------------------
     def _add_target(self, target: Target) -> None:
-        runtime = TargetRuntime(target, TargetStats(target.name, target.age_threshold_s))
+        runtime = TargetRuntime(target, TargetStats(target.name, target.age_threshold_s,
+                                                    target.max_type_labels))
         self.targets[target.name] = runtime
         paths = sorted(glob.glob(target.path)) or [target.path]
         for path in paths:
@@ -236,6 +237,7 @@ class Daemon:
                      runtime.target.age_threshold_s, target.age_threshold_s)
         runtime.target = target
         runtime.stats.age_threshold_s = target.age_threshold_s
+        runtime.stats.max_type_labels = target.max_type_labels
 
     def _apply_settings(self, new: Config) -> None:
         """Daemon-wide settings: applied live, or a log line saying a restart is needed."""

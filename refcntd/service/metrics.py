@@ -26,6 +26,7 @@ from refcntd.kernel.procmem import read_string
 from refcntd.outputs.reportstore import StoreStats
 from refcntd.session.tracer import LOST_REASONS, Tracer
 
+OTHER_TYPES = "_other"  # the one `type` label for types beyond a target's max_type_labels
 AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
 OPS = ("init", "get", "put", "release")
 K = TypeVar("K")
@@ -37,6 +38,7 @@ class TargetStats:
 
     name: str
     age_threshold_s: float
+    max_type_labels: int = 100
     tracers: list[Tracer] = field(default_factory=list)
     probes_failed: int = 0
     attach_errors: int = 0
@@ -97,15 +99,20 @@ class RefcntdCollector:
         f["probes"].add_metric([t, "failed"], s.probes_failed + sum(
             len(tr.kernel.failed_probes) for tr in s.tracers))
         f["attach_errors"].add_metric([t], s.attach_errors)
-        for (name, op), n in sorted(ops.items()):
-            f["operations"].add_metric([t, name, op], n)
         for name, _op in ops:  # a known type with nothing live is 0, not an absent series
             live.setdefault(name, [])
+        keep = _kept_types(live, ops, s.leaked, s.max_type_labels)
+        f["folded"].add_metric([t], len(set(live) | {n for n, _ in ops} | set(s.leaked))
+                               - len(keep))
+        live, ops = _fold(live, keep), _fold_ops(ops, keep)
+        leaked = _fold_counts(s.leaked, keep)
+        for (name, op), n in sorted(ops.items()):
+            f["operations"].add_metric([t, name, op], n)
         for name, ages in sorted(live.items()):
             f["live"].add_metric([t, name], len(ages))
             f["older"].add_metric([t, name], sum(1 for a in ages if a > s.age_threshold_s))
             f["age"].add_metric([t, name], _buckets(ages), sum(ages))
-        for name, n in sorted(s.leaked.items()):
+        for name, n in sorted(leaked.items()):
             f["leaked"].add_metric([t, name], n)
         for kind, n in sorted(s.anomalies.items()):
             f["anomalies"].add_metric([t, kind], n)
@@ -121,6 +128,42 @@ class RefcntdCollector:
             if len(self._type_cache) > 65536:
                 self._type_cache.clear()
         return self._type_cache[key]
+
+
+def _kept_types(live: dict[str, list[float]], ops: dict[tuple[str, str], int],
+                leaked: dict[str, int], cap: int) -> set[str]:
+    """The `cap` most active types keep their own label (live objects first, then
+    operations, then leaks); the rest share OTHER_TYPES, so a program with
+    thousands of type names cannot explode the series count."""
+    score: dict[str, tuple[int, int, int]] = {}
+    for name in set(live) | {n for n, _ in ops} | set(leaked):
+        score[name] = (len(live.get(name, [])),
+                       sum(n for (t, _), n in ops.items() if t == name), leaked.get(name, 0))
+    ranked = sorted(score, key=lambda n: (tuple(-v for v in score[n]), n))
+    return set(ranked[:cap - 1] if len(ranked) > cap else ranked)
+
+
+def _fold(live: dict[str, list[float]], keep: set[str]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for name, ages in live.items():
+        out.setdefault(name if name in keep else OTHER_TYPES, []).extend(ages)
+    return out
+
+
+def _fold_ops(ops: dict[tuple[str, str], int], keep: set[str]) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for (name, op), n in ops.items():
+        key = (name if name in keep else OTHER_TYPES, op)
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def _fold_counts(counts: dict[str, int], keep: set[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, n in counts.items():
+        key = name if name in keep else OTHER_TYPES
+        out[key] = out.get(key, 0) + n
+    return out
 
 
 def _buckets(ages: list[float]) -> list[tuple[str, int]]:
@@ -150,6 +193,7 @@ class _Families(TypedDict):
     map_entries: GaugeMetricFamily
     map_capacity: GaugeMetricFamily
     dropped: CounterMetricFamily
+    folded: GaugeMetricFamily
 
 
 def _families() -> _Families:
@@ -178,6 +222,8 @@ def _families() -> _Families:
                          labels=["target", "map"]),
         "map_capacity": g("refcntd_map_capacity", "Kernel map capacity",
                           labels=["target", "map"]),
+        "folded": g("refcntd_type_labels_folded", "Type names of the target shown as "
+                    f"type=\"{OTHER_TYPES}\" because of its max_type_labels", labels=["target"]),
         "dropped": c("refcntd_dropped_records", "Records the kernel side could not keep",
                      labels=["target", "reason"]),
     }

@@ -93,3 +93,26 @@ def test_binary_created_after_start_is_attached(bpf, build, tmp_path):
         assert leak_summary(_report_of(serve, proc.pid)["processes"][0]) == PERFLIKE_LEAKS
         assert metric(serve.scrape(), "refcntd_target_attach_errors", target="later") == 0
         assert serve.stop() == 0
+
+
+def test_type_labels_stay_within_the_cap(bpf, build, tmp_path):
+    exe = build.program("manytypes", [FIXTURES / "manytypes.c"])
+    extra = "    max_type_labels: 50\n"
+    with Serve(tmp_path, target_yaml("many", exe, extra=extra)) as serve:
+        proc = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            samples = serve.scrape()
+        finally:
+            proc.kill()
+            proc.wait()
+        assert serve.stop() == 0
+    live = {dict(labels)["type"]: v for (name, labels), v in samples.items()
+            if name == "refcntd_live_objects" and dict(labels)["target"] == "many"}
+    assert len(live) == 50 and "_other" in live, sorted(live)
+    assert sum(live.values()) == 1000  # folded, never dropped
+    assert live["_other"] == 1000 - 49
+    assert metric(samples, "refcntd_type_labels_folded", target="many") == 1000 - 49
+    series = {labels for (name, labels) in samples if name.startswith("refcntd_")
+              and dict(labels).get("target") == "many" and "type" in dict(labels)}
+    assert len({dict(labels)["type"] for labels in series}) == 50
