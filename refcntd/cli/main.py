@@ -68,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     draft.add_argument("--name", help="the spec's name (default: LIBRARY-draft)")
     draft.add_argument("--output", metavar="FILE", help="write there instead of stdout")
 
+    for name, what in (("checkpoint", "mark the objects live now in a running `serve`"),
+                       ("diff", "objects created since the checkpoint and still live, per "
+                                "process and allocation stack, from a running `serve`")):
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("--config", default=str(DEFAULT_CONFIG),
+                         help="serve's config, for its listen address "
+                              f"(default {DEFAULT_CONFIG})")
+        cmd.add_argument("--url", help="serve's address instead, e.g. http://127.0.0.1:10271")
+        if name == "diff":
+            cmd.add_argument("--json", action="store_true", help="JSON instead of text")
+
     serve = sub.add_parser("serve", help="trace configured programs continuously; export "
                                          "Prometheus metrics and write reports")
     serve.add_argument("--config", default=str(DEFAULT_CONFIG),

@@ -28,7 +28,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     registry.register(BuildInfo(__version__, _bcc_version()))
     ready = httpserver.Readiness()
     try:
-        httpserver.start(config.listen_host, config.listen_port, registry, ready, daemon.status)
+        httpserver.start(config.listen_host, config.listen_port, registry, ready, daemon.status,
+                         daemon.routes())
     except OSError as err:
         raise UsageError(f"cannot listen on {config.listen_host}:{config.listen_port}: "
                          f"{err.strerror}", f"change 'listen' in {config.path}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob
+import json
 import logging
 import os
 import select
@@ -18,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, Target, load_config
 from refcntd.outputs import report
 from refcntd.outputs.reportstore import ReportStore
+from refcntd.service import checkpoint
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.session.tracer import TraceOptions, Tracer
 
@@ -59,6 +61,8 @@ class Daemon:
         self.reload_requested = False
         self._proc_events = _ProcConnector()
         self.started = time.time()
+        self.checkpoint: checkpoint.Checkpoint | None = None
+        self._diff_requested = False
         self._next_prune = 0.0
         self._next_watch = 0.0
 
@@ -71,6 +75,8 @@ class Daemon:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGUSR1, lambda _s, _f: self.mark())
+        signal.signal(signal.SIGUSR2, self._on_usr2)
         _sd_notify("READY=1")
         log.info("serving %d target(s)", len(self.targets))
         while not self.stop:
@@ -85,8 +91,66 @@ class Daemon:
                 self.reload()
             self._prune_on_timer()
             self._watch_on_timer()
+            if self._diff_requested:
+                self._diff_requested = False
+                self._write_diff()
         _sd_notify("STOPPING=1")
         self.shutdown()
+
+    # ---- checkpoints -----------------------------------------------------------
+    def mark(self) -> checkpoint.Checkpoint:
+        """A checkpoint for every target (SIGUSR1, POST /checkpoint)."""
+        self.checkpoint = checkpoint.now()
+        log.info("checkpoint at %s", time.strftime("%H:%M:%S", time.localtime(
+            self.checkpoint.wall)))
+        return self.checkpoint
+
+    def _on_usr2(self, _sig: int, _frame: object) -> None:
+        self._diff_requested = True  # written by the main loop, not in the handler
+
+    def diff_json(self) -> dict[str, object]:
+        """Per target, live objects created since the checkpoint (GET /diff)."""
+        since = self.checkpoint
+        if since is None:
+            return {"checkpoint": None, "targets": {}}
+        with self.lock:
+            targets = {name: [report.process_json(p) for tr in rt.tracers.values()
+                              for p in checkpoint.diff(tr, since)]
+                       for name, rt in self.targets.items()}
+        return {"checkpoint": since.wall, "targets": targets}
+
+    def diff_text(self) -> str:
+        since = self.checkpoint
+        if since is None:
+            return "refcntd: no checkpoint yet (POST /checkpoint or SIGUSR1)\n"
+        with self.lock:
+            parts = [f"target {name}:\n" + "".join(
+                         report.render_process(p) + "\n" for tr in rt.tracers.values()
+                         for p in checkpoint.diff(tr, since))
+                     for name, rt in self.targets.items()]
+        return "".join(parts)
+
+    def _write_diff(self) -> None:
+        try:
+            path = self.store.write("diff", os.getpid(), self.diff_json(),  # type: ignore[arg-type]
+                                    self.diff_text())
+            log.info("diff since the checkpoint written to %s", path)
+        except OSError as err:
+            log.error("diff not written to %s: %s", self.store.dir, err.strerror)
+
+    def routes(self) -> dict[str, Callable[[str, str], tuple[str, str, bytes]]]:
+        """HTTP: POST /checkpoint, GET /diff (JSON; ?format=text for text)."""
+        def mark(method: str, _query: str) -> tuple[str, str, bytes]:
+            if method != "POST":
+                return "405 Method Not Allowed", "text/plain", b"POST to set a checkpoint\n"
+            cp = self.mark()
+            return "200 OK", "application/json", json.dumps({"checkpoint": cp.wall}).encode()
+
+        def diff(_method: str, query: str) -> tuple[str, str, bytes]:
+            if "format=text" in query:
+                return "200 OK", "text/plain; charset=utf-8", self.diff_text().encode()
+            return "200 OK", "application/json", json.dumps(self.diff_json(), indent=2).encode()
+        return {"/checkpoint": mark, "/diff": diff}
 
     def _watch_on_timer(self) -> None:
         now = time.monotonic()

@@ -53,12 +53,22 @@ class Readiness:
         return self._event.is_set()
 
 
+# path -> f(method, query) -> (HTTP status line, content type, body)
+Routes = dict[str, Callable[[str, str], tuple[str, str, bytes]]]
+
+
 def application(registry: CollectorRegistry, ready: Readiness,
-                status: Callable[[], dict[str, Any]] = dict) -> WSGIApplication:
+                status: Callable[[], dict[str, Any]] = dict,
+                routes: Routes | None = None) -> WSGIApplication:
     metrics: WSGIApplication = make_wsgi_app(registry)
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
+        if routes and path in routes:
+            line, ctype, body = routes[path](environ.get("REQUEST_METHOD", "GET"),
+                                             environ.get("QUERY_STRING", ""))
+            start_response(line, [("Content-Type", ctype)])
+            return [body]
         if path == "/metrics":
             if not ready:
                 start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
@@ -77,9 +87,10 @@ def application(registry: CollectorRegistry, ready: Readiness,
 
 
 def start(host: str, port: int, registry: CollectorRegistry, ready: Readiness,
-          status: Callable[[], dict[str, Any]] = dict) -> WSGIServer:
+          status: Callable[[], dict[str, Any]] = dict, routes: Routes | None = None
+          ) -> WSGIServer:
     """Serve in a daemon thread; raises OSError when the address cannot be bound."""
-    server = make_server(host, port, application(registry, ready, status),
+    server = make_server(host, port, application(registry, ready, status, routes),
                          server_class=_ThreadingServer, handler_class=_Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

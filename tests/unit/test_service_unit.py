@@ -67,3 +67,9 @@ def test_serve_check_strict_checks_the_targets(tmp_path: Path):
     assert "target t: /bin/true: CANNOT ATTACH" in strict.stdout
     assert "Traceback" not in strict.stderr
 
+
+
+def test_diff_without_a_running_serve_is_one_line():
+    result = refcntd(["diff", "--url", "http://127.0.0.1:9"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
