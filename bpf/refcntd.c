@@ -22,12 +22,9 @@ BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
 BPF_HASH(comm_allow, struct comm_key, __u32, 64);
-BPF_HASH(proc_stacks, struct proc_stack, __u32, MAX_STACKS * 2);  /* -> process gen */
 BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
 BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
 BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
-BPF_F_TABLE("stacktrace", int, struct stack_frames, stacks, MAX_STACKS, BPF_F_STACK_BUILD_ID);
-BPF_STACK_TRACE(raw_stacks, MAX_STACKS);
 BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
 BPF_ARRAY(gen_counter, __u64, 1);
 BPF_PERCPU_ARRAY(scratch, struct event, 1);
@@ -51,6 +48,10 @@ static __always_inline void count_stat(int which)
 	if (v)
 		*v += 1;
 }
+
+/* bcc rewrites map calls in the main file only: the loader pastes these in. */
+#include "stackstore.h"  /* inlined by the loader */
+#include "unwind.h"  /* inlined by the loader */
 
 /* The verifier refuses a ctx load at a computed offset, so a register is
  * read with one probe read of the saved pt_regs at its offset. */
@@ -180,22 +181,9 @@ static __always_inline void add_totals(struct obj_val *o)
 }
 
 static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg *cfg,
-					   __s32 *stack_id, __s32 *raw_stack_id, __u64 *caller_ip)
+					   __u64 *stack_id, __u64 *caller_ip)
 {
-	*stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (*stack_id == -EEXIST)
-		count_stat(ST_STACK_COLLISION);
-	else if (*stack_id < 0)
-		count_stat(ST_STACK_LOST);
-	*raw_stack_id = raw_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (*raw_stack_id < 0)
-		count_stat(ST_RAW_STACK_LOST);
-	struct proc_stack owner = {.tgid = bpf_get_current_pid_tgid() >> 32,
-				   .stack_id = *stack_id, .raw_stack_id = *raw_stack_id};
-	struct proc_val *proc = procs.lookup(&owner.tgid);
-	__u32 gen = proc ? proc->gen : 0;  /* a reused pid must not free its predecessor's */
-	if (*stack_id >= 0 || *raw_stack_id >= 0)
-		proc_stacks.update(&owner, &gen);  /* best effort: an untracked stack just stays */
+	*stack_id = record_stack(ctx);
 	*caller_ip = 0;
 	if (cfg->caller_sp >= 0) {
 		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);
@@ -230,7 +218,6 @@ static __always_inline void count_site(struct hist_val *h, __u32 op, struct hist
 		if (!s->count) {
 			s->op = op;
 			s->stack_id = e->stack_id;
-			s->raw_stack_id = e->raw_stack_id;
 			s->caller_ip = e->caller_ip;
 			__sync_fetch_and_add(&s->count, 1);
 			return;
@@ -246,7 +233,7 @@ static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
 	if (!h)
 		return;
 	struct hist_entry e = {.op = op, .count_after = count_after, .ts = bpf_ktime_get_ns()};
-	capture_stacks(ctx, cfg, &e.stack_id, &e.raw_stack_id, &e.caller_ip);
+	capture_stacks(ctx, cfg, &e.stack_id, &e.caller_ip);
 	count_site(h, op, &e);
 	__u64 i = __sync_fetch_and_add(&h->n, 1);
 	if (i < HISTORY_DEPTH)
@@ -265,8 +252,7 @@ static __always_inline void fold_history(struct obj_key *key, __u32 type_id)
 		if (!s->count)
 			break;
 		struct site_key k = {.tgid = key->tgid, .type_id = type_id, .op = s->op,
-				     .stack_id = s->stack_id, .raw_stack_id = s->raw_stack_id,
-				     .caller_ip = s->caller_ip};
+				     .stack_id = s->stack_id, .caller_ip = s->caller_ip};
 		__u64 zero = 0;
 		__u64 *total = released_sites.lookup_or_try_init(&k, &zero);
 		if (total)
@@ -288,7 +274,7 @@ static __always_inline void fold_history(struct obj_key *key, __u32 type_id) {}
 static __always_inline struct grave_val describe(struct obj_val *o, __u64 released_ns)
 {
 	struct grave_val g = {.type_id = o->type_id, .gen = o->gen, .stack_id = o->stack_id,
-			      .raw_stack_id = o->raw_stack_id, .caller_ip = o->caller_ip,
+			      .caller_ip = o->caller_ip,
 			      .name_ptr = o->name_ptr, .init_ns = o->init_ns,
 			      .released_ns = released_ns};
 	return g;
@@ -321,14 +307,11 @@ static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg
 	a->ts = bpf_ktime_get_ns();
 	a->addr = key->addr;
 	a->count_before = count_before;
-	a->alloc_stack_id = -1;
-	a->alloc_raw_stack_id = -1;
-	capture_stacks(ctx, cfg, &a->stack_id, &a->raw_stack_id, &a->caller_ip);
+	capture_stacks(ctx, cfg, &a->stack_id, &a->caller_ip);
 	if (g) {
 		a->type_id = g->type_id;
 		a->gen = g->gen;
 		a->alloc_stack_id = g->stack_id;
-		a->alloc_raw_stack_id = g->raw_stack_id;
 		a->alloc_caller_ip = g->caller_ip;
 		a->name_ptr = g->name_ptr;
 		a->init_ns = g->init_ns;
@@ -423,7 +406,7 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	}
 	val.gen = proc->gen;
 	val.init_ns = bpf_ktime_get_ns();
-	capture_stacks(ctx, cfg, &val.stack_id, &val.raw_stack_id, &val.caller_ip);
+	capture_stacks(ctx, cfg, &val.stack_id, &val.caller_ip);
 	graveyard.delete(&key);
 	unknown_seen.delete(&key);
 	struct obj_val *old = objs.lookup(&key);

@@ -26,8 +26,8 @@ enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
 	ST_OBJ_MAP_FULL = 0,    /* loss: inits not recorded: object map full */
-	ST_STACK_LOST,          /* loss: allocation stacks not captured */
-	ST_STACK_COLLISION,     /* loss: allocation stacks lost to stack-store collisions */
+	ST_STACK_LOST,          /* loss: stacks not recorded: stack store full */
+	ST_STACK_COLLISION,     /* loss: stacks not recorded: two different stacks had the same 64-bit hash */
 	ST_UNKNOWN_GET,         /* note: gets on objects never seen initialised (created before tracing began, or by a function the spec does not name) */
 	ST_UNKNOWN_PUT,         /* note: puts on objects never seen initialised */
 	ST_UNKNOWN_DELETE,      /* note: deletes of objects never seen initialised */
@@ -38,7 +38,7 @@ enum refcntd_stat {
 	ST_CALLER_UNREAD,       /* loss: callers of init not read */
 	ST_PUT_BELOW_ZERO,      /* note: puts on a count already at or below zero (see the anomalies) */
 	ST_TYPE_MAP_FULL,       /* loss: type names not recorded: type table full */
-	ST_RAW_STACK_LOST,      /* loss: raw stacks not captured (some frames may stay unplaced) */
+	ST_STACK_UNREAD,        /* loss: stacks not recorded: the user stack could not be read */
 	ST_INIT_ARGS_LOST,      /* loss: constructors returned without the arguments saved at entry */
 	ST_HISTORY_MAP_FULL,    /* loss: objects without a get/put history: history map full */
 	ST_SITES_MAP_FULL,      /* loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline) */
@@ -98,8 +98,8 @@ struct probe_cfg {
 struct hist_entry {
 	__u32 op;            /* enum refcntd_role */
 	__s32 count_after;
-	__s32 stack_id;
-	__s32 raw_stack_id;
+	__u32 pad;
+	__u64 stack_id;      /* key in stack_store, 0: none */
 	__u64 caller_ip;
 	__u64 ts;
 };
@@ -107,9 +107,8 @@ struct hist_entry {
 /* A distinct place an object was got, put, initialised or deleted, counted. */
 struct hist_site {
 	__u32 op;
-	__s32 stack_id;
-	__s32 raw_stack_id;
 	__u32 pad;
+	__u64 stack_id;
 	__u64 caller_ip;
 	__u64 count;
 };
@@ -125,9 +124,8 @@ struct hist_val {
  * freed when the process is reported: the kernel never frees stack ids. */
 struct proc_stack {
 	__u32 tgid;
-	__s32 stack_id;
-	__s32 raw_stack_id;
 	__u32 pad;
+	__u64 stack_id;
 };
 
 /* Per process, what released objects did where: attribution's baseline. */
@@ -135,9 +133,8 @@ struct site_key {
 	__u32 tgid;
 	__u32 type_id;
 	__u32 op;
-	__s32 stack_id;
-	__s32 raw_stack_id;
 	__u32 pad;
+	__u64 stack_id;
 	__u64 caller_ip;
 };
 
@@ -161,8 +158,7 @@ struct obj_val {
 	__u32 puts;
 	__u32 gen;
 	__u32 type_id;        /* 0: the name could not be read here, see name_ptr */
-	__s32 stack_id;       /* build-id stack: symbolizable after the process exits */
-	__s32 raw_stack_id;   /* same walk as raw addresses: gives each module's load bias */
+	__u64 stack_id;       /* key in stack_store (0: none): symbolizable after the process exits */
 	__u64 init_ns;
 	__u64 caller_ip;      /* raw return address into the init's caller, 0 if in the stack */
 	__u64 name_ptr;       /* type-name pointer when the page was not present at init */
@@ -173,8 +169,7 @@ struct obj_val {
 struct grave_val {
 	__u32 type_id;
 	__u32 gen;
-	__s32 stack_id;
-	__s32 raw_stack_id;
+	__u64 stack_id;
 	__u64 caller_ip;
 	__u64 name_ptr;
 	__u64 init_ns;
@@ -194,20 +189,42 @@ struct anomaly {
 	__s64 count_before;
 	__u32 type_id;
 	__u32 gen;
-	__s32 stack_id;       /* the offending operation */
-	__s32 raw_stack_id;
+	__u64 stack_id;       /* the offending operation */
 	__u64 caller_ip;
-	__s32 alloc_stack_id; /* the object's init, -1 when never seen */
-	__s32 alloc_raw_stack_id;
+	__u64 alloc_stack_id; /* the object's init, 0 when never seen or not recorded */
 	__u64 alloc_caller_ip;
 	__u64 name_ptr;
 	__u64 init_ns;
 	__u64 released_ns;    /* 0 unless the object had been released */
 };
 
-/* A build-id stack as the kernel stores it (bpf_stack_build_id from linux/bpf.h). */
-struct stack_frames {
-	struct bpf_stack_build_id frame[STACK_DEPTH];
+/* How a stack was obtained (see bpf/stackstore.h). */
+enum refcntd_unwind { UW_NONE = 0, UW_FP = 1 /* frame pointers */, UW_CFI = 2 /* CFI unwind tables */,
+		      UW_MIXED = 3 /* frame pointers and CFI */ };
+
+/* Why a walk ended before the outermost frame; TR_NONE: it reached the end. */
+enum refcntd_trunc {
+	TR_NONE = 0,
+	TR_NO_TABLE = 1,    /* the module has neither frame pointers nor an unwind table */
+	TR_UNREADABLE = 2,  /* the user stack could not be read there */
+	TR_DEPTH = 3,       /* depth limit */
+	TR_OUTSIDE = 4,     /* the next return address is outside every executable mapping */
+	TR_BAD_RULE = 5,    /* the unwind rule there is not one the BPF unwinder follows */
+};
+
+/* One recorded stack, the value of the content-addressed stack_store: its key
+ * is a 64-bit hash of (tgid, gen, frames), so two different stacks never share
+ * an entry; a hash collision is detected on insert and counted. */
+struct stack_rec {
+	__u32 tgid;
+	__u32 gen;            /* of the process: a reused pid never shares a stack */
+	__u32 nr;             /* frames in ip[] and frame[] */
+	__u16 method;         /* enum refcntd_unwind */
+	__u16 truncated;      /* enum refcntd_trunc */
+	__u32 truncated_at;   /* frame index where the walk stopped (nr when it did not) */
+	__u32 pad;
+	__u64 ip[STACK_DEPTH];
+	struct bpf_stack_build_id frame[STACK_DEPTH];  /* build-id + file offset, or ip */
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */

@@ -7,16 +7,22 @@ from dataclasses import dataclass, field
 
 from refcntd.analysis.attribution import PathOp, attribute
 from refcntd.analysis.model import AnomalyFinding, HistoryStep, LeakedObject, LeakGroup
-from refcntd.kernel.records import AnomalyRecord, ObjectRecord, RawFrame, ReleasedSite, StackRef
+from refcntd.kernel.records import (
+    AnomalyRecord,
+    ObjectRecord,
+    RawFrame,
+    ReleasedSite,
+    StackRecord,
+    StackRef,
+)
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
 
 @dataclass
 class StackSource:
-    """Read access to the kernel's two stack stores (kernel.Kernel provides it)."""
+    """Read access to the kernel's stack store (kernel.Kernel.stack_record)."""
 
-    build_id_stack: Callable[[int], tuple[RawFrame, ...]]
-    raw_stack: Callable[[int], tuple[int, ...]]
+    record: Callable[[int], StackRecord | None]
 
 
 @dataclass
@@ -95,7 +101,7 @@ def _released_paths(type_name: str, stacks: StackSource, sym: Symbolizer,
 
 
 def _alloc_ref(rec: ObjectRecord) -> StackRef:
-    return StackRef(rec.stack_id, rec.raw_stack_id, rec.caller_ip)
+    return StackRef(rec.stack_id, rec.caller_ip)
 
 
 def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Symbolizer,
@@ -132,8 +138,9 @@ def symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: P
 
 def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
                      mods: ProcessModules) -> tuple[tuple[Frame, ...], bool]:
-    raw_frames = stacks.build_id_stack(ref.stack_id)
-    raw_ips = stacks.raw_stack(ref.raw_stack_id)
+    rec = stacks.record(ref.stack_id)
+    raw_frames = rec.frames if rec else ()
+    raw_ips = rec.ips if rec else ()
     placed = sym.place_frames(raw_frames)
     mods.biases.update(sym.biases(placed, raw_ips))
     for i, frame in enumerate(raw_frames):

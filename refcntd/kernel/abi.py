@@ -48,7 +48,7 @@ class Stat(IntEnum):
     CALLER_UNREAD = 10
     PUT_BELOW_ZERO = 11
     TYPE_MAP_FULL = 12
-    RAW_STACK_LOST = 13
+    STACK_UNREAD = 13
     INIT_ARGS_LOST = 14
     HISTORY_MAP_FULL = 15
     SITES_MAP_FULL = 16
@@ -56,8 +56,8 @@ class Stat(IntEnum):
 
 STAT_TEXT: dict[Stat, str] = {
     Stat.OBJ_MAP_FULL: 'loss: inits not recorded: object map full',
-    Stat.STACK_LOST: 'loss: allocation stacks not captured',
-    Stat.STACK_COLLISION: 'loss: allocation stacks lost to stack-store collisions',
+    Stat.STACK_LOST: 'loss: stacks not recorded: stack store full',
+    Stat.STACK_COLLISION: 'loss: stacks not recorded: two different stacks had the same 64-bit hash',
     Stat.UNKNOWN_GET: 'note: gets on objects never seen initialised (created before tracing began, or by a function the spec does not name)',
     Stat.UNKNOWN_PUT: 'note: puts on objects never seen initialised',
     Stat.UNKNOWN_DELETE: 'note: deletes of objects never seen initialised',
@@ -68,7 +68,7 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.CALLER_UNREAD: 'loss: callers of init not read',
     Stat.PUT_BELOW_ZERO: 'note: puts on a count already at or below zero (see the anomalies)',
     Stat.TYPE_MAP_FULL: 'loss: type names not recorded: type table full',
-    Stat.RAW_STACK_LOST: 'loss: raw stacks not captured (some frames may stay unplaced)',
+    Stat.STACK_UNREAD: 'loss: stacks not recorded: the user stack could not be read',
     Stat.INIT_ARGS_LOST: 'loss: constructors returned without the arguments saved at entry',
     Stat.HISTORY_MAP_FULL: 'loss: objects without a get/put history: history map full',
     Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
@@ -115,6 +115,38 @@ class LocKind(IntEnum):
     IMM = 3
 
 
+class UnwindMethod(IntEnum):
+    NONE = 0
+    FP = 1
+    CFI = 2
+    MIXED = 3
+
+
+UNWINDMETHOD_TEXT: dict[UnwindMethod, str] = {
+    UnwindMethod.FP: 'frame pointers',
+    UnwindMethod.CFI: 'CFI unwind tables',
+    UnwindMethod.MIXED: 'frame pointers and CFI',
+}
+
+
+class Truncation(IntEnum):
+    NONE = 0
+    NO_TABLE = 1
+    UNREADABLE = 2
+    DEPTH = 3
+    OUTSIDE = 4
+    BAD_RULE = 5
+
+
+TRUNCATION_TEXT: dict[Truncation, str] = {
+    Truncation.NO_TABLE: 'the module has neither frame pointers nor an unwind table',
+    Truncation.UNREADABLE: 'the user stack could not be read there',
+    Truncation.DEPTH: 'depth limit',
+    Truncation.OUTSIDE: 'the next return address is outside every executable mapping',
+    Truncation.BAD_RULE: 'the unwind rule there is not one the BPF unwinder follows',
+}
+
+
 class BpfStackBuildId(C.Structure):
     _fields_ = [
         ("status", C.c_int32),
@@ -154,8 +186,8 @@ class HistEntry(C.Structure):
     _fields_ = [
         ("op", C.c_uint32),
         ("count_after", C.c_int32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("ts", C.c_uint64),
     ]
@@ -164,9 +196,8 @@ class HistEntry(C.Structure):
 class HistSite(C.Structure):
     _fields_ = [
         ("op", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
         ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("count", C.c_uint64),
     ]
@@ -185,9 +216,8 @@ def hist_val_type(history_depth: int = 16) -> type[C.Structure]:
 class ProcStack(C.Structure):
     _fields_ = [
         ("tgid", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
         ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
     ]
 
 
@@ -196,9 +226,8 @@ class SiteKey(C.Structure):
         ("tgid", C.c_uint32),
         ("type_id", C.c_uint32),
         ("op", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
         ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
     ]
 
@@ -225,8 +254,7 @@ class ObjVal(C.Structure):
         ("puts", C.c_uint32),
         ("gen", C.c_uint32),
         ("type_id", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("stack_id", C.c_uint64),
         ("init_ns", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
@@ -237,8 +265,7 @@ class GraveVal(C.Structure):
     _fields_ = [
         ("type_id", C.c_uint32),
         ("gen", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
         ("init_ns", C.c_uint64),
@@ -257,11 +284,9 @@ class Anomaly(C.Structure):
         ("count_before", C.c_int64),
         ("type_id", C.c_uint32),
         ("gen", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
-        ("alloc_stack_id", C.c_int32),
-        ("alloc_raw_stack_id", C.c_int32),
+        ("alloc_stack_id", C.c_uint64),
         ("alloc_caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
         ("init_ns", C.c_uint64),
@@ -269,8 +294,16 @@ class Anomaly(C.Structure):
     ]
 
 
-class StackFrames(C.Structure):
+class StackRec(C.Structure):
     _fields_ = [
+        ("tgid", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("nr", C.c_uint32),
+        ("method", C.c_uint16),
+        ("truncated", C.c_uint16),
+        ("truncated_at", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("ip", (C.c_uint64 * STACK_DEPTH)),
         ("frame", (BpfStackBuildId * STACK_DEPTH)),
     ]
 
@@ -332,7 +365,7 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "obj_val": ObjVal,
     "grave_val": GraveVal,
     "anomaly": Anomaly,
-    "stack_frames": StackFrames,
+    "stack_rec": StackRec,
     "comm_key": CommKey,
     "proc_val": ProcVal,
     "type_name": TypeName,

@@ -5,9 +5,9 @@ Everything it returns is a frozen dataclass from records.py.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ from refcntd.binary.plan import ProbeSite
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kernel import abi, perf_uprobe
-from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat
+from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
 from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
     AnomalyRecord,
@@ -28,6 +28,7 @@ from refcntd.kernel.records import (
     RawFrame,
     ReleasedSite,
     SiteCount,
+    StackRecord,
     StackRef,
 )
 from refcntd.paths import BPF_DIR
@@ -72,6 +73,19 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
               f"-DMAX_SITES={opts.max_sites}"]
     return flags
+
+
+_INLINED = re.compile(r'^#include "(\w+\.h)"\s*/\* inlined by the loader \*/$', re.M)
+
+
+def program_text(main: Path = BPF_DIR / "refcntd.c") -> str:
+    """refcntd.c with the headers that use maps pasted in.
+
+    bcc rewrites `map.lookup(...)` only in the main source file; in an
+    #included file the call stays a call through a function pointer and the
+    program fails to load ("unknown opcode 8d").
+    """
+    return _INLINED.sub(lambda m: (main.parent / m[1]).read_text(), main.read_text())
 
 
 def check_privileges() -> None:
@@ -126,8 +140,7 @@ class Kernel:
         self.failed_probes: list[str] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         try:
-            self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
-                               cflags=bpf_cflags(opts, len(sites)))
+            self.bpf = bcc.BPF(text=program_text(), cflags=bpf_cflags(opts, len(sites)))
             self.layout_checked = _check_layout(self.bpf, opts)
             self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
         except EnvironmentProblem:
@@ -325,7 +338,7 @@ class Kernel:
             except KeyError:
                 pass
         return [ReleasedSite(names.get(k.type_id, ""), SiteCount(
-                    Role(k.op), StackRef(k.stack_id, k.raw_stack_id, k.caller_ip),
+                    Role(k.op), StackRef(k.stack_id, k.caller_ip),
                     int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
                 for k, v in picked]
 
@@ -336,45 +349,26 @@ class Kernel:
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
         """Free every stack-store entry a reported process created.
 
-        The kernel never frees stack ids, and with ASLR every process's stacks
-        are distinct: without this a long attach fills the stores, and bucket
-        collisions (a stack refused because its bucket holds another) multiply.
+        Each entry is owned by one process generation (proc_stacks); without
+        this a long attach fills the store.  `refs` are the stacks its report
+        used (all owned by it: the hash covers tgid and gen).
         """
         owned = [k for k, v in _items(self.bpf["proc_stacks"])
                  if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
         _delete(self.bpf["proc_stacks"], owned)
-        ids = {(r.stack_id, r.raw_stack_id) for r in refs}
-        ids |= {(k.stack_id, k.raw_stack_id) for k in owned}
-        for table, column in ((self.bpf["stacks"], 0), (self.bpf["raw_stacks"], 1)):
-            for stack_id in {pair[column] for pair in ids}:
-                if stack_id >= 0:
-                    with contextlib.suppress(KeyError):
-                        del table[ctypes.c_int(stack_id)]
+        keys = {r.stack_id for r in refs} | {k.stack_id for k in owned}
+        _delete(self.bpf["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
 
-    def raw_stack(self, stack_id: int) -> tuple[int, ...]:
-        if stack_id < 0:
-            return ()
+    def stack_record(self, stack_id: int) -> StackRecord | None:
+        """One stored stack; None when none was recorded (counted by the kernel)."""
+        if not stack_id:
+            return None
         try:
-            return tuple(ip for ip in self.bpf["raw_stacks"][ctypes.c_int(stack_id)].ip if ip)
-        except KeyError:
-            return ()
-
-    def stack(self, stack_id: int) -> tuple[RawFrame, ...]:
-        if stack_id < 0:
-            return ()
-        try:
-            value = self.bpf["stacks"][ctypes.c_int(stack_id)]
-        except KeyError:
-            # freed with an exited process that had the very same stack (no ASLR)
+            value = self.bpf["stack_store"][ctypes.c_uint64(stack_id)]
+        except KeyError:  # freed: every entry is owned by one process, so never expected
             self.stacks_freed_early += 1
-            return ()
-        frames = []
-        for frame in value.frame:
-            if frame.status == 0:
-                break
-            build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
-            frames.append(RawFrame(build_id, frame.offset))
-        return tuple(frames)
+            return None
+        return _decode_stack(value)
 
 
 def _delete(table: object, keys: list) -> None:
@@ -498,6 +492,16 @@ def _collapsed_2d(mine: Any, theirs: Any) -> bool:
             and not hasattr(getattr(theirs, "_type_", None), "_length_"))
 
 
+def _decode_stack(value: abi.StackRec) -> StackRecord:
+    nr = min(value.nr, abi.STACK_DEPTH)
+    frames = []
+    for frame in value.frame[:nr]:
+        build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
+        frames.append(RawFrame(build_id, frame.offset if frame.status else 0))
+    return StackRecord(tuple(value.ip[:nr]), tuple(frames), UnwindMethod(value.method),
+                       Truncation(value.truncated), value.truncated_at)
+
+
 def _decode_event(raw: abi.Event) -> LifecycleEvent:
     argv = tuple(_argv_slot(bytes(raw.argv[i]))
                  for i in range(min(raw.argc, abi.ARGV_SLOTS)))
@@ -507,9 +511,9 @@ def _decode_event(raw: abi.Event) -> LifecycleEvent:
 
 
 def _decode_anomaly(raw: abi.Anomaly, type_name: Callable[[int], str]) -> AnomalyRecord:
-    where = StackRef(raw.stack_id, raw.raw_stack_id, raw.caller_ip)
-    alloc = (StackRef(raw.alloc_stack_id, raw.alloc_raw_stack_id, raw.alloc_caller_ip)
-             if raw.alloc_stack_id != -1 or raw.init_ns else None)
+    where = StackRef(raw.stack_id, raw.caller_ip)
+    alloc = (StackRef(raw.alloc_stack_id, raw.alloc_caller_ip)
+             if raw.alloc_stack_id or raw.init_ns else None)
     return AnomalyRecord(AnomalyKind(raw.anomaly), raw.tgid, raw.tid, raw.gen, raw.ts, raw.addr,
                          raw.count_before, type_name(raw.type_id), raw.name_ptr, where, alloc,
                          raw.init_ns, raw.released_ns)
@@ -526,15 +530,15 @@ def _decode_object(key: abi.ObjKey, val: abi.ObjVal, names: dict[int, str],
                    history: HistoryRecord | None = None) -> ObjectRecord:
     type_name = names.get(val.type_id, "") if val.type_id else ""
     return ObjectRecord(key.tgid, val.gen, key.addr, val.count, type_name, val.init_ns,
-                        val.stack_id, val.raw_stack_id, val.caller_ip, val.name_ptr, val.gets,
+                        val.stack_id, val.caller_ip, val.name_ptr, val.gets,
                         val.puts, history)
 
 
 def _decode_history(value: ctypes.Structure, depth: int) -> HistoryRecord:
     kept = min(value.n, depth)
     events = tuple(HistoryEvent(Role(e.op), e.count_after,
-                                StackRef(e.stack_id, e.raw_stack_id, e.caller_ip), e.ts)
+                                StackRef(e.stack_id, e.caller_ip), e.ts)
                    for e in value.e[:kept])
-    sites = tuple(SiteCount(Role(s.op), StackRef(s.stack_id, s.raw_stack_id, s.caller_ip),
+    sites = tuple(SiteCount(Role(s.op), StackRef(s.stack_id, s.caller_ip),
                             s.count) for s in value.site if s.count)
     return HistoryRecord(value.n, events, sites, value.site_overflow)

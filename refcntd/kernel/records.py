@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refcntd.kernel.abi import AnomalyKind, EventKind, Role
+from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Truncation, UnwindMethod
 
 
 @dataclass(frozen=True)
@@ -21,11 +21,23 @@ class RawFrame:
 
 @dataclass(frozen=True)
 class StackRef:
-    """A stack as the kernel stored it: both walks plus the caller read at the probe."""
+    """A stack as the kernel stored it (key in its stack store, 0: none) and the
+    caller's return address read at the probe (0 when it is in the stack)."""
 
     stack_id: int
-    raw_stack_id: int
     caller_ip: int
+
+
+@dataclass(frozen=True)
+class StackRecord:
+    """One stored stack: return addresses, the same frames as (build-id, file
+    offset), and how the walk went."""
+
+    ips: tuple[int, ...]
+    frames: tuple[RawFrame, ...]
+    method: UnwindMethod
+    truncated: Truncation  # Truncation.NONE: the walk reached its end
+    truncated_at: int  # frame index where the walk stopped
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,6 @@ class ObjectRecord:
     type_name: str
     init_ns: int
     stack_id: int
-    raw_stack_id: int
     caller_ip: int
     name_ptr: int
     gets: int

@@ -176,7 +176,7 @@ def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
 def _stack_refs(records: list[ObjectRecord], anomalies: list[AnomalyRecord],
                 history: HistoryContext | None) -> list[StackRef]:
     """Every stack a process's report used: the kernel may free them now."""
-    refs = [StackRef(r.stack_id, r.raw_stack_id, r.caller_ip) for r in records]
+    refs = [StackRef(r.stack_id, r.caller_ip) for r in records]
     for r in records:
         if r.history:
             refs += [e.where for e in r.history.events] + [s.where for s in r.history.sites]

@@ -82,7 +82,7 @@ class Tracer:
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
-        stacks = StackSource(self.kernel.stack, self.kernel.raw_stack)
+        stacks = StackSource(self.kernel.stack_record)
         self.tracker = SessionTracker(self.kernel, stacks, Symbolizer(self.index), self._report)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
