@@ -11,6 +11,7 @@
  *                cookie of each is _r_debug minus that call's address
  *   FILTER_COMM  1: only processes whose comm is in comm_allow (system-wide)
  *   CGROUP_ID    when set: only processes in that cgroup v2 (system-wide)
+ *   UNWIND       1: CFI unwinding with tables from user space (see unwind.h)
  *   HISTORY      1: keep get/put history of objects whose type is in
  *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES
  */
@@ -483,9 +484,9 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
-/* One program for every entry and return probe; the bpf cookie is the probe's
- * index in probe_cfgs, which says the role and where its arguments are. */
-int on_probe(struct pt_regs *ctx)
+/* The probe's logic; the bpf cookie is the probe's index in probe_cfgs,
+ * which says the role and where its arguments are. */
+static __always_inline int probe_body(struct pt_regs *ctx)
 {
 	__u32 index = bpf_get_attach_cookie(ctx);
 	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
@@ -501,9 +502,27 @@ int on_probe(struct pt_regs *ctx)
 	return 0;
 }
 
+/* One program for every entry and return probe: the stack first where the
+ * role records one (unwind.h), then the logic. */
+int on_probe(struct pt_regs *ctx)
+{
+	__u32 index = bpf_get_attach_cookie(ctx);
+	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
+	set_probe_stack(0);
+	if (cfg && (cfg->role == ROLE_INIT || HISTORY))
+		probe_progs.call(ctx, PROG_UNWIND);
+	return probe_body(ctx);
+}
+
+int on_body(struct pt_regs *ctx)
+{
+	return probe_body(ctx);
+}
+
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
 	__u32 parent = bpf_get_current_pid_tgid() >> 32;
+	maps_fork(parent, args->child_pid);
 	if (!procs.lookup(&parent))
 		return 0;
 	/* Threads pass here too: their entry is dropped again in sched_process_exit. */
@@ -544,8 +563,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		if (gone)
 			emit(gone);
 	}
+	if (tid != tgid)
+		maps_exit(tid);  /* a thread's copy made at its clone */
 	if (!args->group_dead)
 		return 0;
+	maps_exit(tgid);
 	struct proc_val *proc = procs.lookup(&tgid);
 	if (!proc)
 		return 0;

@@ -42,6 +42,12 @@ enum refcntd_stat {
 	ST_INIT_ARGS_LOST,      /* loss: constructors returned without the arguments saved at entry */
 	ST_HISTORY_MAP_FULL,    /* loss: objects without a get/put history: history map full */
 	ST_SITES_MAP_FULL,      /* loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline) */
+	ST_TRUNC_NO_TABLE,      /* note: stacks cut at a module with neither frame pointers nor an unwind table */
+	ST_TRUNC_UNREADABLE,    /* note: stacks cut where the user stack could not be read */
+	ST_TRUNC_DEPTH,         /* note: stacks cut at the depth limit */
+	ST_TRUNC_OUTSIDE,       /* note: stacks cut at a return address outside every executable mapping */
+	ST_TRUNC_BAD_RULE,      /* note: stacks cut at an unwind rule the BPF unwinder does not follow */
+	ST_EXEC_MAPS_FULL,      /* note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced */
 	ST_COUNT
 };
 
@@ -225,6 +231,67 @@ struct stack_rec {
 	__u32 pad;
 	__u64 ip[STACK_DEPTH];
 	struct bpf_stack_build_id frame[STACK_DEPTH];  /* build-id + file offset, or ip */
+};
+
+/* CFI unwinding (bpf/unwind.h; tables compiled by refcntd/binary/cfi.py). */
+#define MAX_EXEC_MAPS 32       /* executable file mappings remembered per process */
+#define CFI_SEARCH_STEPS 24    /* binary-search steps: up to 16M rows per module */
+#define MOD_FP 1               /* cfi_module.flags: the module keeps frame pointers */
+#define EXE_PGOFF 0xffffffff   /* exec_map.pgoff of the executable: use the module's text_off */
+
+/* How a row computes the caller's frame (the CFA) at a pc. */
+enum refcntd_cfa { CFA_NONE = 0 /* no FDE covers the pc */, CFA_RSP = 1, CFA_RBP = 2,
+		   CFA_PLT = 3 /* the x86-64 PLT expression */,
+		   CFA_BAD = 4 /* a rule the BPF unwinder does not follow */,
+		   CFA_END = 5 /* return address undefined: the outermost frame */ };
+
+/* One row of a module's unwind table, sorted by pc (a file offset): from
+ * this pc on, CFA = (rsp or rbp) + cfa_off, the return address is at CFA-8
+ * and rbp was saved at CFA + rbp_off (0: rbp unchanged). */
+struct cfi_row {
+	__u32 pc;
+	__s32 cfa_off;
+	__s16 rbp_off;
+	__u8 cfa;             /* enum refcntd_cfa */
+	__u8 pad;
+};
+
+struct file_key {
+	__u64 ino;
+	__u32 dev;            /* the kernel's dev_t: major << 20 | minor */
+	__u32 pad;
+};
+
+/* A module's table: rows [first, first + count) of cfi_rows. */
+struct cfi_module {
+	__u32 first;
+	__u32 count;
+	__u32 flags;          /* MOD_FP */
+	__u32 text_off;       /* file offset of the executable segment (p_offset) */
+	__u8 build_id[20];
+	__u32 pad;
+};
+
+/* One executable file mapping of a process: file offset = pc - start + pgoff. */
+struct exec_map {
+	__u64 start;
+	__u64 end;
+	__u64 pgoff;          /* EXE_PGOFF: the executable mapped by exec() */
+	struct file_key file;
+};
+
+struct exec_maps {
+	__u32 n;
+	__u32 pad;
+	struct exec_map m[MAX_EXEC_MAPS];
+};
+
+/* An mmap(PROT_EXEC) of a file, between its syscall's entry and exit. */
+struct mmap_args {
+	__u64 len;
+	__u64 off;
+	__s32 fd;
+	__u32 pad;
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */

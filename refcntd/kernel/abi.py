@@ -18,6 +18,9 @@ FNV_OFFSET = 2166136261
 FNV_PRIME = 16777619
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
+MAX_EXEC_MAPS = 32
+CFI_SEARCH_STEPS = 24
+MOD_FP = 1
 PROC_IGNORED = 1
 
 
@@ -52,6 +55,12 @@ class Stat(IntEnum):
     INIT_ARGS_LOST = 14
     HISTORY_MAP_FULL = 15
     SITES_MAP_FULL = 16
+    TRUNC_NO_TABLE = 17
+    TRUNC_UNREADABLE = 18
+    TRUNC_DEPTH = 19
+    TRUNC_OUTSIDE = 20
+    TRUNC_BAD_RULE = 21
+    EXEC_MAPS_FULL = 22
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -72,6 +81,12 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.INIT_ARGS_LOST: 'loss: constructors returned without the arguments saved at entry',
     Stat.HISTORY_MAP_FULL: 'loss: objects without a get/put history: history map full',
     Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
+    Stat.TRUNC_NO_TABLE: 'note: stacks cut at a module with neither frame pointers nor an unwind table',
+    Stat.TRUNC_UNREADABLE: 'note: stacks cut where the user stack could not be read',
+    Stat.TRUNC_DEPTH: 'note: stacks cut at the depth limit',
+    Stat.TRUNC_OUTSIDE: 'note: stacks cut at a return address outside every executable mapping',
+    Stat.TRUNC_BAD_RULE: 'note: stacks cut at an unwind rule the BPF unwinder does not follow',
+    Stat.EXEC_MAPS_FULL: 'note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced',
 }
 
 
@@ -144,6 +159,23 @@ TRUNCATION_TEXT: dict[Truncation, str] = {
     Truncation.DEPTH: 'depth limit',
     Truncation.OUTSIDE: 'the next return address is outside every executable mapping',
     Truncation.BAD_RULE: 'the unwind rule there is not one the BPF unwinder follows',
+}
+
+
+class CfaRule(IntEnum):
+    NONE = 0
+    RSP = 1
+    RBP = 2
+    PLT = 3
+    BAD = 4
+    END = 5
+
+
+CFARULE_TEXT: dict[CfaRule, str] = {
+    CfaRule.NONE: 'no FDE covers the pc',
+    CfaRule.PLT: 'the x86-64 PLT expression',
+    CfaRule.BAD: 'a rule the BPF unwinder does not follow',
+    CfaRule.END: 'return address undefined: the outermost frame',
 }
 
 
@@ -308,6 +340,61 @@ class StackRec(C.Structure):
     ]
 
 
+class CfiRow(C.Structure):
+    _fields_ = [
+        ("pc", C.c_uint32),
+        ("cfa_off", C.c_int32),
+        ("rbp_off", C.c_int16),
+        ("cfa", C.c_uint8),
+        ("pad", C.c_uint8),
+    ]
+
+
+class FileKey(C.Structure):
+    _fields_ = [
+        ("ino", C.c_uint64),
+        ("dev", C.c_uint32),
+        ("pad", C.c_uint32),
+    ]
+
+
+class CfiModule(C.Structure):
+    _fields_ = [
+        ("first", C.c_uint32),
+        ("count", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("text_off", C.c_uint32),
+        ("build_id", (C.c_uint8 * 20)),
+        ("pad", C.c_uint32),
+    ]
+
+
+class ExecMap(C.Structure):
+    _fields_ = [
+        ("start", C.c_uint64),
+        ("end", C.c_uint64),
+        ("pgoff", C.c_uint64),
+        ("file", FileKey),
+    ]
+
+
+class ExecMaps(C.Structure):
+    _fields_ = [
+        ("n", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("m", (ExecMap * MAX_EXEC_MAPS)),
+    ]
+
+
+class MmapArgs(C.Structure):
+    _fields_ = [
+        ("len", C.c_uint64),
+        ("off", C.c_uint64),
+        ("fd", C.c_int32),
+        ("pad", C.c_uint32),
+    ]
+
+
 class CommKey(C.Structure):
     _fields_ = [
         ("comm", (C.c_char * 16)),
@@ -366,6 +453,12 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "grave_val": GraveVal,
     "anomaly": Anomaly,
     "stack_rec": StackRec,
+    "cfi_row": CfiRow,
+    "file_key": FileKey,
+    "cfi_module": CfiModule,
+    "exec_map": ExecMap,
+    "exec_maps": ExecMaps,
+    "mmap_args": MmapArgs,
     "comm_key": CommKey,
     "proc_val": ProcVal,
     "type_name": TypeName,

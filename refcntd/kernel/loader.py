@@ -16,8 +16,9 @@ from typing import Any
 from refcntd.binary.plan import ProbeSite
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
-from refcntd.kernel import abi, perf_uprobe
+from refcntd.kernel import abi, cfi, perf_uprobe
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
+from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
     AnomalyRecord,
@@ -54,6 +55,9 @@ class KernelOptions:
     max_sites: int = 16384
     comm_filter: tuple[str, ...] = ()  # system-wide: only these command names
     cgroup_id: int | None = None  # system-wide: only this cgroup v2
+    unwind_offsets: dict[str, int] | None = None  # OFF_* for unwind.h; None: frame pointers only
+    max_cfi_rows: int = 1 << 22
+    max_modules: int = 1024
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     """Every -D the BPF program is compiled with, from one validated options object."""
@@ -68,6 +72,10 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     flags.append(f"-DFILTER_COMM={int(bool(opts.comm_filter))}")
     if opts.cgroup_id is not None:
         flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
+    flags.append(f"-DUNWIND={int(opts.unwind_offsets is not None)}")
+    if opts.unwind_offsets is not None:
+        flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
+        flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
     flags += [f"-DHISTORY={int(opts.history is not None)}",
               f"-DHISTORY_ALL={int(opts.history == ('all',))}",
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
@@ -139,15 +147,26 @@ class Kernel:
         self._perf_fds: list[int] = []
         self.failed_probes: list[str] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
+        self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
+        self._cfi_rows_used = 0
+        self.tables_not_loaded: list[str] = []  # cfi_rows full: shown as a note
         try:
             self.bpf = bcc.BPF(text=program_text(), cflags=bpf_cflags(opts, len(sites)))
             self.layout_checked = _check_layout(self.bpf, opts)
             self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
+            self._load_tail_calls(bcc)
         except EnvironmentProblem:
             raise
         except Exception as err:  # bcc raises bare Exception for compile/load errors
             raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                      "check kernel headers (BCC_KERNEL_SOURCE)") from None
+
+    def _load_tail_calls(self, bcc: Any) -> None:
+        """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
+        progs = self.bpf["probe_progs"]
+        for index, name in enumerate(("on_unwind", "on_body")):
+            fn = self.bpf.load_func(name, bcc.BPF.KPROBE)
+            progs[ctypes.c_int(index)] = ctypes.c_int(fn.fd)
 
     def __enter__(self) -> Kernel:
         return self
@@ -359,6 +378,45 @@ class Kernel:
         keys = {r.stack_id for r in refs} | {k.stack_id for k in owned}
         _delete(self.bpf["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
 
+    # ---- unwind tables (bpf/unwind.h) -------------------------------------
+    @property
+    def unwinding(self) -> bool:
+        return self.opts.unwind_offsets is not None
+
+    def load_unwind_table(self, path: str) -> CfiTable | None:
+        """Give BPF the CFI table of the file at `path` (once per file); None if not loaded."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = abi.FileKey(ino=st.st_ino, dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev))
+        if not self.unwinding or (key.ino, key.dev) in self._tables:
+            return None
+        self._tables.add((key.ino, key.dev))
+        table = cfi.load_table(path)
+        first = self._cfi_rows_used
+        if first + table.count > self.opts.max_cfi_rows:
+            self.tables_not_loaded.append(path)
+            return None
+        if table.count:
+            _update_array(self.bpf["cfi_rows"], first, abi.CfiRow, table.rows)
+        self._cfi_rows_used += table.count
+        self.bpf["cfi_modules"][key] = abi.CfiModule(
+            first=first, count=table.count, flags=abi.MOD_FP if table.has_frame_pointers else 0,
+            text_off=table.text_offset, build_id=(ctypes.c_uint8 * 20)(*table.build_id))
+        return table
+
+    def seed_exec_maps(self, tgid: int, maps: list[tuple[int, int, int, int, int]]) -> None:
+        """Executable mappings (start, end, file offset, dev, ino) of a process that was
+        running before tracing began (later ones are followed by the BPF side)."""
+        if not self.unwinding or not maps:
+            return
+        value = abi.ExecMaps(n=min(len(maps), abi.MAX_EXEC_MAPS))
+        for i, (start, end, pgoff, dev, ino) in enumerate(maps[:abi.MAX_EXEC_MAPS]):
+            value.m[i] = abi.ExecMap(start=start, end=end, pgoff=pgoff,
+                                     file=abi.FileKey(ino=ino, dev=dev))
+        self.bpf["exec_maps"][ctypes.c_uint32(tgid)] = value
+
     def stack_record(self, stack_id: int) -> StackRecord | None:
         """One stored stack; None when none was recorded (counted by the kernel)."""
         if not stack_id:
@@ -369,6 +427,20 @@ class Kernel:
             self.stacks_freed_early += 1
             return None
         return _decode_stack(value)
+
+
+def _update_array(table: Any, first: int, row_type: Any, packed: bytes) -> None:
+    """Write consecutive array entries from `first` on, in one syscall where possible."""
+    count = len(packed) // ctypes.sizeof(row_type)
+    values = (row_type * count).from_buffer_copy(packed)
+    keys = (ctypes.c_int * count)(*range(first, first + count))
+    try:
+        table.items_update_batch(keys, values)
+        return
+    except Exception:  # noqa: BLE001 - kernels or map types without batch updates
+        pass
+    for i in range(count):
+        table[ctypes.c_int(first + i)] = values[i]
 
 
 def _delete(table: object, keys: list) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
+from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
 from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
 
 POLL_MS = 100
@@ -77,8 +78,11 @@ class Tracer:
                               exit_code_offset=btf.member_offset("task_struct", "exit_code"),
                               loader_probe=plan.loader is not None,
                               history=opts.history, history_depth=opts.history_depth,
-                              comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
+                              comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
+                              unwind_offsets=btf.unwind_offsets())
         self.kernel = Kernel(kopts, plan.sites)
+        self.unwind = UnwindTables(self.kernel)
+        self.unwind.add(plan.modules)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
@@ -117,7 +121,10 @@ class Tracer:
             return
         if ev.kind == EventKind.LIBRARY:
             self.index.add_library(ev.path)
+            self.unwind.add([ev.path])
             return
+        if ev.kind == EventKind.EXECVE and ev.path.startswith("/"):
+            self.unwind.add([ev.path])
         if ev.kind in (EventKind.PROC, EventKind.FORK):
             self.index.add_process_maps(f"/proc/{ev.tgid}/maps")
         self.tracker.handle(ev)
@@ -150,6 +157,9 @@ class Tracer:
         if unseen:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
+        notes += [f"no unwind table for {f}" for f in self.unwind.failed]
+        notes += [f"unwind table not loaded (table space full): {p}"
+                  for p in self.kernel.tables_not_loaded]
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 
@@ -169,6 +179,7 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
     result = RunResult("run", plan.spec.name, command[0])
     with Tracer(plan, filtered=True, opts=opts, on_report=on_report) as tracer:
         tracer.start()
+        tracer.unwind.add([p for p in [command_path(command)] if p])
         child = Child(command)
         root_gen = tracer.kernel.register_process(child.pid)
         tracer.tracker.add_root(child.pid, root_gen, command)
@@ -295,6 +306,10 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                 gen = tracer.kernel.register_process(tgid)
                 tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
                 tracer.index.add_process_maps(f"/proc/{tgid}/maps")
+                tracer.unwind.seed_process(tgid)
+            if pid is None:
+                for tgid in _processes_mapping(plan.modules):
+                    tracer.unwind.seed_process(tgid)
             ready()
             while not flag.stop:
                 tracer.poll()
@@ -302,6 +317,16 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _processes_mapping(modules: Iterable[str]) -> list[int]:
+    """Running processes that map one of `modules` (their stacks need seeded mappings)."""
+    names = {str(Path(m).resolve()) for m in modules}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")}:
+            found.append(int(entry.name))
+    return found
 
 
 def _process_tree(root: int) -> list[int]:
