@@ -42,10 +42,10 @@ static __always_inline int walk_frame_pointers(struct pt_regs *ctx, struct stack
 	return nr ? 0 : -1;
 }
 
-/* Frames the CFI walk follows: at 48 the verifier's state count exceeds its
- * 1M-instruction budget on Linux 6.18 (32 verifies in ~1 s). */
+/* Frames the CFI walk follows: at 32 the verifier's state count exceeds its
+ * 1M-instruction budget on Linux 6.18 (28 verifies). Deeper stacks: TR_DEPTH. */
 #ifndef UNWIND_DEPTH
-#define UNWIND_DEPTH 32
+#define UNWIND_DEPTH 28
 #endif
 
 #if UNWIND
@@ -121,20 +121,17 @@ static __always_inline int find_row(struct cfi_module *mod, __u32 off, struct cf
 }
 
 static __always_inline void put_frame(struct stack_rec *rec, __u32 i, __u64 pc, __u64 off,
-				      struct cfi_module *mod)
+				      struct cfi_module *mod, struct file_key *file)
 {
 	if (i >= STACK_DEPTH)
 		return;
 	rec->nr = i + 1;
 	rec->ip[i] = pc;
-	if (mod) {
-		__builtin_memcpy(rec->frame[i].build_id, mod->build_id, 20);
-		rec->frame[i].status = BPF_STACK_BUILD_ID_VALID;
-		rec->frame[i].offset = off;
-	} else {
-		rec->frame[i].status = BPF_STACK_BUILD_ID_IP;
-		rec->frame[i].ip = pc;
-	}
+	rec->frame[i].offset = off;
+	/* no table yet (a library dlopen'ed just now): the file identifies it */
+	__u64 id[3] = {file->ino, file->dev, 0};
+	__builtin_memcpy(rec->frame[i].build_id, mod ? (void *)mod->build_id : (void *)id, 20);
+	rec->frame[i].status = mod ? BPF_STACK_BUILD_ID_VALID : FRAME_FILE;
 }
 
 struct unwind_regs {
@@ -188,7 +185,7 @@ static __always_inline __u32 unwind_frame(struct stack_rec *rec, struct exec_map
 	struct cfi_module *mod = cfi_modules.lookup(&m->file);
 	__u64 pgoff = m->pgoff == EXE_PGOFF ? (mod ? mod->text_off : 0) : m->pgoff;
 	__u64 off = r->pc - m->start + pgoff;
-	put_frame(rec, i, r->pc, off, mod);
+	put_frame(rec, i, r->pc, off, mod, &m->file);
 	*guessed = !mod;
 	if (mod && mod->count && !(i > 0 && (mod->flags & MOD_FP))) {
 		struct cfi_row row = {};

@@ -6,7 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from refcntd.analysis.attribution import PathOp, attribute
-from refcntd.analysis.model import AnomalyFinding, HistoryStep, LeakedObject, LeakGroup
+from refcntd.analysis.model import (
+    AnomalyFinding,
+    HistoryStep,
+    LeakedObject,
+    LeakGroup,
+    StackUnwind,
+)
+from refcntd.kernel.abi import TRUNCATION_TEXT, UNWINDMETHOD_TEXT, Truncation
 from refcntd.kernel.records import (
     AnomalyRecord,
     ObjectRecord,
@@ -55,7 +62,9 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
         if ref not in by_ref:  # the stack first: it teaches the biases the name may need
             frames, truncated = symbolize_stack(ref[2], stacks, sym, mods)
             type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
-            group = LeakGroup(type_name, frames, stack_truncated=truncated)
+            unwind = stack_unwind(ref[2], stacks)
+            group = LeakGroup(type_name, frames, stack_truncated=truncated or
+                              unwind.truncated_at is not None, unwind=unwind)
             by_ref[ref] = groups.setdefault(group.key(), group)
         group = by_ref[ref]
         steps, ops = _history(rec, stacks, sym, mods, history)
@@ -144,7 +153,7 @@ def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
     placed = sym.place_frames(raw_frames)
     mods.biases.update(sym.biases(placed, raw_ips))
     for i, frame in enumerate(raw_frames):
-        if placed[i] is None and frame.build_id is None:
+        if placed[i] is None and frame.build_id is None and frame.file is None:
             placed[i] = sym.place_raw(frame.offset, mods.biases)
     if placed and placed[-1] is None and raw_frames[-1].build_id:
         placed, raw_frames = placed[:-1], raw_frames[:-1]  # bogus trailing frame (ip 0)
@@ -160,9 +169,22 @@ def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
     return tuple(frames), truncated
 
 
+def stack_unwind(ref: StackRef, stacks: StackSource) -> StackUnwind:
+    """How the kernel obtained the stack (StackUnwind() when none was recorded)."""
+    rec = stacks.record(ref.stack_id)
+    if rec is None:
+        return StackUnwind("", 0, "no stack recorded (see the losses)")
+    method = UNWINDMETHOD_TEXT.get(rec.method, "")
+    if rec.truncated == Truncation.NONE:
+        return StackUnwind(method)
+    return StackUnwind(method, rec.truncated_at, TRUNCATION_TEXT[rec.truncated])
+
+
 def _describe_raw(frame: RawFrame) -> str:
     if frame.build_id:
         return f"build-id {frame.build_id[:16]}.. +0x{frame.offset:x}"
+    if frame.file:
+        return f"file dev 0x{frame.file[0]:x} inode {frame.file[1]} +0x{frame.offset:x}"
     return f"ip 0x{frame.offset:x}"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -569,7 +570,11 @@ def _decode_stack(value: abi.StackRec) -> StackRecord:
     frames = []
     for frame in value.frame[:nr]:
         build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
-        frames.append(RawFrame(build_id, frame.offset if frame.status else 0))
+        file = None
+        if frame.status == abi.FRAME_FILE:
+            ino, dev = struct.unpack_from("<QI", bytes(frame.build_id))
+            file = (dev, ino)
+        frames.append(RawFrame(build_id, frame.offset if frame.status else 0, file))
     return StackRecord(tuple(value.ip[:nr]), tuple(frames), UnwindMethod(value.method),
                        Truncation(value.truncated), value.truncated_at)
 

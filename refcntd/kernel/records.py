@@ -16,7 +16,8 @@ class RawFrame:
     """One frame of a build-id stack: resolvable after the process is gone."""
 
     build_id: str | None  # hex; None when the kernel fell back to a raw ip
-    offset: int  # file offset when build_id is set, else a raw virtual address
+    offset: int  # file offset when build_id or file is set, else a raw virtual address
+    file: tuple[int, int] | None = None  # (kernel dev, inode) when no build-id was known
 
 
 @dataclass(frozen=True)

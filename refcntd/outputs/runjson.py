@@ -15,6 +15,7 @@ from refcntd.analysis.model import (
     ProbeStatus,
     ProcessReport,
     RunResult,
+    StackUnwind,
     TracingStatus,
 )
 from refcntd.errors import UsageError
@@ -67,8 +68,10 @@ def _group(g: dict) -> LeakGroup:
     culprits = [Culprit(c["kind"], _frames(c["stack"])[-1] if c["stack"] else Frame("", 0),
                         _frames(c["stack"]), c["objects"], c["references"], c["released_uses"])
                 for c in g.get("culprits", [])]
+    u = g.get("unwind", {})
+    unwind = StackUnwind(u.get("method", ""), u.get("truncated_at"), u.get("reason", ""))
     return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g["instances"]],
-                     g.get("stack_truncated", False), culprits)
+                     g.get("stack_truncated", False), culprits, unwind)
 
 
 def _object(i: dict) -> LeakedObject:

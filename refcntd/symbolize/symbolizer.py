@@ -10,6 +10,7 @@ reveals for every module on it.
 from __future__ import annotations
 
 import bisect
+import os
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -84,11 +85,18 @@ class BuildIdIndex:
 
     def __init__(self) -> None:
         self._by_id: dict[str, str] = {}
+        self._by_file: dict[tuple[int, int], str] = {}  # (kernel dev, inode) -> path
         self._scanned: set[str] = set()
         self._dirs: list[str] = []
         self._seen: set[str] = set()
 
     def add(self, path: str) -> str | None:
+        try:
+            st = os.stat(path)
+            self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev),
+                                      st.st_ino), str(Path(path).resolve()))
+        except OSError:
+            pass
         build_id = read_build_id(path)
         if build_id:
             self._by_id.setdefault(build_id, str(Path(path).resolve()))
@@ -114,6 +122,10 @@ class BuildIdIndex:
     def add_search_dir(self, directory: str) -> None:
         if directory not in self._dirs:
             self._dirs.append(directory)
+
+    def find_file(self, file: tuple[int, int]) -> str | None:
+        """A file known by (kernel dev, inode): libraries reported by ld.so, probed modules."""
+        return self._by_file.get(file)
 
     def find(self, build_id: str) -> str | None:
         if build_id in self._by_id:
@@ -165,6 +177,8 @@ class Symbolizer:
         out: list[tuple[str, int] | None] = []
         for frame in frames:
             path = self.index.find(frame.build_id) if frame.build_id else None
+            if frame.file is not None:
+                path = self.index.find_file(frame.file)
             mod = self.module(path) if path else None
             vaddr = mod.image.offset_to_vaddr(frame.offset) if mod else None
             out.append((path, vaddr) if mod and vaddr is not None else None)
