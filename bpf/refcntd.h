@@ -240,6 +240,8 @@ struct stack_rec {
 #define EXE_PGOFF 0xffffffff   /* exec_map.pgoff of the executable: use the module's text_off */
 #define FRAME_FILE 3           /* stack_rec.frame[].status: no build-id known; build_id holds the
 				  file's inode (8 bytes) and dev (4), offset its file offset */
+#define FRAME_EXE_TEXT 4       /* the same for the program exec() mapped: offset is from the
+				  start of its executable segment (mm->start_code) */
 
 /* How a row computes the caller's frame (the CFA) at a pc. */
 enum refcntd_cfa { CFA_NONE = 0 /* no FDE covers the pc */, CFA_RSP = 1, CFA_RBP = 2,

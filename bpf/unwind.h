@@ -1,6 +1,6 @@
 /* The user-stack walk behind every stack refcntd records.
  *
- * Pasted into refcntd.c by the loader after stackstore.h.  walk_stack()
+ * Pasted into refcntd.c by the loader after stackstore.h.  The walk
  * fills a stack_rec with return addresses (ip[]) and, per frame, the
  * module's build-id and file offset (frame[]), so a stack stays
  * symbolizable after its process is gone, and says how it was obtained.
@@ -42,10 +42,13 @@ static __always_inline int walk_frame_pointers(struct pt_regs *ctx, struct stack
 	return nr ? 0 : -1;
 }
 
-/* Frames the CFI walk follows: at 32 the verifier's state count exceeds its
- * 1M-instruction budget on Linux 6.18 (28 verifies). Deeper stacks: TR_DEPTH. */
+/* Frames the CFI walk follows, UNWIND_CHUNK per program run: one program
+ * walking 32 frames exceeds the verifier's 1M-instruction budget on 6.18. */
 #ifndef UNWIND_DEPTH
-#define UNWIND_DEPTH 28
+#define UNWIND_DEPTH STACK_DEPTH
+#endif
+#ifndef UNWIND_CHUNK
+#define UNWIND_CHUNK 12
 #endif
 
 #if UNWIND
@@ -121,7 +124,7 @@ static __always_inline int find_row(struct cfi_module *mod, __u32 off, struct cf
 }
 
 static __always_inline void put_frame(struct stack_rec *rec, __u32 i, __u64 pc, __u64 off,
-				      struct cfi_module *mod, struct file_key *file)
+				      struct cfi_module *mod, struct file_key *file, __u64 start)
 {
 	if (i >= STACK_DEPTH)
 		return;
@@ -131,7 +134,8 @@ static __always_inline void put_frame(struct stack_rec *rec, __u32 i, __u64 pc, 
 	/* no table yet (a library dlopen'ed just now): the file identifies it */
 	__u64 id[3] = {file->ino, file->dev, 0};
 	__builtin_memcpy(rec->frame[i].build_id, mod ? (void *)mod->build_id : (void *)id, 20);
-	rec->frame[i].status = mod ? BPF_STACK_BUILD_ID_VALID : FRAME_FILE;
+	rec->frame[i].status = mod ? BPF_STACK_BUILD_ID_VALID : off == pc - start ? FRAME_EXE_TEXT
+									   : FRAME_FILE;
 }
 
 struct unwind_regs {
@@ -185,7 +189,7 @@ static __always_inline __u32 unwind_frame(struct stack_rec *rec, struct exec_map
 	struct cfi_module *mod = cfi_modules.lookup(&m->file);
 	__u64 pgoff = m->pgoff == EXE_PGOFF ? (mod ? mod->text_off : 0) : m->pgoff;
 	__u64 off = r->pc - m->start + pgoff;
-	put_frame(rec, i, r->pc, off, mod, &m->file);
+	put_frame(rec, i, r->pc, off, mod, &m->file, m->pgoff == EXE_PGOFF ? m->start : 0);
 	*guessed = !mod;
 	if (mod && mod->count && !(i > 0 && (mod->flags & MOD_FP))) {
 		struct cfi_row row = {};
@@ -195,26 +199,30 @@ static __always_inline __u32 unwind_frame(struct stack_rec *rec, struct exec_map
 	return step_fp(r, !mod);
 }
 
-static __always_inline int walk_cfi(struct pt_regs *ctx, struct stack_rec *rec,
-				    struct exec_maps *maps)
+/* The walk's state between the programs that continue it (on_unwind_more). */
+struct unwind_state {
+	struct unwind_regs r;
+	struct exec_map m;     /* the previous frame's mapping */
+	__u32 guessed;         /* the previous step guessed with frame pointers (no table) */
+	__u32 next;            /* index of the next frame */
+};
+BPF_PERCPU_ARRAY(unwind_states, struct unwind_state, 1);
+
+/* Up to UNWIND_CHUNK frames from st->next; 0: not done, else truncation reason + 1. */
+static __always_inline __u32 walk_chunk(struct stack_rec *rec, struct exec_maps *maps,
+					struct unwind_state *st)
 {
-	struct unwind_regs r = {.pc = PT_REGS_IP(ctx), .sp = PT_REGS_SP(ctx),
-				.bp = PT_REGS_FP(ctx)};
-	__u32 guessed = 0, stop = TR_DEPTH + 1;
-	struct exec_map m = {};
-	rec->nr = 0;
-	for (__u32 i = 0; i < UNWIND_DEPTH; i++) {
-		bounded(i);
-		__u32 s = unwind_frame(rec, maps, &r, i, &m, &guessed);
-		if (s) {
-			stop = s;
-			break;
-		}
+	for (__u32 j = 0; j < UNWIND_CHUNK; j++) {
+		bounded(j);
+		__u32 i = st->next;
+		if (i >= UNWIND_DEPTH)
+			return TR_DEPTH + 1;
+		__u32 s = unwind_frame(rec, maps, &st->r, i, &st->m, &st->guessed);
+		st->next = i + 1;
+		if (s)
+			return s;
 	}
-	rec->truncated = stop - 1;
-	rec->truncated_at = rec->nr;
-	rec->method = r.used == 3 ? UW_MIXED : r.used == 2 ? UW_CFI : UW_FP;
-	return rec->nr ? 0 : -1;
+	return 0;
 }
 
 /* ---- executable mappings of each process -------------------------------- */
@@ -333,33 +341,15 @@ static __always_inline void maps_exit(__u32 tgid)
 	exec_maps.delete(&tgid);
 }
 
-static __always_inline int walk_stack(struct pt_regs *ctx, struct stack_rec *rec)
-{
-	struct exec_maps *maps = exec_maps.lookup(&rec->tgid);
-	if (!maps || walk_cfi(ctx, rec, maps) != 0)  /* not seen exec'ing and not seeded */
-		return walk_frame_pointers(ctx, rec);
-	return 0;
-}
 #else
 static __always_inline void maps_fork(__u32 parent, __u32 child) {}
 static __always_inline void maps_exit(__u32 tgid) {}
-static __always_inline int walk_stack(struct pt_regs *ctx, struct stack_rec *rec)
-{
-	return walk_frame_pointers(ctx, rec);
-}
 #endif
 
-/* The current user stack, stored; its key in stack_store, 0 when not recorded. */
-static __always_inline __u64 store_walk(struct pt_regs *ctx, int cfi)
+/* Keeps a walked stack (ok: the walk produced frames); its key, 0 if not kept. */
+static __always_inline __u64 keep_stack(struct stack_rec *rec, int ok)
 {
-	int zero = 0;
-	struct stack_rec *rec = stack_scratch.lookup(&zero);
-	if (!rec)
-		return 0;
-	rec->tgid = bpf_get_current_pid_tgid() >> 32;
-	struct proc_val *proc = procs.lookup(&rec->tgid);
-	rec->gen = proc ? proc->gen : 0;
-	if ((cfi ? walk_stack(ctx, rec) : walk_frame_pointers(ctx, rec)) != 0) {
+	if (!ok) {
 		count_stat(ST_STACK_UNREAD);
 		return 0;
 	}
@@ -368,17 +358,32 @@ static __always_inline __u64 store_walk(struct pt_regs *ctx, int cfi)
 	return store_stack(rec);
 }
 
-/* The CFI walk is verified once, in its own program: inlined at every place
+static __always_inline struct stack_rec *new_stack_rec(void)
+{
+	int zero = 0;
+	struct stack_rec *rec = stack_scratch.lookup(&zero);
+	if (!rec)
+		return 0;
+	rec->tgid = bpf_get_current_pid_tgid() >> 32;
+	struct proc_val *proc = procs.lookup(&rec->tgid);
+	rec->gen = proc ? proc->gen : 0;
+	rec->nr = 0;
+	return rec;
+}
+
+/* The CFI walk is verified once, in its own programs: inlined at every place
  * a stack is taken it exceeds the verifier's budget.  on_probe tail-calls
  * on_unwind when the probe's role records a stack (init; every role with
- * history), on_unwind leaves the stack's key in probe_stack and tail-calls
- * on_body, the probe's logic, which takes the key from there.  Where no key
- * was left (a get/put anomaly without history), the body takes the
- * frame-pointer walk. */
-BPF_PROG_ARRAY(probe_progs, 2);
+ * history); on_unwind walks UNWIND_CHUNK frames and tail-calls
+ * on_unwind_more for each further chunk; the last leaves the stack's key in
+ * probe_stack and tail-calls on_body, the probe's logic, which takes the
+ * key from there.  Where no key was left (a get/put anomaly without
+ * history), the body takes the kernel's frame-pointer walk. */
+BPF_PROG_ARRAY(probe_progs, 3);
 BPF_PERCPU_ARRAY(probe_stack, __u64, 1);
 #define PROG_UNWIND 0
 #define PROG_BODY 1
+#define PROG_UNWIND_MORE 2
 
 static __always_inline void set_probe_stack(__u64 key)
 {
@@ -388,21 +393,80 @@ static __always_inline void set_probe_stack(__u64 key)
 		*slot = key;
 }
 
+/* The stack at the probe: from on_unwind, else the frame-pointer walk. */
 static __always_inline __u64 record_stack(struct pt_regs *ctx)
 {
 	int zero = 0;
 	__u64 *slot = probe_stack.lookup(&zero);
 	if (slot && *slot)
 		return *slot;
-	return store_walk(ctx, 0);
+	struct stack_rec *rec = new_stack_rec();
+	return rec ? keep_stack(rec, walk_frame_pointers(ctx, rec) == 0) : 0;
 }
 
-int on_unwind(struct pt_regs *ctx)
+static __always_inline int to_body(struct pt_regs *ctx, __u64 key)
 {
-	set_probe_stack(store_walk(ctx, 1));
+	set_probe_stack(key);
 	probe_progs.call(ctx, PROG_BODY);
 	set_probe_stack(0);
 	return 0;
 }
+
+#if UNWIND
+static __always_inline int continue_unwind(struct pt_regs *ctx, struct stack_rec *rec,
+					   struct exec_maps *maps, struct unwind_state *st)
+{
+	__u32 stop = walk_chunk(rec, maps, st);
+	if (!stop && st->next < UNWIND_DEPTH)
+		probe_progs.call(ctx, PROG_UNWIND_MORE);  /* returns only if it failed */
+	if (!stop)
+		stop = TR_DEPTH + 1;
+	rec->truncated = stop - 1;
+	rec->truncated_at = rec->nr;
+	rec->method = st->r.used == 3 ? UW_MIXED : st->r.used == 2 ? UW_CFI : UW_FP;
+	if (!rec->nr)  /* the pc is in no mapping we know: the kernel's walk */
+		return to_body(ctx, keep_stack(rec, walk_frame_pointers(ctx, rec) == 0));
+	return to_body(ctx, keep_stack(rec, 1));
+}
+
+int on_unwind(struct pt_regs *ctx)
+{
+	int zero = 0;
+	struct stack_rec *rec = new_stack_rec();
+	struct unwind_state *st = unwind_states.lookup(&zero);
+	if (!rec || !st)
+		return to_body(ctx, 0);
+	struct exec_maps *maps = exec_maps.lookup(&rec->tgid);
+	if (!maps)  /* not seen exec'ing and not seeded */
+		return to_body(ctx, keep_stack(rec, walk_frame_pointers(ctx, rec) == 0));
+	__builtin_memset(st, 0, sizeof(*st));
+	st->r.pc = PT_REGS_IP(ctx);
+	st->r.sp = PT_REGS_SP(ctx);
+	st->r.bp = PT_REGS_FP(ctx);
+	return continue_unwind(ctx, rec, maps, st);
+}
+
+int on_unwind_more(struct pt_regs *ctx)
+{
+	int zero = 0;
+	struct stack_rec *rec = stack_scratch.lookup(&zero);
+	struct unwind_state *st = unwind_states.lookup(&zero);
+	struct exec_maps *maps = rec ? exec_maps.lookup(&rec->tgid) : 0;
+	if (!rec || !st || !maps)
+		return to_body(ctx, 0);
+	return continue_unwind(ctx, rec, maps, st);
+}
+#else
+int on_unwind(struct pt_regs *ctx)
+{
+	struct stack_rec *rec = new_stack_rec();
+	return to_body(ctx, rec ? keep_stack(rec, walk_frame_pointers(ctx, rec) == 0) : 0);
+}
+
+int on_unwind_more(struct pt_regs *ctx)
+{
+	return to_body(ctx, 0);
+}
+#endif
 
 #endif

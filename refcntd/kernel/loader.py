@@ -165,7 +165,7 @@ class Kernel:
     def _load_tail_calls(self, bcc: Any) -> None:
         """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
         progs = self.bpf["probe_progs"]
-        for index, name in enumerate(("on_unwind", "on_body")):
+        for index, name in enumerate(("on_unwind", "on_body", "on_unwind_more")):
             fn = self.bpf.load_func(name, bcc.BPF.KPROBE)
             progs[ctypes.c_int(index)] = ctypes.c_int(fn.fd)
 
@@ -571,10 +571,11 @@ def _decode_stack(value: abi.StackRec) -> StackRecord:
     for frame in value.frame[:nr]:
         build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
         file = None
-        if frame.status == abi.FRAME_FILE:
+        if frame.status in (abi.FRAME_FILE, abi.FRAME_EXE_TEXT):
             ino, dev = struct.unpack_from("<QI", bytes(frame.build_id))
             file = (dev, ino)
-        frames.append(RawFrame(build_id, frame.offset if frame.status else 0, file))
+        frames.append(RawFrame(build_id, frame.offset if frame.status else 0, file,
+                               frame.status == abi.FRAME_EXE_TEXT))
     return StackRecord(tuple(value.ip[:nr]), tuple(frames), UnwindMethod(value.method),
                        Truncation(value.truncated), value.truncated_at)
 

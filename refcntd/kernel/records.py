@@ -18,6 +18,7 @@ class RawFrame:
     build_id: str | None  # hex; None when the kernel fell back to a raw ip
     offset: int  # file offset when build_id or file is set, else a raw virtual address
     file: tuple[int, int] | None = None  # (kernel dev, inode) when no build-id was known
+    text_relative: bool = False  # offset is from the executable segment's start, not the file
 
 
 @dataclass(frozen=True)

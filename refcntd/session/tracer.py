@@ -79,7 +79,8 @@ class Tracer:
                               loader_probe=plan.loader is not None,
                               history=opts.history, history_depth=opts.history_depth,
                               comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
-                              unwind_offsets=btf.unwind_offsets())
+                              unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
+                              else btf.unwind_offsets())
         self.kernel = Kernel(kopts, plan.sites)
         self.unwind = UnwindTables(self.kernel)
         self.unwind.add(plan.modules)
@@ -124,6 +125,7 @@ class Tracer:
             self.unwind.add([ev.path])
             return
         if ev.kind == EventKind.EXECVE and ev.path.startswith("/"):
+            self.index.add_library(ev.path)
             self.unwind.add([ev.path])
         if ev.kind in (EventKind.PROC, EventKind.FORK):
             self.index.add_process_maps(f"/proc/{ev.tgid}/maps")

@@ -124,17 +124,21 @@ class BuildIdIndex:
             self._dirs.append(directory)
 
     def find_file(self, file: tuple[int, int]) -> str | None:
-        """A file known by (kernel dev, inode): libraries reported by ld.so, probed modules."""
-        return self._by_file.get(file)
+        """A file known by (kernel dev, inode): libraries reported by ld.so, probed modules,
+        exec'ed programs, else found in the directories searched for build-ids."""
+        return self._lookup(self._by_file, file)
 
     def find(self, build_id: str) -> str | None:
-        if build_id in self._by_id:
-            return self._by_id[build_id]
+        return self._lookup(self._by_id, build_id)
+
+    def _lookup(self, table: dict, key: object) -> str | None:
+        if key in table:
+            return table[key]
         for directory in [*self._dirs, *SYSTEM_LIB_DIRS]:
             if directory not in self._scanned:
                 self._scan(directory)
-                if build_id in self._by_id:
-                    return self._by_id[build_id]
+                if key in table:
+                    return table[key]
         return None
 
     def _scan(self, directory: str) -> None:
@@ -181,6 +185,8 @@ class Symbolizer:
                 path = self.index.find_file(frame.file)
             mod = self.module(path) if path else None
             vaddr = mod.image.offset_to_vaddr(frame.offset) if mod else None
+            if mod and frame.text_relative:
+                vaddr = min(s.vaddr for s in mod.image.segments if s.executable) + frame.offset
             out.append((path, vaddr) if mod and vaddr is not None else None)
         return out
 
