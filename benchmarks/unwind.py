@@ -143,7 +143,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     parser.add_argument("--out", default=str(HERE / "results"), help="output directory")
     args = parser.parse_args()
-    n, repeat = (2000, 1) if args.smoke else (200000, 3)
+    n, repeat = (2000, 1) if args.smoke else (50000, 3)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,9 +4,6 @@ each stack says it was obtained.  Fixtures are built like Debian builds:
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 from conftest import EXAMPLES, FIXTURES, ROOT, cc, refcntd
 from test_run import lib_spec
 
@@ -80,21 +77,3 @@ def test_dlclosed_library_frames_named_host_without_frame_pointers(bpf, build, t
     assert group["stack"][1]["module"] == str(plugin.resolve())
     assert group["stack"][1].get("file", "").endswith("plugin.c")
     assert group["unwind"]["method"] == "frame pointers and CFI"
-
-
-def test_cfi_table_of_libc_and_cache(tmp_path):
-    """No BPF: the compiled table of Debian's libc, and the cache by build-id."""
-    from refcntd.kernel.cfi import ROW, CfaRule, load_table
-    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
-    table = load_table(libc, cache_dir=tmp_path)
-    assert table.count > 10000 and table.build_seconds > 0 and not table.has_frame_pointers
-    pcs = [ROW.unpack_from(table.rows, i * ROW.size)[0] for i in range(table.count)]
-    assert pcs == sorted(pcs) and len(set(pcs)) == len(pcs)
-    rules = {ROW.unpack_from(table.rows, i * ROW.size)[3] for i in range(table.count)}
-    assert {CfaRule.RSP, CfaRule.NONE} <= rules
-    again = load_table(libc, cache_dir=tmp_path)
-    assert again.rows == table.rows and again.build_seconds == 0
-    assert list(tmp_path.iterdir())[0].name.endswith(".cfi")
-    readelf = subprocess.run(["readelf", "-n", libc], capture_output=True, text=True).stdout
-    assert table.build_id.hex() in readelf
-    assert Path(libc).exists()
