@@ -502,14 +502,33 @@ static __always_inline int probe_body(struct pt_regs *ctx)
 	return 0;
 }
 
+/* Whether this operation records a stack: every init, every operation with
+ * history, and a get/put/delete about to be reported as an anomaly (a
+ * cheap look at the object first, so counting stays cheap). */
+static __always_inline int needs_stack(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	if (cfg->role == ROLE_INIT || HISTORY)
+		return 1;
+	if (cfg->role == ROLE_INIT_ENTRY)
+		return 0;
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = fetch(ctx, &cfg->obj)};
+	struct obj_val *o = objs.lookup(&key);
+	if (!o)  /* unknown or released: reported unless seen before or not traced */
+		return !unknown_seen.lookup(&key) && (!FILTERED || procs.lookup(&key.tgid));
+	if (cfg->role == ROLE_PUT)
+		return o->count <= 0;
+	return cfg->role == ROLE_DELETE && o->count != 0;
+}
+
 /* One program for every entry and return probe: the stack first where the
- * role records one (unwind.h), then the logic. */
+ * operation records one (unwind.h), then the logic. */
 int on_probe(struct pt_regs *ctx)
 {
 	__u32 index = bpf_get_attach_cookie(ctx);
 	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
 	set_probe_stack(0);
-	if (cfg && (cfg->role == ROLE_INIT || HISTORY))
+	if (cfg && needs_stack(ctx, cfg))
 		probe_progs.call(ctx, PROG_UNWIND);
 	return probe_body(ctx);
 }

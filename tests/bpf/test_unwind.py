@@ -36,6 +36,22 @@ def test_library_and_program_without_frame_pointers(bpf, tmp_path):
     assert "truncated" not in result.stdout
 
 
+def test_anomaly_stack_through_a_library_without_frame_pointers(bpf, tmp_path):
+    lib = cc(tmp_path / "lib" / "libdeep.so", [FIXTURES / "deeplib.c", EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fPIC", "-shared"])
+    exe = cc(tmp_path / "deepmain", [FIXTURES / "deepmain.c"],
+             [*NOFP, f"-L{lib.parent}", "-ldeep", f"-Wl,-rpath,{lib.parent}"])
+    result = refcntd(["run", "--spec", str(lib_spec(tmp_path, lib)), "--", str(exe), "twice"],
+                     tmp_path / "r.json")
+    (process,) = result.report["processes"]
+    (anomaly,) = [a for a in process["anomalies"] if not a["separate"]]
+    assert anomaly["kind"] == "double-put", anomaly
+    assert functions(anomaly["stack"])[:4] == ["__refcnt__put", "gadget_release", "app_drop",
+                                               "main"], anomaly["stack"]
+    assert functions(anomaly["alloc_stack"])[:5] == ["__refcnt__init", "gadget_alloc",
+                                                     "gadget_build", "gadget_new", "main"]
+
+
 def test_usdt_probe_in_a_library_without_frame_pointers(bpf, build, tmp_path):
     out, probes = build.usdt_objects("-O2")
     flags = [*NOFP, f"-I{out}", f"-I{FIXTURES}"]
