@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from refcntd.binary.elf import ElfImage
+from refcntd.binary.elf import ElfImage, Segment
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import CfaRule
 from refcntd.paths import CACHE_DIR
@@ -104,7 +104,7 @@ def _append(rows: list[tuple[int, int, int, int]], row: tuple[int, int, int, int
     rows.append(row)
 
 
-def _to_offset(text: list, vaddr: int) -> int:
+def _to_offset(text: list[Segment], vaddr: int) -> int:
     for seg in text:
         if seg.vaddr <= vaddr <= seg.vaddr + seg.memsz:
             return vaddr - seg.vaddr + seg.offset

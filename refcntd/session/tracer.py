@@ -71,6 +71,7 @@ class Tracer:
     def __init__(self, plan: Plan, filtered: bool, opts: TraceOptions,
                  on_report: Callable[[ProcessReport], None]) -> None:
         self.plan = plan
+        self.filtered = filtered
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
         kopts = KernelOptions(filtered=filtered, has_delete=plan.spec.has_delete,
@@ -124,8 +125,8 @@ class Tracer:
             self.index.add_library(ev.path)
             self.unwind.add([ev.path])
             return
-        if ev.kind == EventKind.EXECVE and ev.path.startswith("/"):
-            self.index.add_library(ev.path)
+        if ev.kind == EventKind.EXECVE and ev.path.startswith("/") and self.filtered:
+            self.index.add_library(ev.path)  # system-wide, every exec on the host comes here
             self.unwind.add([ev.path])
         if ev.kind in (EventKind.PROC, EventKind.FORK):
             self.index.add_process_maps(f"/proc/{ev.tgid}/maps")

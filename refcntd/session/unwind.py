@@ -43,6 +43,8 @@ class UnwindTables:
         if not self.kernel.unwinding:
             return
         for path in paths:
+            if path in self._done:
+                continue
             for module in [path, *(linked_libraries(path) if with_deps else [])]:
                 self._load(module)
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import bisect
 import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from refcntd.binary.elf import ElfImage, read_build_id
 from refcntd.errors import BinaryError
@@ -131,7 +132,7 @@ class BuildIdIndex:
     def find(self, build_id: str) -> str | None:
         return self._lookup(self._by_id, build_id)
 
-    def _lookup(self, table: dict, key: object) -> str | None:
+    def _lookup(self, table: Mapping[Any, str], key: object) -> str | None:
         if key in table:
             return table[key]
         for directory in [*self._dirs, *SYSTEM_LIB_DIRS]:

@@ -41,7 +41,7 @@ def test_unwind_benchmark_smoke(bpf, tmp_path):
     data = json.loads((tmp_path / "unwind.json").read_text())
     assert len(data["stacks"]) == 9 and set(data["ratios"]) == {"8", "16", "32"}
     for row in data["stacks"]:
-        assert row["ns_per_pair"] > 0
+        assert row["ns_per_pair"] > 0 and row["bpf_ns_per_pair"] > 0
         if row["case"] == "no frame pointers, CFI":  # the walk reaches _start at every depth
             assert row["frames_reported"] == row["depth"] and "truncated_at" not in row["unwind"]
     assert {t["module"] for t in data["tables"]} >= {"libc", "libgobject"}
