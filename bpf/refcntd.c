@@ -11,6 +11,7 @@
  *                cookie of each is _r_debug minus that call's address
  *   FILTER_COMM  1: only processes whose comm is in comm_allow (system-wide)
  *   CGROUP_ID    when set: only processes in that cgroup v2 (system-wide)
+ *   UNWIND       1: CFI unwinding with tables from user space (see unwind.h)
  *   HISTORY      1: keep get/put history of objects whose type is in
  *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES
  */
@@ -23,12 +24,9 @@ BPF_PERCPU_ARRAY(probe_hits, __u64, MAX_PROBES);  /* roles that never fire are r
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
 BPF_HASH(comm_allow, struct comm_key, __u32, 64);
-BPF_HASH(proc_stacks, struct proc_stack, __u32, MAX_STACKS * 2);  /* -> process gen */
 BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
 BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
 BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
-BPF_F_TABLE("stacktrace", int, struct stack_frames, stacks, MAX_STACKS, BPF_F_STACK_BUILD_ID);
-BPF_STACK_TRACE(raw_stacks, MAX_STACKS);
 BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
 BPF_ARRAY(gen_counter, __u64, 1);
 BPF_PERCPU_ARRAY(scratch, struct event, 1);
@@ -65,6 +63,10 @@ static __always_inline void count_stat(int which)
 	if (v)
 		*v += 1;
 }
+
+/* bcc rewrites map calls in the main file only: the loader pastes these in. */
+#include "stackstore.h"  /* inlined by the loader */
+#include "unwind.h"  /* inlined by the loader */
 
 /* The verifier refuses a ctx load at a computed offset, so a register is
  * read with one probe read of the saved pt_regs at its offset. */
@@ -194,22 +196,9 @@ static __always_inline void add_totals(struct obj_val *o)
 }
 
 static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg *cfg,
-					   __s32 *stack_id, __s32 *raw_stack_id, __u64 *caller_ip)
+					   __u64 *stack_id, __u64 *caller_ip)
 {
-	*stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (*stack_id == -EEXIST)
-		count_stat(ST_STACK_COLLISION);
-	else if (*stack_id < 0)
-		count_stat(ST_STACK_LOST);
-	*raw_stack_id = raw_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (*raw_stack_id < 0)
-		count_stat(ST_RAW_STACK_LOST);
-	struct proc_stack owner = {.tgid = bpf_get_current_pid_tgid() >> 32,
-				   .stack_id = *stack_id, .raw_stack_id = *raw_stack_id};
-	struct proc_val *proc = procs.lookup(&owner.tgid);
-	__u32 gen = proc ? proc->gen : 0;  /* a reused pid must not free its predecessor's */
-	if (*stack_id >= 0 || *raw_stack_id >= 0)
-		proc_stacks.update(&owner, &gen);  /* best effort: an untracked stack just stays */
+	*stack_id = record_stack(ctx);
 	*caller_ip = 0;
 	if (cfg->caller_sp >= 0) {
 		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);
@@ -244,7 +233,6 @@ static __always_inline void count_site(struct hist_val *h, __u32 op, struct hist
 		if (!s->count) {
 			s->op = op;
 			s->stack_id = e->stack_id;
-			s->raw_stack_id = e->raw_stack_id;
 			s->caller_ip = e->caller_ip;
 			__sync_fetch_and_add(&s->count, 1);
 			return;
@@ -260,7 +248,7 @@ static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
 	if (!h)
 		return;
 	struct hist_entry e = {.op = op, .count_after = count_after, .ts = bpf_ktime_get_ns()};
-	capture_stacks(ctx, cfg, &e.stack_id, &e.raw_stack_id, &e.caller_ip);
+	capture_stacks(ctx, cfg, &e.stack_id, &e.caller_ip);
 	count_site(h, op, &e);
 	__u64 i = __sync_fetch_and_add(&h->n, 1);
 	if (i < HISTORY_DEPTH)
@@ -279,8 +267,7 @@ static __always_inline void fold_history(struct obj_key *key, __u32 type_id)
 		if (!s->count)
 			break;
 		struct site_key k = {.tgid = key->tgid, .type_id = type_id, .op = s->op,
-				     .stack_id = s->stack_id, .raw_stack_id = s->raw_stack_id,
-				     .caller_ip = s->caller_ip};
+				     .stack_id = s->stack_id, .caller_ip = s->caller_ip};
 		__u64 zero = 0;
 		__u64 *total = released_sites.lookup_or_try_init(&k, &zero);
 		if (total)
@@ -302,7 +289,7 @@ static __always_inline void fold_history(struct obj_key *key, __u32 type_id) {}
 static __always_inline struct grave_val describe(struct obj_val *o, __u64 released_ns)
 {
 	struct grave_val g = {.type_id = o->type_id, .gen = o->gen, .stack_id = o->stack_id,
-			      .raw_stack_id = o->raw_stack_id, .caller_ip = o->caller_ip,
+			      .caller_ip = o->caller_ip,
 			      .name_ptr = o->name_ptr, .init_ns = o->init_ns,
 			      .released_ns = released_ns};
 	return g;
@@ -335,14 +322,11 @@ static __always_inline void report_anomaly(struct pt_regs *ctx, struct probe_cfg
 	a->ts = bpf_ktime_get_ns();
 	a->addr = key->addr;
 	a->count_before = count_before;
-	a->alloc_stack_id = -1;
-	a->alloc_raw_stack_id = -1;
-	capture_stacks(ctx, cfg, &a->stack_id, &a->raw_stack_id, &a->caller_ip);
+	capture_stacks(ctx, cfg, &a->stack_id, &a->caller_ip);
 	if (g) {
 		a->type_id = g->type_id;
 		a->gen = g->gen;
 		a->alloc_stack_id = g->stack_id;
-		a->alloc_raw_stack_id = g->raw_stack_id;
 		a->alloc_caller_ip = g->caller_ip;
 		a->name_ptr = g->name_ptr;
 		a->init_ns = g->init_ns;
@@ -552,7 +536,7 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	}
 	val.gen = proc->gen;
 	val.init_ns = bpf_ktime_get_ns();
-	capture_stacks(ctx, cfg, &val.stack_id, &val.raw_stack_id, &val.caller_ip);
+	capture_stacks(ctx, cfg, &val.stack_id, &val.caller_ip);
 	graveyard.delete(&key);
 	unknown_seen.delete(&key);
 	struct obj_val *old = objs.lookup(&key);
@@ -583,7 +567,7 @@ static __always_inline int revive(struct probe_cfg *cfg, struct obj_key *key)
 	if (!g)
 		return 0;
 	struct obj_val val = {.count = 1, .gets = 1, .gen = g->gen, .type_id = g->type_id,
-			      .stack_id = g->stack_id, .raw_stack_id = g->raw_stack_id,
+			      .stack_id = g->stack_id,
 			      .init_ns = g->init_ns, .caller_ip = g->caller_ip,
 			      .name_ptr = g->name_ptr};
 	last_released.delete(&tid);
@@ -729,9 +713,9 @@ static __always_inline int do_check(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
-/* One program for every entry and return probe; the bpf cookie is the probe's
- * index in probe_cfgs, which says the role and where its arguments are. */
-int on_probe(struct pt_regs *ctx)
+/* The probe's logic; the bpf cookie is the probe's index in probe_cfgs,
+ * which says the role and where its arguments are. */
+static __always_inline int probe_body(struct pt_regs *ctx)
 {
 	__u32 index = bpf_get_attach_cookie(ctx);
 	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
@@ -754,9 +738,46 @@ int on_probe(struct pt_regs *ctx)
 	return 0;
 }
 
+/* Whether this operation records a stack: every init, every operation with
+ * history, and a get/put/delete about to be reported as an anomaly (a
+ * cheap look at the object first, so counting stays cheap). */
+static __always_inline int needs_stack(struct pt_regs *ctx, struct probe_cfg *cfg)
+{
+	if (cfg->role == ROLE_INIT || HISTORY)
+		return 1;
+	if (cfg->role == ROLE_INIT_ENTRY)
+		return 0;
+	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .addr = fetch(ctx, &cfg->obj)};
+	struct obj_val *o = objs.lookup(&key);
+	if (!o)  /* unknown or released: reported unless seen before or not traced */
+		return !unknown_seen.lookup(&key) && (!FILTERED || procs.lookup(&key.tgid));
+	if (cfg->role == ROLE_PUT)
+		return o->count <= 0;
+	return cfg->role == ROLE_DELETE && o->count != 0;
+}
+
+/* One program for every entry and return probe: the stack first where the
+ * operation records one (unwind.h), then the logic. */
+int on_probe(struct pt_regs *ctx)
+{
+	__u32 index = bpf_get_attach_cookie(ctx);
+	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
+	set_probe_stack(0);
+	if (cfg && needs_stack(ctx, cfg))
+		probe_progs.call(ctx, PROG_UNWIND);
+	return probe_body(ctx);
+}
+
+int on_body(struct pt_regs *ctx)
+{
+	return probe_body(ctx);
+}
+
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
 	__u32 parent = bpf_get_current_pid_tgid() >> 32;
+	maps_fork(parent, args->child_pid);
 	if (!procs.lookup(&parent))
 		return 0;
 	/* Threads pass here too: their entry is dropped again in sched_process_exit. */
@@ -798,8 +819,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		if (gone)
 			emit(gone);
 	}
+	if (tid != tgid)
+		maps_exit(tid);  /* a thread's copy made at its clone */
 	if (!args->group_dead)
 		return 0;
+	maps_exit(tgid);
 	struct proc_val *proc = procs.lookup(&tgid);
 	if (!proc)
 		return 0;

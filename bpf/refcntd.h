@@ -37,8 +37,8 @@ enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
 	ST_OBJ_MAP_FULL = 0,    /* loss: inits not recorded: object map full */
-	ST_STACK_LOST,          /* loss: allocation stacks not captured */
-	ST_STACK_COLLISION,     /* loss: allocation stacks lost to stack-store collisions */
+	ST_STACK_LOST,          /* loss: stacks not recorded: stack store full */
+	ST_STACK_COLLISION,     /* loss: stacks not recorded: two different stacks had the same 64-bit hash */
 	ST_UNKNOWN_GET,         /* note: gets on objects never seen initialised (created before tracing began, or by a function the spec does not name) */
 	ST_UNKNOWN_PUT,         /* note: puts on objects never seen initialised */
 	ST_UNKNOWN_DELETE,      /* note: deletes of objects never seen initialised */
@@ -49,7 +49,7 @@ enum refcntd_stat {
 	ST_CALLER_UNREAD,       /* loss: callers of init not read */
 	ST_PUT_BELOW_ZERO,      /* note: puts on a count already at or below zero (see the anomalies) */
 	ST_TYPE_MAP_FULL,       /* loss: type names not recorded: type table full */
-	ST_RAW_STACK_LOST,      /* loss: raw stacks not captured (some frames may stay unplaced) */
+	ST_STACK_UNREAD,        /* loss: stacks not recorded: the user stack could not be read */
 	ST_INIT_ARGS_LOST,      /* loss: constructors returned without the arguments saved at entry */
 	ST_HISTORY_MAP_FULL,    /* loss: objects without a get/put history: history map full */
 	ST_SITES_MAP_FULL,      /* loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline) */
@@ -57,6 +57,12 @@ enum refcntd_stat {
 	ST_STATIC_SKIPPED,      /* note: operations on the library's static objects, not counted (spec: static_if) */
 	ST_MAY_BE_LEAKED,       /* note: objects the library flags "may be leaked", set aside (spec: may_be_leaked) */
 	ST_REVIVED,             /* note: objects kept alive by their dispose after their last put (spec: revives) */
+	ST_TRUNC_NO_TABLE,      /* note: stacks cut at a module with neither frame pointers nor an unwind table */
+	ST_TRUNC_UNREADABLE,    /* note: stacks cut where the user stack could not be read */
+	ST_TRUNC_DEPTH,         /* note: stacks cut at the depth limit */
+	ST_TRUNC_OUTSIDE,       /* note: stacks cut at a return address outside every executable mapping */
+	ST_TRUNC_BAD_RULE,      /* note: stacks cut at an unwind rule the BPF unwinder does not follow */
+	ST_EXEC_MAPS_FULL,      /* note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced */
 	ST_COUNT
 };
 
@@ -121,8 +127,8 @@ struct probe_cfg {
 struct hist_entry {
 	__u32 op;            /* enum refcntd_role */
 	__s32 count_after;
-	__s32 stack_id;
-	__s32 raw_stack_id;
+	__u32 pad;
+	__u64 stack_id;      /* key in stack_store, 0: none */
 	__u64 caller_ip;
 	__u64 ts;
 };
@@ -130,9 +136,8 @@ struct hist_entry {
 /* A distinct place an object was got, put, initialised or deleted, counted. */
 struct hist_site {
 	__u32 op;
-	__s32 stack_id;
-	__s32 raw_stack_id;
 	__u32 pad;
+	__u64 stack_id;
 	__u64 caller_ip;
 	__u64 count;
 };
@@ -148,9 +153,8 @@ struct hist_val {
  * freed when the process is reported: the kernel never frees stack ids. */
 struct proc_stack {
 	__u32 tgid;
-	__s32 stack_id;
-	__s32 raw_stack_id;
 	__u32 pad;
+	__u64 stack_id;
 };
 
 /* Per process, what released objects did where: attribution's baseline. */
@@ -158,9 +162,8 @@ struct site_key {
 	__u32 tgid;
 	__u32 type_id;
 	__u32 op;
-	__s32 stack_id;
-	__s32 raw_stack_id;
 	__u32 pad;
+	__u64 stack_id;
 	__u64 caller_ip;
 };
 
@@ -185,8 +188,7 @@ struct obj_val {
 	__u32 puts;
 	__u32 gen;
 	__u32 type_id;        /* 0: the name could not be read here, see name_ptr */
-	__s32 stack_id;       /* build-id stack: symbolizable after the process exits */
-	__s32 raw_stack_id;   /* same walk as raw addresses: gives each module's load bias */
+	__u64 stack_id;       /* key in stack_store (0: none): symbolizable after the process exits */
 	__u64 init_ns;
 	__u64 caller_ip;      /* raw return address into the init's caller, 0 if in the stack */
 	__u64 name_ptr;       /* type-name pointer when the page was not present at init */
@@ -197,8 +199,7 @@ struct obj_val {
 struct grave_val {
 	__u32 type_id;
 	__u32 gen;
-	__s32 stack_id;
-	__s32 raw_stack_id;
+	__u64 stack_id;
 	__u64 caller_ip;
 	__u64 name_ptr;
 	__u64 init_ns;
@@ -218,20 +219,107 @@ struct anomaly {
 	__s64 count_before;
 	__u32 type_id;
 	__u32 gen;
-	__s32 stack_id;       /* the offending operation */
-	__s32 raw_stack_id;
+	__u64 stack_id;       /* the offending operation */
 	__u64 caller_ip;
-	__s32 alloc_stack_id; /* the object's init, -1 when never seen */
-	__s32 alloc_raw_stack_id;
+	__u64 alloc_stack_id; /* the object's init, 0 when never seen or not recorded */
 	__u64 alloc_caller_ip;
 	__u64 name_ptr;
 	__u64 init_ns;
 	__u64 released_ns;    /* 0 unless the object had been released */
 };
 
-/* A build-id stack as the kernel stores it (bpf_stack_build_id from linux/bpf.h). */
-struct stack_frames {
-	struct bpf_stack_build_id frame[STACK_DEPTH];
+/* How a stack was obtained (see bpf/stackstore.h). */
+enum refcntd_unwind { UW_NONE = 0, UW_FP = 1 /* frame pointers */, UW_CFI = 2 /* CFI unwind tables */,
+		      UW_MIXED = 3 /* frame pointers and CFI */ };
+
+/* Why a walk ended before the outermost frame; TR_NONE: it reached the end. */
+enum refcntd_trunc {
+	TR_NONE = 0,
+	TR_NO_TABLE = 1,    /* the module has neither frame pointers nor an unwind table */
+	TR_UNREADABLE = 2,  /* the user stack could not be read there */
+	TR_DEPTH = 3,       /* depth limit */
+	TR_OUTSIDE = 4,     /* the next return address is outside every executable mapping */
+	TR_BAD_RULE = 5,    /* the unwind rule there is not one the BPF unwinder follows */
+};
+
+/* One recorded stack, the value of the content-addressed stack_store: its key
+ * is a 64-bit hash of (tgid, gen, frames), so two different stacks never share
+ * an entry; a hash collision is detected on insert and counted. */
+struct stack_rec {
+	__u32 tgid;
+	__u32 gen;            /* of the process: a reused pid never shares a stack */
+	__u32 nr;             /* frames in ip[] and frame[] */
+	__u16 method;         /* enum refcntd_unwind */
+	__u16 truncated;      /* enum refcntd_trunc */
+	__u32 truncated_at;   /* frame index where the walk stopped (nr when it did not) */
+	__u32 pad;
+	__u64 ip[STACK_DEPTH];
+	struct bpf_stack_build_id frame[STACK_DEPTH];  /* build-id + file offset, or ip */
+};
+
+/* CFI unwinding (bpf/unwind.h; tables compiled by refcntd/binary/cfi.py). */
+#define MAX_EXEC_MAPS 32       /* executable file mappings remembered per process */
+#define CFI_SEARCH_STEPS 24    /* binary-search steps: up to 16M rows per module */
+#define MOD_FP 1               /* cfi_module.flags: the module keeps frame pointers */
+#define EXE_PGOFF 0xffffffff   /* exec_map.pgoff of the executable: use the module's text_off */
+#define FRAME_FILE 3           /* stack_rec.frame[].status: no build-id known; build_id holds the
+				  file's inode (8 bytes) and dev (4), offset its file offset */
+#define FRAME_EXE_TEXT 4       /* the same for the program exec() mapped: offset is from the
+				  start of its executable segment (mm->start_code) */
+
+/* How a row computes the caller's frame (the CFA) at a pc. */
+enum refcntd_cfa { CFA_NONE = 0 /* no FDE covers the pc */, CFA_RSP = 1, CFA_RBP = 2,
+		   CFA_PLT = 3 /* the x86-64 PLT expression */,
+		   CFA_BAD = 4 /* a rule the BPF unwinder does not follow */,
+		   CFA_END = 5 /* return address undefined: the outermost frame */ };
+
+/* One row of a module's unwind table, sorted by pc (a file offset): from
+ * this pc on, CFA = (rsp or rbp) + cfa_off, the return address is at CFA-8
+ * and rbp was saved at CFA + rbp_off (0: rbp unchanged). */
+struct cfi_row {
+	__u32 pc;
+	__s32 cfa_off;
+	__s16 rbp_off;
+	__u8 cfa;             /* enum refcntd_cfa */
+	__u8 pad;
+};
+
+struct file_key {
+	__u64 ino;
+	__u32 dev;            /* the kernel's dev_t: major << 20 | minor */
+	__u32 pad;
+};
+
+/* A module's table: rows [first, first + count) of cfi_rows. */
+struct cfi_module {
+	__u32 first;
+	__u32 count;
+	__u32 flags;          /* MOD_FP */
+	__u32 text_off;       /* file offset of the executable segment (p_offset) */
+	__u8 build_id[20];
+	__u32 pad;
+};
+
+/* One executable file mapping of a process: file offset = pc - start + pgoff. */
+struct exec_map {
+	__u64 start;
+	__u64 end;
+	__u64 pgoff;          /* EXE_PGOFF: the executable mapped by exec() */
+	struct file_key file;
+};
+
+struct exec_maps {
+	__u32 n;
+	__u32 pad;
+	struct exec_map m[MAX_EXEC_MAPS];
+};
+
+/* An mmap(PROT_EXEC) of a file, between its syscall's entry and exit. */
+struct mmap_args {
+	__u64 len;
+	__u64 off;
+	__s32 fd;
+	__u32 pad;
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */

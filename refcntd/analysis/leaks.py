@@ -16,18 +16,26 @@ from refcntd.analysis.model import (
     LeakedObject,
     LeakGroup,
     LeakKey,
+    StackUnwind,
 )
+from refcntd.kernel.abi import TRUNCATION_TEXT, UNWINDMETHOD_TEXT, Truncation
 from refcntd.kernel.columns import ObjectColumns
-from refcntd.kernel.records import AnomalyRecord, ObjectRecord, RawFrame, ReleasedSite, StackRef
+from refcntd.kernel.records import (
+    AnomalyRecord,
+    ObjectRecord,
+    RawFrame,
+    ReleasedSite,
+    StackRecord,
+    StackRef,
+)
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
 
 @dataclass
 class StackSource:
-    """Read access to the kernel's two stack stores (kernel.Kernel provides it)."""
+    """Read access to the kernel's stack store (kernel.Kernel.stack_record)."""
 
-    build_id_stack: Callable[[int], tuple[RawFrame, ...]]
-    raw_stack: Callable[[int], tuple[int, ...]]
+    record: Callable[[int], StackRecord | None]
 
 
 @dataclass
@@ -61,7 +69,9 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
         if ref not in by_ref:  # the stack first: it teaches the biases the name may need
             frames, truncated = symbolize_stack(ref[2], stacks, sym, mods)
             type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
-            group = LeakGroup(type_name, frames, stack_truncated=truncated)
+            unwind = stack_unwind(ref[2], stacks)
+            group = LeakGroup(type_name, frames, stack_truncated=truncated or
+                              unwind.truncated_at is not None, unwind=unwind)
             by_ref[ref] = groups.setdefault(group.key(), group)
         group = by_ref[ref]
         steps, ops = _history(rec, stacks, sym, mods, history)
@@ -86,10 +96,13 @@ def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now
     mods = mods or ProcessModules()
     groups: dict[tuple[object, ...], tuple[LeakGroup, list[int]]] = {}
     for (type_id, name_ptr, *ref), idx in _rows_by_key(objs).items():
-        frames, truncated = symbolize_stack(StackRef(*ref), stacks, sym, mods)
+        stack = StackRef(*ref)
+        frames, truncated = symbolize_stack(stack, stacks, sym, mods)
         known = objs.type_names.get(type_id, "") if type_id else ""
+        unwind = stack_unwind(stack, stacks)
         group = LeakGroup(_type_name(known, name_ptr, sym, mods), frames,
-                          stack_truncated=truncated)
+                          stack_truncated=truncated or unwind.truncated_at is not None,
+                          unwind=unwind)
         groups.setdefault(group.key(), (group, []))[1].extend(idx)
     for group, idx in groups.values():
         group.objects = LeakedObjects(objs, idx, now_ns)  # type: ignore[assignment]
@@ -97,16 +110,14 @@ def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now
 
 
 def _rows_by_key(objs: ObjectColumns) -> dict[tuple[int, ...], list[int]]:
-    """Row numbers by (type id, type name pointer, stack id, raw stack id, caller)."""
+    """Row numbers by (type id, type name pointer, stack id, caller)."""
     c = objs.columns
-    keys = zip(c["type_id"], c["name_ptr"], c["stack_id"], c["raw_stack_id"], c["caller_ip"],
-               strict=True)
+    keys = zip(c["type_id"], c["name_ptr"], c["stack_id"], c["caller_ip"], strict=True)
     distinct = set(keys)
     if len(distinct) == 1:  # the common case: no loop over the rows at all
         return {distinct.pop(): list(range(len(objs)))}
     rows: defaultdict[tuple[int, ...], list[int]] = defaultdict(list)
-    keys = zip(c["type_id"], c["name_ptr"], c["stack_id"], c["raw_stack_id"], c["caller_ip"],
-               strict=True)
+    keys = zip(c["type_id"], c["name_ptr"], c["stack_id"], c["caller_ip"], strict=True)
     for i, key in enumerate(keys):
         rows[key].append(i)
     return rows
@@ -194,7 +205,7 @@ def _released_paths(type_name: str, stacks: StackSource, sym: Symbolizer,
 
 
 def _alloc_ref(rec: ObjectRecord) -> StackRef:
-    return StackRef(rec.stack_id, rec.raw_stack_id, rec.caller_ip)
+    return StackRef(rec.stack_id, rec.caller_ip)
 
 
 def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Symbolizer,
@@ -231,12 +242,13 @@ def symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: P
 
 def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
                      mods: ProcessModules) -> tuple[tuple[Frame, ...], bool]:
-    raw_frames = stacks.build_id_stack(ref.stack_id)
-    raw_ips = stacks.raw_stack(ref.raw_stack_id)
+    rec = stacks.record(ref.stack_id)
+    raw_frames = rec.frames if rec else ()
+    raw_ips = rec.ips if rec else ()
     placed = sym.place_frames(raw_frames)
     mods.biases.update(sym.biases(placed, raw_ips))
     for i, frame in enumerate(raw_frames):
-        if placed[i] is None and frame.build_id is None:
+        if placed[i] is None and frame.build_id is None and frame.file is None:
             placed[i] = sym.place_raw(frame.offset, mods.biases)
     if placed and placed[-1] is None and raw_frames[-1].build_id:
         placed, raw_frames = placed[:-1], raw_frames[:-1]  # bogus trailing frame (ip 0)
@@ -253,9 +265,22 @@ def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
     return tuple(frames), truncated
 
 
+def stack_unwind(ref: StackRef, stacks: StackSource) -> StackUnwind:
+    """How the kernel obtained the stack (StackUnwind() when none was recorded)."""
+    rec = stacks.record(ref.stack_id)
+    if rec is None:
+        return StackUnwind("", 0, "no stack recorded (see the losses)")
+    method = UNWINDMETHOD_TEXT.get(rec.method, "")
+    if rec.truncated == Truncation.NONE:
+        return StackUnwind(method)
+    return StackUnwind(method, rec.truncated_at, TRUNCATION_TEXT[rec.truncated])
+
+
 def _describe_raw(frame: RawFrame) -> str:
     if frame.build_id:
         return f"build-id {frame.build_id[:16]}.. +0x{frame.offset:x}"
+    if frame.file:
+        return f"file dev 0x{frame.file[0]:x} inode {frame.file[1]} +0x{frame.offset:x}"
     return f"ip 0x{frame.offset:x}"
 
 

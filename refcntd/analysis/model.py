@@ -17,6 +17,20 @@ STATE_EXIT_NOT_SEEN = "exit not seen"
 
 
 @dataclass(frozen=True)
+class StackUnwind:
+    """How a stack was obtained: the walk's method and where and why it stopped early."""
+
+    method: str = ""  # "frame pointers", "CFI", "frame pointers and CFI"; "" when unknown
+    truncated_at: int | None = None  # frame index where the walk stopped, None: complete
+    reason: str = ""  # why it stopped there
+
+    def describe(self) -> str:
+        if self.truncated_at is None:
+            return self.method
+        return f"truncated at frame {self.truncated_at}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class HistoryStep:
     op: str  # init, get, put, delete
     count_after: int
@@ -44,6 +58,7 @@ class LeakGroup:
     objects: list[LeakedObject] = field(default_factory=list)
     stack_truncated: bool = False
     culprits: list[Culprit] = field(default_factory=list)
+    unwind: StackUnwind = field(default_factory=StackUnwind)
 
     def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))

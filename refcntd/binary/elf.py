@@ -74,6 +74,11 @@ class ElfImage:
                                     seg["p_memsz"], bool(seg["p_flags"] & 1)))
         return segs
 
+    def section_ranges(self, prefix: str) -> list[tuple[int, int]]:
+        """[start, end) vaddrs of the sections whose name starts with `prefix`."""
+        return [(s["sh_addr"], s["sh_addr"] + s["sh_size"]) for s in self._elf.iter_sections()
+                if s.name.startswith(prefix)]
+
     @cached_property
     def build_id(self) -> str | None:
         for section in self._elf.iter_sections():

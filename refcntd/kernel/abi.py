@@ -25,6 +25,11 @@ PF_MAY_LEAK_FLAG = 32
 PF_REVIVE = 64
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
+MAX_EXEC_MAPS = 32
+CFI_SEARCH_STEPS = 24
+MOD_FP = 1
+FRAME_FILE = 3
+FRAME_EXE_TEXT = 4
 PROC_IGNORED = 1
 
 
@@ -59,7 +64,7 @@ class Stat(IntEnum):
     CALLER_UNREAD = 10
     PUT_BELOW_ZERO = 11
     TYPE_MAP_FULL = 12
-    RAW_STACK_LOST = 13
+    STACK_UNREAD = 13
     INIT_ARGS_LOST = 14
     HISTORY_MAP_FULL = 15
     SITES_MAP_FULL = 16
@@ -67,12 +72,18 @@ class Stat(IntEnum):
     STATIC_SKIPPED = 18
     MAY_BE_LEAKED = 19
     REVIVED = 20
+    TRUNC_NO_TABLE = 21
+    TRUNC_UNREADABLE = 22
+    TRUNC_DEPTH = 23
+    TRUNC_OUTSIDE = 24
+    TRUNC_BAD_RULE = 25
+    EXEC_MAPS_FULL = 26
 
 
 STAT_TEXT: dict[Stat, str] = {
     Stat.OBJ_MAP_FULL: 'loss: inits not recorded: object map full',
-    Stat.STACK_LOST: 'loss: allocation stacks not captured',
-    Stat.STACK_COLLISION: 'loss: allocation stacks lost to stack-store collisions',
+    Stat.STACK_LOST: 'loss: stacks not recorded: stack store full',
+    Stat.STACK_COLLISION: 'loss: stacks not recorded: two different stacks had the same 64-bit hash',
     Stat.UNKNOWN_GET: 'note: gets on objects never seen initialised (created before tracing began, or by a function the spec does not name)',
     Stat.UNKNOWN_PUT: 'note: puts on objects never seen initialised',
     Stat.UNKNOWN_DELETE: 'note: deletes of objects never seen initialised',
@@ -83,7 +94,7 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.CALLER_UNREAD: 'loss: callers of init not read',
     Stat.PUT_BELOW_ZERO: 'note: puts on a count already at or below zero (see the anomalies)',
     Stat.TYPE_MAP_FULL: 'loss: type names not recorded: type table full',
-    Stat.RAW_STACK_LOST: 'loss: raw stacks not captured (some frames may stay unplaced)',
+    Stat.STACK_UNREAD: 'loss: stacks not recorded: the user stack could not be read',
     Stat.INIT_ARGS_LOST: 'loss: constructors returned without the arguments saved at entry',
     Stat.HISTORY_MAP_FULL: 'loss: objects without a get/put history: history map full',
     Stat.SITES_MAP_FULL: "loss: released objects' get/put paths not recorded: site map full (culprits may miss a baseline)",
@@ -91,6 +102,12 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.STATIC_SKIPPED: "note: operations on the library's static objects, not counted (spec: static_if)",
     Stat.MAY_BE_LEAKED: 'note: objects the library flags "may be leaked", set aside (spec: may_be_leaked)',
     Stat.REVIVED: 'note: objects kept alive by their dispose after their last put (spec: revives)',
+    Stat.TRUNC_NO_TABLE: 'note: stacks cut at a module with neither frame pointers nor an unwind table',
+    Stat.TRUNC_UNREADABLE: 'note: stacks cut where the user stack could not be read',
+    Stat.TRUNC_DEPTH: 'note: stacks cut at the depth limit',
+    Stat.TRUNC_OUTSIDE: 'note: stacks cut at a return address outside every executable mapping',
+    Stat.TRUNC_BAD_RULE: 'note: stacks cut at an unwind rule the BPF unwinder does not follow',
+    Stat.EXEC_MAPS_FULL: 'note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced',
 }
 
 
@@ -132,6 +149,55 @@ class LocKind(IntEnum):
     REG = 1
     MEM = 2
     IMM = 3
+
+
+class UnwindMethod(IntEnum):
+    NONE = 0
+    FP = 1
+    CFI = 2
+    MIXED = 3
+
+
+UNWINDMETHOD_TEXT: dict[UnwindMethod, str] = {
+    UnwindMethod.FP: 'frame pointers',
+    UnwindMethod.CFI: 'CFI unwind tables',
+    UnwindMethod.MIXED: 'frame pointers and CFI',
+}
+
+
+class Truncation(IntEnum):
+    NONE = 0
+    NO_TABLE = 1
+    UNREADABLE = 2
+    DEPTH = 3
+    OUTSIDE = 4
+    BAD_RULE = 5
+
+
+TRUNCATION_TEXT: dict[Truncation, str] = {
+    Truncation.NO_TABLE: 'the module has neither frame pointers nor an unwind table',
+    Truncation.UNREADABLE: 'the user stack could not be read there',
+    Truncation.DEPTH: 'depth limit',
+    Truncation.OUTSIDE: 'the next return address is outside every executable mapping',
+    Truncation.BAD_RULE: 'the unwind rule there is not one the BPF unwinder follows',
+}
+
+
+class CfaRule(IntEnum):
+    NONE = 0
+    RSP = 1
+    RBP = 2
+    PLT = 3
+    BAD = 4
+    END = 5
+
+
+CFARULE_TEXT: dict[CfaRule, str] = {
+    CfaRule.NONE: 'no FDE covers the pc',
+    CfaRule.PLT: 'the x86-64 PLT expression',
+    CfaRule.BAD: 'a rule the BPF unwinder does not follow',
+    CfaRule.END: 'return address undefined: the outermost frame',
+}
 
 
 class BpfStackBuildId(C.Structure):
@@ -181,8 +247,8 @@ class HistEntry(C.Structure):
     _fields_ = [
         ("op", C.c_uint32),
         ("count_after", C.c_int32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("ts", C.c_uint64),
     ]
@@ -191,9 +257,8 @@ class HistEntry(C.Structure):
 class HistSite(C.Structure):
     _fields_ = [
         ("op", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
         ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("count", C.c_uint64),
     ]
@@ -212,9 +277,8 @@ def hist_val_type(history_depth: int = 16) -> type[C.Structure]:
 class ProcStack(C.Structure):
     _fields_ = [
         ("tgid", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
         ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
     ]
 
 
@@ -223,9 +287,8 @@ class SiteKey(C.Structure):
         ("tgid", C.c_uint32),
         ("type_id", C.c_uint32),
         ("op", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
         ("pad", C.c_uint32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
     ]
 
@@ -253,8 +316,7 @@ class ObjVal(C.Structure):
         ("puts", C.c_uint32),
         ("gen", C.c_uint32),
         ("type_id", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("stack_id", C.c_uint64),
         ("init_ns", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
@@ -265,8 +327,7 @@ class GraveVal(C.Structure):
     _fields_ = [
         ("type_id", C.c_uint32),
         ("gen", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
         ("init_ns", C.c_uint64),
@@ -285,11 +346,9 @@ class Anomaly(C.Structure):
         ("count_before", C.c_int64),
         ("type_id", C.c_uint32),
         ("gen", C.c_uint32),
-        ("stack_id", C.c_int32),
-        ("raw_stack_id", C.c_int32),
+        ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
-        ("alloc_stack_id", C.c_int32),
-        ("alloc_raw_stack_id", C.c_int32),
+        ("alloc_stack_id", C.c_uint64),
         ("alloc_caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
         ("init_ns", C.c_uint64),
@@ -297,9 +356,72 @@ class Anomaly(C.Structure):
     ]
 
 
-class StackFrames(C.Structure):
+class StackRec(C.Structure):
     _fields_ = [
+        ("tgid", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("nr", C.c_uint32),
+        ("method", C.c_uint16),
+        ("truncated", C.c_uint16),
+        ("truncated_at", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("ip", (C.c_uint64 * STACK_DEPTH)),
         ("frame", (BpfStackBuildId * STACK_DEPTH)),
+    ]
+
+
+class CfiRow(C.Structure):
+    _fields_ = [
+        ("pc", C.c_uint32),
+        ("cfa_off", C.c_int32),
+        ("rbp_off", C.c_int16),
+        ("cfa", C.c_uint8),
+        ("pad", C.c_uint8),
+    ]
+
+
+class FileKey(C.Structure):
+    _fields_ = [
+        ("ino", C.c_uint64),
+        ("dev", C.c_uint32),
+        ("pad", C.c_uint32),
+    ]
+
+
+class CfiModule(C.Structure):
+    _fields_ = [
+        ("first", C.c_uint32),
+        ("count", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("text_off", C.c_uint32),
+        ("build_id", (C.c_uint8 * 20)),
+        ("pad", C.c_uint32),
+    ]
+
+
+class ExecMap(C.Structure):
+    _fields_ = [
+        ("start", C.c_uint64),
+        ("end", C.c_uint64),
+        ("pgoff", C.c_uint64),
+        ("file", FileKey),
+    ]
+
+
+class ExecMaps(C.Structure):
+    _fields_ = [
+        ("n", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("m", (ExecMap * MAX_EXEC_MAPS)),
+    ]
+
+
+class MmapArgs(C.Structure):
+    _fields_ = [
+        ("len", C.c_uint64),
+        ("off", C.c_uint64),
+        ("fd", C.c_int32),
+        ("pad", C.c_uint32),
     ]
 
 
@@ -360,7 +482,13 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "obj_val": ObjVal,
     "grave_val": GraveVal,
     "anomaly": Anomaly,
-    "stack_frames": StackFrames,
+    "stack_rec": StackRec,
+    "cfi_row": CfiRow,
+    "file_key": FileKey,
+    "cfi_module": CfiModule,
+    "exec_map": ExecMap,
+    "exec_maps": ExecMaps,
+    "mmap_args": MmapArgs,
     "comm_key": CommKey,
     "proc_val": ProcVal,
     "type_name": TypeName,

@@ -29,9 +29,12 @@ CTYPES = {"__u8": "C.c_uint8", "__s8": "C.c_int8", "__u16": "C.c_uint16", "__s16
 EXTERNAL = {"bpf_stack_build_id": [("status", "C.c_int32", []), ("build_id", "C.c_ubyte", ["20"]),
                                    ("offset_or_ip", "C.c_uint64", [])]}
 ENUM_CLASSES = {"refcntd_role": "Role", "refcntd_stat": "Stat", "refcntd_event": "EventKind",
-                "refcntd_anomaly": "AnomalyKind", "refcntd_loc": "LocKind"}
+                "refcntd_anomaly": "AnomalyKind", "refcntd_loc": "LocKind",
+                "refcntd_unwind": "UnwindMethod", "refcntd_trunc": "Truncation",
+                "refcntd_cfa": "CfaRule"}
 ENUM_PREFIX = {"refcntd_role": "ROLE_", "refcntd_stat": "ST_", "refcntd_event": "EV_",
-               "refcntd_anomaly": "AN_", "refcntd_loc": "LOC_"}
+               "refcntd_anomaly": "AN_", "refcntd_loc": "LOC_",
+               "refcntd_unwind": "UW_", "refcntd_trunc": "TR_", "refcntd_cfa": "CFA_"}
 
 
 @dataclass

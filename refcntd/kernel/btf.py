@@ -13,45 +13,96 @@ from pathlib import Path
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 BTF_MAGIC = 0xEB9F
 KIND_STRUCT = 4
+KIND_UNION = 5
 # bytes of kind-specific data after each 12-byte btf_type: (fixed, per vlen entry)
 _TRAILER = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 14: (4, 0),
             15: (0, 12), 17: (4, 0), 19: (0, 12)}
 
 
 def member_offset(struct_name: str, member: str, path: Path = VMLINUX_BTF) -> int | None:
-    """Byte offset of `member` in `struct struct_name`, or None if not found/readable."""
+    """Byte offset of `member` in `struct struct_name`, or None if not found/readable.
+
+    Members inside anonymous structs and unions (vm_area_struct.vm_start,
+    mm_struct.start_code) are found too.
+    """
+    types = _types(path)
+    for kind, name, members in types.values():
+        if kind == KIND_STRUCT and name == struct_name:
+            return _find_member(types, members, member)
+    return None
+
+
+_Type = tuple[int, str, list[tuple[str, int, int]]]  # kind, name, members (name, type, bits)
+_CACHE: dict[Path, dict[int, _Type]] = {}
+
+
+def _types(path: Path) -> dict[int, _Type]:
+    """Every struct and union of the BTF file, by type id (read once per path)."""
+    if path in _CACHE:
+        return _CACHE[path]
     try:
         data = path.read_bytes()
     except OSError:
-        return None
+        return {}
     if len(data) < 24:
-        return None
+        return {}
     magic, _ver, _flags, hdr_len, type_off, type_len, str_off, _str_len = struct.unpack_from(
         "<HBBIIIII", data, 0)
     if magic != BTF_MAGIC:
-        return None
+        return {}
     strings = hdr_len + str_off
-    pos, end = hdr_len + type_off, hdr_len + type_off + type_len
+    out: dict[int, _Type] = {}
+    pos, end, type_id = hdr_len + type_off, hdr_len + type_off + type_len, 1
     while pos + 12 <= end:
         name_off, info, _size = struct.unpack_from("<III", data, pos)
         kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
         fixed, per = _TRAILER.get(kind, (0, 0))
-        if kind == KIND_STRUCT and _name(data, strings + name_off) == struct_name:
-            return _find_member(data, pos + 12, vlen, strings, member, bool(info >> 31))
+        if kind in (KIND_STRUCT, KIND_UNION):
+            members = []
+            for i in range(vlen):
+                m_name, m_type, offset = struct.unpack_from("<III", data, pos + 12 + 12 * i)
+                bits = offset & 0xFFFFFF if info >> 31 else offset
+                members.append((_name(data, strings + m_name), m_type, bits))
+            out[type_id] = (kind, _name(data, strings + name_off), members)
         pos += 12 + fixed + per * vlen
-    return None
+        type_id += 1
+    _CACHE[path] = out
+    return out
 
 
-def _find_member(data: bytes, pos: int, vlen: int, strings: int, member: str,
-                 bitfield_encoding: bool) -> int | None:
-    for i in range(vlen):
-        name_off, _type, offset = struct.unpack_from("<III", data, pos + 12 * i)
-        if _name(data, strings + name_off) == member:
-            bits: int = offset & 0xFFFFFF if bitfield_encoding else offset
+def _find_member(types: dict[int, _Type], members: list[tuple[str, int, int]],
+                 member: str) -> int | None:
+    for name, _type, bits in members:
+        if name == member:
             return bits // 8
+    for name, type_id, bits in members:
+        if not name and type_id in types:  # an anonymous struct or union
+            inner = _find_member(types, types[type_id][2], member)
+            if inner is not None:
+                return bits // 8 + inner
     return None
 
 
 def _name(data: bytes, at: int) -> str:
     end = data.index(b"\0", at)
     return data[at:end].decode(errors="replace")
+
+
+UNWIND_MEMBERS = {"OFF_TASK_MM": ("task_struct", "mm"), "OFF_TASK_FILES": ("task_struct", "files"),
+                  "OFF_MM_START_CODE": ("mm_struct", "start_code"),
+                  "OFF_MM_END_CODE": ("mm_struct", "end_code"),
+                  "OFF_MM_EXE_FILE": ("mm_struct", "exe_file"),
+                  "OFF_FILES_FDT": ("files_struct", "fdt"), "OFF_FDT_FD": ("fdtable", "fd"),
+                  "OFF_FILE_INODE": ("file", "f_inode"), "OFF_INODE_INO": ("inode", "i_ino"),
+                  "OFF_INODE_SB": ("inode", "i_sb"), "OFF_SB_DEV": ("super_block", "s_dev")}
+
+
+def unwind_offsets(path: Path = VMLINUX_BTF) -> dict[str, int] | None:
+    """The kernel struct offsets bpf/unwind.h reads mappings with; None if any is unknown."""
+    out = {}
+    for name, (struct_name, member) in UNWIND_MEMBERS.items():
+        offset = member_offset(struct_name, member, path)
+        if offset is None:
+            return None
+        out[name] = offset
+    return out

@@ -35,8 +35,8 @@ class ObjectColumns:
         type_id = c["type_id"][i]
         return ObjectRecord(self.tgid, c["gen"][i], c["addr"][i], c["count"][i],
                             self.type_names.get(type_id, "") if type_id else "",
-                            c["init_ns"][i], c["stack_id"][i], c["raw_stack_id"][i],
-                            c["caller_ip"][i], c["name_ptr"][i], c["gets"][i], c["puts"][i])
+                            c["init_ns"][i], c["stack_id"][i], c["caller_ip"][i],
+                            c["name_ptr"][i], c["gets"][i], c["puts"][i])
 
     def __iter__(self) -> Iterator[ObjectRecord]:
         return (self[i] for i in range(len(self)))
@@ -44,8 +44,7 @@ class ObjectColumns:
     def stack_refs(self) -> list[StackRef]:
         """The distinct allocation stacks of these objects."""
         c = self.columns
-        return [StackRef(*k) for k in set(zip(c["stack_id"], c["raw_stack_id"],
-                                              c["caller_ip"], strict=True))]
+        return [StackRef(*k) for k in set(zip(c["stack_id"], c["caller_ip"], strict=True))]
 
 
 class ColumnBuilder:

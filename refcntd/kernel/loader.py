@@ -9,6 +9,8 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
+import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -18,9 +20,10 @@ from typing import Any
 from refcntd.binary.plan import ProbeSite
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
-from refcntd.kernel import abi, perf_uprobe
+from refcntd.kernel import abi, cfi, perf_uprobe
 from refcntd.kernel import columns as objcols
-from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat
+from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
+from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
 from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
@@ -32,6 +35,7 @@ from refcntd.kernel.records import (
     RawFrame,
     ReleasedSite,
     SiteCount,
+    StackRecord,
     StackRef,
 )
 from refcntd.paths import BPF_DIR
@@ -57,6 +61,9 @@ class KernelOptions:
     max_sites: int = 16384
     comm_filter: tuple[str, ...] = ()  # system-wide: only these command names
     cgroup_id: int | None = None  # system-wide: only this cgroup v2
+    unwind_offsets: dict[str, int] | None = None  # OFF_* for unwind.h; None: frame pointers only
+    max_cfi_rows: int = 1 << 22
+    max_modules: int = 1024
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     """Every -D the BPF program is compiled with, from one validated options object."""
@@ -71,11 +78,28 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     flags.append(f"-DFILTER_COMM={int(bool(opts.comm_filter))}")
     if opts.cgroup_id is not None:
         flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
+    flags.append(f"-DUNWIND={int(opts.unwind_offsets is not None)}")
+    if opts.unwind_offsets is not None:
+        flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
+        flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
     flags += [f"-DHISTORY={int(opts.history is not None)}",
               f"-DHISTORY_ALL={int(opts.history == ('all',))}",
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
               f"-DMAX_SITES={opts.max_sites}"]
     return flags
+
+
+_INLINED = re.compile(r'^#include "(\w+\.h)"\s*/\* inlined by the loader \*/$', re.M)
+
+
+def program_text(main: Path = BPF_DIR / "refcntd.c") -> str:
+    """refcntd.c with the headers that use maps pasted in.
+
+    bcc rewrites `map.lookup(...)` only in the main source file; in an
+    #included file the call stays a call through a function pointer and the
+    program fails to load ("unknown opcode 8d").
+    """
+    return _INLINED.sub(lambda m: (main.parent / m[1]).read_text(), main.read_text())
 
 
 def probe_slots(probe_count: int) -> int:
@@ -99,7 +123,7 @@ def compile_program(opts: KernelOptions, probe_count: int) -> Any:
     """bcc's compile and load of bpf/refcntd.c: about 2 s, so also run ahead in a thread."""
     bcc = prepare()
     try:
-        return bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"), cflags=bpf_cflags(opts, probe_count))
+        return bcc.BPF(text=program_text(), cflags=bpf_cflags(opts, probe_count))
     except Exception as err:  # bcc raises bare Exception for compile/load errors
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None
@@ -157,15 +181,26 @@ class Kernel:
         self.multi_links = 0  # how many multi-uprobe links attach_all made
         self.failed_probes: list[str] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
+        self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
+        self._cfi_rows_used = 0
+        self.tables_not_loaded: list[str] = []  # cfi_rows full: shown as a note
         try:
             self.bpf = program if program is not None else compile_program(opts, len(sites))
             self.layout_checked = _check_layout(self.bpf, opts)
             self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
+            self._load_tail_calls(bcc)
         except EnvironmentProblem:
             raise
         except Exception as err:  # bcc raises bare Exception for compile/load errors
             raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                      "check kernel headers (BCC_KERNEL_SOURCE)") from None
+
+    def _load_tail_calls(self, bcc: Any) -> None:
+        """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
+        progs = self.bpf["probe_progs"]
+        for index, name in enumerate(("on_unwind", "on_body", "on_unwind_more")):
+            fn = self.bpf.load_func(name, bcc.BPF.KPROBE)
+            progs[ctypes.c_int(index)] = ctypes.c_int(fn.fd)
 
     def __enter__(self) -> Kernel:
         return self
@@ -434,7 +469,7 @@ class Kernel:
             except KeyError:
                 pass
         return [ReleasedSite(names.get(k.type_id, ""), SiteCount(
-                    Role(k.op), StackRef(k.stack_id, k.raw_stack_id, k.caller_ip),
+                    Role(k.op), StackRef(k.stack_id, k.caller_ip),
                     int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
                 for k, v in picked]
 
@@ -447,45 +482,79 @@ class Kernel:
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
         """Free every stack-store entry a reported process created.
 
-        The kernel never frees stack ids, and with ASLR every process's stacks
-        are distinct: without this a long attach fills the stores, and bucket
-        collisions (a stack refused because its bucket holds another) multiply.
+        Each entry is owned by one process generation (proc_stacks); without
+        this a long attach fills the store.  `refs` are the stacks its report
+        used (all owned by it: the hash covers tgid and gen).
         """
         owned = [k for k, v in _items(self.bpf["proc_stacks"])
                  if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
         _delete(self.bpf["proc_stacks"], owned)
-        ids = {(r.stack_id, r.raw_stack_id) for r in refs}
-        ids |= {(k.stack_id, k.raw_stack_id) for k in owned}
-        for table, column in ((self.bpf["stacks"], 0), (self.bpf["raw_stacks"], 1)):
-            for stack_id in {pair[column] for pair in ids}:
-                if stack_id >= 0:
-                    with contextlib.suppress(KeyError):
-                        del table[ctypes.c_int(stack_id)]
+        keys = {r.stack_id for r in refs} | {k.stack_id for k in owned}
+        _delete(self.bpf["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
 
-    def raw_stack(self, stack_id: int) -> tuple[int, ...]:
-        if stack_id < 0:
-            return ()
-        try:
-            return tuple(ip for ip in self.bpf["raw_stacks"][ctypes.c_int(stack_id)].ip if ip)
-        except KeyError:
-            return ()
+    # ---- unwind tables (bpf/unwind.h) -------------------------------------
+    @property
+    def unwinding(self) -> bool:
+        return self.opts.unwind_offsets is not None
 
-    def stack(self, stack_id: int) -> tuple[RawFrame, ...]:
-        if stack_id < 0:
-            return ()
+    def load_unwind_table(self, path: str) -> CfiTable | None:
+        """Give BPF the CFI table of the file at `path` (once per file); None if not loaded."""
         try:
-            value = self.bpf["stacks"][ctypes.c_int(stack_id)]
-        except KeyError:
-            # freed with an exited process that had the very same stack (no ASLR)
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = abi.FileKey(ino=st.st_ino, dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev))
+        if not self.unwinding or (key.ino, key.dev) in self._tables:
+            return None
+        self._tables.add((key.ino, key.dev))
+        table = cfi.load_table(path)
+        first = self._cfi_rows_used
+        if first + table.count > self.opts.max_cfi_rows:
+            self.tables_not_loaded.append(path)
+            return None
+        if table.count:
+            _update_array(self.bpf["cfi_rows"], first, abi.CfiRow, table.rows)
+        self._cfi_rows_used += table.count
+        self.bpf["cfi_modules"][key] = abi.CfiModule(
+            first=first, count=table.count, flags=abi.MOD_FP if table.has_frame_pointers else 0,
+            text_off=table.text_offset, build_id=(ctypes.c_uint8 * 20)(*table.build_id))
+        return table
+
+    def seed_exec_maps(self, tgid: int, maps: list[tuple[int, int, int, int, int]]) -> None:
+        """Executable mappings (start, end, file offset, dev, ino) of a process that was
+        running before tracing began (later ones are followed by the BPF side)."""
+        if not self.unwinding or not maps:
+            return
+        value = abi.ExecMaps(n=min(len(maps), abi.MAX_EXEC_MAPS))
+        for i, (start, end, pgoff, dev, ino) in enumerate(maps[:abi.MAX_EXEC_MAPS]):
+            value.m[i] = abi.ExecMap(start=start, end=end, pgoff=pgoff,
+                                     file=abi.FileKey(ino=ino, dev=dev))
+        self.bpf["exec_maps"][ctypes.c_uint32(tgid)] = value
+
+    def stack_record(self, stack_id: int) -> StackRecord | None:
+        """One stored stack; None when none was recorded (counted by the kernel)."""
+        if not stack_id:
+            return None
+        try:
+            value = self.bpf["stack_store"][ctypes.c_uint64(stack_id)]
+        except KeyError:  # freed: every entry is owned by one process, so never expected
             self.stacks_freed_early += 1
-            return ()
-        frames = []
-        for frame in value.frame:
-            if frame.status == 0:
-                break
-            build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
-            frames.append(RawFrame(build_id, frame.offset))
-        return tuple(frames)
+            return None
+        return _decode_stack(value)
+
+
+def _update_array(table: Any, first: int, row_type: Any, packed: bytes) -> None:
+    """Write consecutive array entries from `first` on, in one syscall where possible."""
+    count = len(packed) // ctypes.sizeof(row_type)
+    values = (row_type * count).from_buffer_copy(packed)
+    keys = (ctypes.c_int * count)(*range(first, first + count))
+    try:
+        table.items_update_batch(keys, values)
+        return
+    except Exception:  # noqa: BLE001 - kernels or map types without batch updates
+        pass
+    for i in range(count):
+        table[ctypes.c_int(first + i)] = values[i]
 
 
 def _multi_groups(sites: list[ProbeSite]) -> dict[tuple[str, bool], list[int]]:
@@ -687,6 +756,21 @@ def _collapsed_2d(mine: Any, theirs: Any) -> bool:
             and not hasattr(getattr(theirs, "_type_", None), "_length_"))
 
 
+def _decode_stack(value: abi.StackRec) -> StackRecord:
+    nr = min(value.nr, abi.STACK_DEPTH)
+    frames = []
+    for frame in value.frame[:nr]:
+        build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
+        file = None
+        if frame.status in (abi.FRAME_FILE, abi.FRAME_EXE_TEXT):
+            ino, dev = struct.unpack_from("<QI", bytes(frame.build_id))
+            file = (dev, ino)
+        frames.append(RawFrame(build_id, frame.offset if frame.status else 0, file,
+                               frame.status == abi.FRAME_EXE_TEXT))
+    return StackRecord(tuple(value.ip[:nr]), tuple(frames), UnwindMethod(value.method),
+                       Truncation(value.truncated), value.truncated_at)
+
+
 def _decode_event(raw: abi.Event) -> LifecycleEvent:
     argv = tuple(_argv_slot(bytes(raw.argv[i]))
                  for i in range(min(raw.argc, abi.ARGV_SLOTS)))
@@ -696,9 +780,9 @@ def _decode_event(raw: abi.Event) -> LifecycleEvent:
 
 
 def _decode_anomaly(raw: abi.Anomaly, type_name: Callable[[int], str]) -> AnomalyRecord:
-    where = StackRef(raw.stack_id, raw.raw_stack_id, raw.caller_ip)
-    alloc = (StackRef(raw.alloc_stack_id, raw.alloc_raw_stack_id, raw.alloc_caller_ip)
-             if raw.alloc_stack_id != -1 or raw.init_ns else None)
+    where = StackRef(raw.stack_id, raw.caller_ip)
+    alloc = (StackRef(raw.alloc_stack_id, raw.alloc_caller_ip)
+             if raw.alloc_stack_id or raw.init_ns else None)
     return AnomalyRecord(AnomalyKind(raw.anomaly), raw.tgid, raw.tid, raw.gen, raw.ts, raw.addr,
                          raw.count_before, type_name(raw.type_id), raw.name_ptr, where, alloc,
                          raw.init_ns, raw.released_ns)
@@ -715,15 +799,15 @@ def _decode_object(key: abi.ObjKey, val: abi.ObjVal, names: dict[int, str],
                    history: HistoryRecord | None = None) -> ObjectRecord:
     type_name = names.get(val.type_id, "") if val.type_id else ""
     return ObjectRecord(key.tgid, val.gen, key.addr, val.count, type_name, val.init_ns,
-                        val.stack_id, val.raw_stack_id, val.caller_ip, val.name_ptr, val.gets,
+                        val.stack_id, val.caller_ip, val.name_ptr, val.gets,
                         val.puts, history)
 
 
 def _decode_history(value: ctypes.Structure, depth: int) -> HistoryRecord:
     kept = min(value.n, depth)
     events = tuple(HistoryEvent(Role(e.op), e.count_after,
-                                StackRef(e.stack_id, e.raw_stack_id, e.caller_ip), e.ts)
+                                StackRef(e.stack_id, e.caller_ip), e.ts)
                    for e in value.e[:kept])
-    sites = tuple(SiteCount(Role(s.op), StackRef(s.stack_id, s.raw_stack_id, s.caller_ip),
+    sites = tuple(SiteCount(Role(s.op), StackRef(s.stack_id, s.caller_ip),
                             s.count) for s in value.site if s.count)
     return HistoryRecord(value.n, events, sites, value.site_overflow)

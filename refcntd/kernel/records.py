@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refcntd.kernel.abi import AnomalyKind, EventKind, Role
+from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Truncation, UnwindMethod
 
 
 @dataclass(frozen=True)
@@ -16,16 +16,30 @@ class RawFrame:
     """One frame of a build-id stack: resolvable after the process is gone."""
 
     build_id: str | None  # hex; None when the kernel fell back to a raw ip
-    offset: int  # file offset when build_id is set, else a raw virtual address
+    offset: int  # file offset when build_id or file is set, else a raw virtual address
+    file: tuple[int, int] | None = None  # (kernel dev, inode) when no build-id was known
+    text_relative: bool = False  # offset is from the executable segment's start, not the file
 
 
 @dataclass(frozen=True)
 class StackRef:
-    """A stack as the kernel stored it: both walks plus the caller read at the probe."""
+    """A stack as the kernel stored it (key in its stack store, 0: none) and the
+    caller's return address read at the probe (0 when it is in the stack)."""
 
     stack_id: int
-    raw_stack_id: int
     caller_ip: int
+
+
+@dataclass(frozen=True)
+class StackRecord:
+    """One stored stack: return addresses, the same frames as (build-id, file
+    offset), and how the walk went."""
+
+    ips: tuple[int, ...]
+    frames: tuple[RawFrame, ...]
+    method: UnwindMethod
+    truncated: Truncation  # Truncation.NONE: the walk reached its end
+    truncated_at: int  # frame index where the walk stopped
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,6 @@ class ObjectRecord:
     type_name: str
     init_ns: int
     stack_id: int
-    raw_stack_id: int
     caller_ip: int
     name_ptr: int
     gets: int

@@ -46,12 +46,21 @@ class InstanceJson(TypedDict):
     history: NotRequired[list[HistoryStepJson]]
 
 
+class UnwindJson(TypedDict):
+    """How a stack was obtained (frame pointers, CFI, mixed) and where it was cut."""
+
+    method: str
+    truncated_at: NotRequired[int]
+    reason: NotRequired[str]
+
+
 class GroupJson(TypedDict):
     type: str
     objects: int
     stack_truncated: bool
     stack: list[FrameJson]
     culprits: list[CulpritJson]
+    unwind: NotRequired[UnwindJson]
     instances: NotRequired[list[InstanceJson]]  # absent only inside stream_json
 
 

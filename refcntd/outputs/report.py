@@ -17,6 +17,7 @@ from refcntd.analysis.model import (
     LeakGroup,
     ProcessReport,
     RunResult,
+    StackUnwind,
     TracingStatus,
 )
 from refcntd.outputs.jsontypes import (
@@ -28,6 +29,7 @@ from refcntd.outputs.jsontypes import (
     ProcessJson,
     RunJson,
     TracingJson,
+    UnwindJson,
 )
 from refcntd.symbolize.symbolizer import Frame
 
@@ -89,8 +91,10 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
              f"(final count {count_text}) allocated at:"]
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
-    if g.stack_truncated:
-        lines.append("    (stack likely truncated: frames without frame pointers end the walk)")
+    if g.unwind.truncated_at is not None:
+        lines.append(f"    (stack {g.unwind.describe()})")
+    elif g.stack_truncated:
+        lines.append("    (stack likely truncated: it does not reach main or a thread start)")
     lines += render_culprits(g)
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
@@ -194,6 +198,7 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
     """Without `instances` the key is left out (stream_json writes them itself)."""
     out: GroupJson = {
         "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
+        "unwind": unwind_json(g.unwind),
         "stack": [frame_json(f) for f in g.frames],
         "culprits": [{"kind": c.kind, "function": c.function.function,
                       "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
@@ -202,6 +207,15 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
     }
     if instances:
         out["instances"] = [instance_json(o) for o in g.objects]
+    return out
+
+
+def unwind_json(u: StackUnwind) -> UnwindJson:
+    """How the stack was obtained: {"method"} plus {"truncated_at", "reason"} when cut."""
+    out: UnwindJson = {"method": u.method}
+    if u.truncated_at is not None:
+        out["truncated_at"] = u.truncated_at
+        out["reason"] = u.reason
     return out
 
 

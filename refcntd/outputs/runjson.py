@@ -16,6 +16,7 @@ from refcntd.analysis.model import (
     ProbeStatus,
     ProcessReport,
     RunResult,
+    StackUnwind,
     TracingStatus,
 )
 from refcntd.errors import UsageError
@@ -26,6 +27,7 @@ from refcntd.outputs.jsontypes import (
     InstanceJson,
     ProcessJson,
     RunJson,
+    UnwindJson,
 )
 from refcntd.outputs.report import JSON_SCHEMA, JSON_VERSION
 from refcntd.symbolize.symbolizer import Frame
@@ -77,8 +79,11 @@ def _group(g: GroupJson) -> LeakGroup:
     culprits = [Culprit(c["kind"], _frames(c["stack"])[-1] if c["stack"] else Frame("", 0),
                         _frames(c["stack"]), c["objects"], c["references"], c["released_uses"])
                 for c in g.get("culprits", [])]
-    return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g["instances"]],
-                     g.get("stack_truncated", False), culprits)
+    no_unwind: UnwindJson = {"method": ""}  # reports written before stacks said how
+    u = g.get("unwind", no_unwind)
+    unwind = StackUnwind(u["method"], u.get("truncated_at"), u.get("reason", ""))
+    return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g.get("instances", [])],
+                     g.get("stack_truncated", False), culprits, unwind)
 
 
 def _object(i: InstanceJson) -> LeakedObject:

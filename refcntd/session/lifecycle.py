@@ -193,7 +193,7 @@ def _stack_refs(records: list[ObjectRecord] | ObjectColumns, anomalies: list[Ano
         refs = records.stack_refs()
         records = []
     else:
-        refs = [StackRef(r.stack_id, r.raw_stack_id, r.caller_ip) for r in records]
+        refs = [StackRef(r.stack_id, r.caller_ip) for r in records]
     for r in records:
         if r.history:
             refs += [e.where for e in r.history.events] + [s.where for s in r.history.sites]

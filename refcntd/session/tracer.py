@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -28,6 +28,7 @@ from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
+from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
 from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
 
 POLL_MS = 100
@@ -82,7 +83,9 @@ def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOpti
                          exit_code_offset=btf.member_offset("task_struct", "exit_code"),
                          loader_probe=has_loader,
                          history=opts.history, history_depth=opts.history_depth,
-                         comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id)
+                         comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
+                         unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
+                         else btf.unwind_offsets())
 
 
 def _load_kernel(kopts: KernelOptions, plan: Plan, early: BackgroundCompile | None) -> Kernel:
@@ -107,14 +110,17 @@ class Tracer:
                  on_report: Callable[[ProcessReport], None],
                  early: BackgroundCompile | None = None) -> None:
         self.plan = plan
+        self.filtered = filtered
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
         self.kernel = _load_kernel(kopts, plan, early)
+        self.unwind = UnwindTables(self.kernel)
+        self.unwind.add(plan.modules)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
-        stacks = StackSource(self.kernel.stack, self.kernel.raw_stack)
+        stacks = StackSource(self.kernel.stack_record)
         sym = Symbolizer(self.index, call_site_frames(plan))
         self.tracker = SessionTracker(self.kernel, stacks, sym, self._report)
         if opts.comm_filter:
@@ -151,7 +157,11 @@ class Tracer:
             return
         if ev.kind == EventKind.LIBRARY:
             self.index.add_library(ev.path)
+            self.unwind.add([ev.path])
             return
+        if ev.kind == EventKind.EXECVE and ev.path.startswith("/") and self.filtered:
+            self.index.add_library(ev.path)  # system-wide, every exec on the host comes here
+            self.unwind.add([ev.path])
         if ev.kind in (EventKind.PROC, EventKind.FORK):
             self.index.add_process_maps(f"/proc/{ev.tgid}/maps")
         self.tracker.handle(ev)
@@ -186,6 +196,9 @@ class Tracer:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
+        notes += [f"no unwind table for {f}" for f in self.unwind.failed]
+        notes += [f"unwind table not loaded (table space full): {p}"
+                  for p in self.kernel.tables_not_loaded]
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 
@@ -241,6 +254,7 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
     result = RunResult("run", plan.spec.name, command[0])
     with Tracer(plan, filtered=True, opts=opts, on_report=on_report, early=early) as tracer:
         tracer.start()
+        tracer.unwind.add([p for p in [command_path(command)] if p])
         with progress.stage("per-process setup"):
             child = Child(command)
             root_gen = tracer.kernel.register_process(child.pid)
@@ -371,6 +385,10 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                     gen = tracer.kernel.register_process(tgid)
                     tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
                     tracer.index.add_process_maps(f"/proc/{tgid}/maps")
+                    tracer.unwind.seed_process(tgid)
+                if pid is None:
+                    for tgid in _processes_mapping(plan.modules):
+                        tracer.unwind.seed_process(tgid)
             ready()
             while not flag.stop:
                 tracer.poll()
@@ -378,6 +396,16 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _processes_mapping(modules: Iterable[str]) -> list[int]:
+    """Running processes that map one of `modules` (their stacks need seeded mappings)."""
+    names = {str(Path(m).resolve()) for m in modules}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")}:
+            found.append(int(entry.name))
+    return found
 
 
 def _process_tree(root: int) -> list[int]:

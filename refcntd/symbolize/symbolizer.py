@@ -10,10 +10,12 @@ reveals for every module on it.
 from __future__ import annotations
 
 import bisect
+import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from refcntd.binary.elf import ElfImage, read_build_id
 from refcntd.errors import BinaryError
@@ -93,11 +95,18 @@ class BuildIdIndex:
 
     def __init__(self) -> None:
         self._by_id: dict[str, str] = {}
+        self._by_file: dict[tuple[int, int], str] = {}  # (kernel dev, inode) -> path
         self._scanned: set[str] = set()
         self._dirs: list[str] = []
         self._seen: set[str] = set()
 
     def add(self, path: str) -> str | None:
+        try:
+            st = os.stat(path)
+            self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev),
+                                      st.st_ino), str(Path(path).resolve()))
+        except OSError:
+            pass
         build_id = read_build_id(path)
         if build_id:
             self._by_id.setdefault(build_id, str(Path(path).resolve()))
@@ -124,14 +133,22 @@ class BuildIdIndex:
         if directory not in self._dirs:
             self._dirs.append(directory)
 
+    def find_file(self, file: tuple[int, int]) -> str | None:
+        """A file known by (kernel dev, inode): libraries reported by ld.so, probed modules,
+        exec'ed programs, else found in the directories searched for build-ids."""
+        return self._lookup(self._by_file, file)
+
     def find(self, build_id: str) -> str | None:
-        if build_id in self._by_id:
-            return self._by_id[build_id]
+        return self._lookup(self._by_id, build_id)
+
+    def _lookup(self, table: Mapping[Any, str], key: object) -> str | None:
+        if key in table:
+            return table[key]
         for directory in [*self._dirs, *SYSTEM_LIB_DIRS]:
             if directory not in self._scanned:
                 self._scan(directory)
-                if build_id in self._by_id:
-                    return self._by_id[build_id]
+                if key in table:
+                    return table[key]
         return None
 
     def _scan(self, directory: str) -> None:
@@ -176,8 +193,12 @@ class Symbolizer:
         out: list[tuple[str, int] | None] = []
         for frame in frames:
             path = self.index.find(frame.build_id) if frame.build_id else None
+            if frame.file is not None:
+                path = self.index.find_file(frame.file)
             mod = self.module(path) if path else None
             vaddr = mod.image.offset_to_vaddr(frame.offset) if mod else None
+            if mod and frame.text_relative:
+                vaddr = min(s.vaddr for s in mod.image.segments if s.executable) + frame.offset
             out.append((path, vaddr) if path and mod and vaddr is not None else None)
         return out
 

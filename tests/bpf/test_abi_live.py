@@ -10,10 +10,13 @@ def test_every_map_struct_is_checked_against_the_compiled_program(bpf):
     from refcntd.kernel.loader import Kernel, KernelOptions
 
     os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
+    from refcntd.kernel.btf import unwind_offsets
     with Kernel(KernelOptions(filtered=True, has_delete=True, history=("all",),
-                              history_depth=32), []) as kernel:
+                              history_depth=32, unwind_offsets=unwind_offsets()), []) as kernel:
         checked = kernel.layout_checked
     # The records that carry every field user space decodes: objects, events,
-    # anomalies, history (at a non-default depth), stacks, processes, types.
-    assert {"obj_key", "obj_val", "event", "anomaly", "hist_val", "stack_frames", "proc_val",
-            "type_name", "type_totals", "grave_val", "site_key", "probe_cfg"} <= checked
+    # anomalies, history (at a non-default depth), stacks, processes, types,
+    # and what the CFI unwinder reads (tables, modules, mappings).
+    assert {"obj_key", "obj_val", "event", "anomaly", "hist_val", "stack_rec", "proc_val",
+            "type_name", "type_totals", "grave_val", "site_key", "probe_cfg", "proc_stack",
+            "cfi_row", "cfi_module", "file_key", "exec_maps", "mmap_args"} <= checked

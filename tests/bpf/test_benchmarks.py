@@ -35,3 +35,18 @@ def test_benchmark_smoke(bpf, tmp_path):
     assert [a["call_sites"] for a in data["attach_sites"]] == [10, 100]
     assert all(a["probes"] == a["call_sites"] for a in data["attach_sites"])
     assert (tmp_path / "results.md").read_text().startswith("# refcntd benchmark results")
+
+
+def test_unwind_benchmark_smoke(bpf, tmp_path):
+    """CFI vs frame-pointer rows and the table sizes: every depth reported in full."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/unwind.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "unwind.json").read_text())
+    assert len(data["stacks"]) == 9 and set(data["ratios"]) == {"8", "16", "32"}
+    for row in data["stacks"]:
+        assert row["ns_per_pair"] > 0 and row["bpf_ns_per_pair"] > 0
+        if row["case"] == "no frame pointers, CFI":  # the walk reaches _start at every depth
+            assert row["frames_reported"] == row["depth"] and "truncated_at" not in row["unwind"]
+    assert {t["module"] for t in data["tables"]} >= {"libc", "libgobject"}
+    assert all(t["rows"] > 0 for t in data["tables"] if not t.get("missing"))

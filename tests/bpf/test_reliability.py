@@ -155,11 +155,12 @@ def test_many_short_processes_each_reported_exactly_once(bpf, build, tmp_path):
     for process in exited:  # objects, types and counts exact in every report
         assert leak_summary(process) == dict(PERFLIKE_LEAKS, map=[1, 1, 1, 1])
     lost = report["tracing"]["lost"]
-    # No lifecycle event may be lost.  Stack-store hash collisions are a known gap
-    # (RELIABILITY.md): they must be counted, never silent, and reported as incomplete.
-    assert set(lost) <= {"allocation stacks lost to stack-store collisions",
-                         "raw stacks not captured (some frames may stay unplaced)"}, lost
-    assert report["tracing"]["complete"] == (not lost)
+    assert lost == {}, lost  # no event and no stack lost: the stack store is content-addressed
+    assert report["tracing"]["complete"]
+    assert code == 0
+    for process in exited:  # every object has its allocation stack, down to main
+        for group in process["groups"]:
+            assert "main" in [f.get("function") for f in group["stack"]], group
     print(f"\n{count} processes, {len(exited)} reports, lost: {lost}, "
           f"RSS {baseline} -> {after} KiB")
     assert after - baseline < 40 * 1024, (baseline, after)  # KiB: no per-process growth

@@ -22,7 +22,7 @@ def _columns(n: int, tgid: int = 7):
         keys[i].tgid, keys[i].addr = tgid if i % 5 else tgid + 1, rng.getrandbits(47) << 4
         v = values[i]
         v.count, v.gets, v.puts, v.gen = rng.randint(-2, 9), rng.randint(0, 99), i % 7, 3
-        v.type_id, v.stack_id, v.raw_stack_id = (i % 3) + 1, -1, -1
+        v.type_id, v.stack_id = (i % 3) + 1, 0
         v.init_ns, v.caller_ip = rng.randint(0, NOW), (i % 2) * 0x401000
     builder = ColumnBuilder(abi.ObjKey, abi.ObjVal)
     builder.add(keys, values, n, [i for i in range(n) if keys[i].tgid == tgid])
@@ -33,7 +33,7 @@ def _columns(n: int, tgid: int = 7):
 
 def test_columns_report_like_records() -> None:
     objs = _columns(500)
-    stacks = StackSource(lambda _i: (), lambda _i: ())
+    stacks = StackSource(lambda _i: None)
     sym = Symbolizer(BuildIdIndex())
     fast = group_columns(objs, stacks, sym, NOW)
     slow = group_leaks(list(objs), stacks, sym, NOW)
@@ -45,15 +45,14 @@ def test_columns_report_like_records() -> None:
         assert f.objects.counts() == sorted({o.count for o in s.objects})
     assert [report.render_group(g, "leaked") for g in fast] == \
         [report.render_group(g, "leaked") for g in slow]
-    assert {(r.stack_id, r.raw_stack_id, r.caller_ip) for r in objs.stack_refs()} == \
-        {(-1, -1, 0), (-1, -1, 0x401000)}
+    assert {(r.stack_id, r.caller_ip) for r in objs.stack_refs()} == {(0, 0), (0, 0x401000)}
     assert len(objs.stack_refs()) == 2
 
 
 def test_columns_stream_the_same_json(tmp_path) -> None:
     from refcntd.analysis.model import ProcessReport, RunResult
     objs = _columns(300)
-    stacks = StackSource(lambda _i: (), lambda _i: ())
+    stacks = StackSource(lambda _i: None)
     sym = Symbolizer(BuildIdIndex())
     docs = []
     for groups in (group_columns(objs, stacks, sym, NOW), group_leaks(list(objs), stacks,

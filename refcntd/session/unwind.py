@@ -1,0 +1,97 @@
+"""Which modules get CFI tables, and when: before the traced code runs where possible.
+
+The BPF unwinder (bpf/unwind.h) follows each process's executable mappings
+itself, but the tables must be in the kernel before a stack passes through
+a module.  They are loaded for the probed modules, the command of `run`,
+the processes found at attach, and everything those link against (ldd),
+before tracing starts; for libraries dlopen'ed later and programs exec'ed
+later as soon as their event arrives (stacks recorded before then use
+frame pointers there, or stop with "no unwind table", counted).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+from refcntd.errors import BinaryError
+from refcntd.kernel.cfi import CfiTable
+
+_LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
+
+
+class UnwindKernel(Protocol):
+    @property
+    def unwinding(self) -> bool: ...
+    def load_unwind_table(self, path: str) -> CfiTable | None: ...
+    def seed_exec_maps(self, tgid: int, maps: list[tuple[int, int, int, int, int]]) -> None: ...
+
+
+class UnwindTables:
+    """Loads each file's table once; remembers the files that could not be read."""
+
+    def __init__(self, kernel: UnwindKernel) -> None:
+        self.kernel = kernel
+        self._done: set[str] = set()
+        self.failed: list[str] = []
+
+    def add(self, paths: Iterable[str], with_deps: bool = True) -> None:
+        if not self.kernel.unwinding:
+            return
+        for path in paths:
+            if path in self._done:
+                continue
+            for module in [path, *(linked_libraries(path) if with_deps else [])]:
+                self._load(module)
+
+    def _load(self, path: str) -> None:
+        if path in self._done:
+            return
+        self._done.add(path)
+        try:
+            self.kernel.load_unwind_table(path)
+        except (BinaryError, OSError) as err:
+            self.failed.append(f"{path}: {err}")
+
+    def seed_process(self, tgid: int) -> None:
+        """A process running before tracing began: its mappings and their tables."""
+        if not self.kernel.unwinding:
+            return
+        maps = exec_mappings(Path(f"/proc/{tgid}/maps"))
+        self.add({m[0] for m in maps}, with_deps=False)
+        self.kernel.seed_exec_maps(tgid, [m[1:] for m in maps])
+
+
+def command_path(command: list[str]) -> str | None:
+    found = shutil.which(command[0]) if command else None
+    return str(Path(found).resolve()) if found else None
+
+
+def linked_libraries(path: str) -> list[str]:
+    """The shared libraries `path` loads at start (ldd; empty for static or non-ELF files)."""
+    try:
+        out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [m[1] for m in map(_LDD_PATH.search, out.splitlines()) if m]
+
+
+def exec_mappings(maps_file: Path) -> list[tuple[str, int, int, int, int, int]]:
+    """(path, start, end, file offset, kernel dev, inode) of each executable file mapping."""
+    try:
+        lines = maps_file.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for fields in (line.split(None, 5) for line in lines):
+        if len(fields) < 6 or "x" not in fields[1] or not fields[5].startswith("/"):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        major, minor = (int(x, 16) for x in fields[3].split(":"))
+        out.append((fields[5], start, end, int(fields[2], 16), major << 20 | minor,
+                    int(fields[4])))
+    return out

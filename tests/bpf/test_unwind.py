@@ -1,0 +1,95 @@
+"""Stacks through code without frame pointers (CFI unwinding in BPF), and how
+each stack says it was obtained.  Fixtures are built like Debian builds:
+-O2 -fomit-frame-pointer, stubs included."""
+
+from __future__ import annotations
+
+from conftest import EXAMPLES, FIXTURES, ROOT, cc, refcntd
+from test_run import lib_spec
+
+NOFP = ["-O2", "-fomit-frame-pointer"]
+
+
+def functions(stack: list[dict]) -> list[str]:
+    return [f.get("function", "") for f in stack]
+
+
+def test_library_and_program_without_frame_pointers(bpf, tmp_path):
+    lib = cc(tmp_path / "lib" / "libdeep.so", [FIXTURES / "deeplib.c", EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fPIC", "-shared"])
+    exe = cc(tmp_path / "deepmain", [FIXTURES / "deepmain.c"],
+             [*NOFP, f"-L{lib.parent}", "-ldeep", f"-Wl,-rpath,{lib.parent}"])
+    result = refcntd(["run", "--spec", str(lib_spec(tmp_path, lib)), "--", str(exe)],
+                     tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    assert sum(g["objects"] for g in process["groups"]) == 2
+    for group in process["groups"]:  # main calls app_setup at two places: two stacks
+        names = functions(group["stack"])
+        assert names[:7] == ["__refcnt__init", "gadget_alloc", "gadget_build", "gadget_new",
+                             "app_make", "app_setup", "main"], group["stack"]
+        assert group["stack"][3]["module"] == str(lib.resolve())
+        assert group["stack"][6]["module"] == str(exe.resolve())
+        assert group["unwind"] == {"method": "CFI unwind tables"}, group["unwind"]
+        assert not group["stack_truncated"]
+    assert result.report["tracing"]["complete"], result.report["tracing"]
+    assert "truncated" not in result.stdout
+
+
+def test_anomaly_stack_through_a_library_without_frame_pointers(bpf, tmp_path):
+    lib = cc(tmp_path / "lib" / "libdeep.so", [FIXTURES / "deeplib.c", EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fPIC", "-shared"])
+    exe = cc(tmp_path / "deepmain", [FIXTURES / "deepmain.c"],
+             [*NOFP, f"-L{lib.parent}", "-ldeep", f"-Wl,-rpath,{lib.parent}"])
+    result = refcntd(["run", "--spec", str(lib_spec(tmp_path, lib)), "--", str(exe), "twice"],
+                     tmp_path / "r.json")
+    (process,) = result.report["processes"]
+    (anomaly,) = [a for a in process["anomalies"] if not a["separate"]]
+    assert anomaly["kind"] == "double-put", anomaly
+    assert functions(anomaly["stack"])[:4] == ["__refcnt__put", "gadget_release", "app_drop",
+                                               "main"], anomaly["stack"]
+    assert functions(anomaly["alloc_stack"])[:5] == ["__refcnt__init", "gadget_alloc",
+                                                     "gadget_build", "gadget_new", "main"]
+
+
+def test_usdt_probe_in_a_library_without_frame_pointers(bpf, build, tmp_path):
+    out, probes = build.usdt_objects("-O2")
+    flags = [*NOFP, f"-I{out}", f"-I{FIXTURES}"]
+    lib = cc(tmp_path / "nofp" / "libwidget.so", [FIXTURES / "widget.c", probes],
+             [*flags, "-fPIC", "-shared"])
+    exe = cc(tmp_path / "nofp" / "widgetmain", [FIXTURES / "widgetmain.c"],
+             [*flags, f"-L{lib.parent}", "-lwidget", f"-Wl,-rpath,{lib.parent}"])
+    spec = tmp_path / "usdt-lib.yaml"
+    spec.write_text((ROOT / "configs/specs/example-usdt.yaml").read_text()
+                    .replace("roles:\n", f"library: {lib}\nroles:\n"))
+    result = refcntd(["run", "--spec", str(spec), "--", str(exe)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    assert sorted(i["count"] for g in process["groups"] for i in g["instances"]) == [1, 2]
+    for group in process["groups"]:
+        names = functions(group["stack"])
+        assert "work" in names and "main" in names, group["stack"]  # callers in the program
+        work = group["stack"][names.index("work")]
+        assert work["module"] == str(exe.resolve())
+        assert group["unwind"]["method"] in ("CFI unwind tables", "frame pointers and CFI")
+
+
+def test_dlclosed_library_frames_named_host_without_frame_pointers(bpf, build, tmp_path):
+    """The plugin's table cannot reach the kernel between dlopen and its first
+    object: its frames are placed by file, stepped by its frame pointers."""
+    lib = cc(tmp_path / "stubs" / "librefcnt.so", [EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fPIC", "-shared"])
+    plugin = cc(tmp_path / "plugins" / "libplugin.so", [FIXTURES / "plugin.c"],
+                ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", f"-L{lib.parent}",
+                 "-lrefcnt", f"-Wl,-rpath,{lib.parent}"])
+    host = cc(tmp_path / "dlhost", [FIXTURES / "dlhost.c"], [*NOFP, "-ldl"])
+    result = refcntd(["run", "--spec", str(lib_spec(tmp_path, lib)), "--", str(host),
+                      str(plugin)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    (group,) = process["groups"]
+    names = functions(group["stack"])
+    assert names[:4] == ["__refcnt__init", "widget_new", "plugin_run", "main"], group["stack"]
+    assert group["stack"][1]["module"] == str(plugin.resolve())
+    assert group["stack"][1].get("file", "").endswith("plugin.c")
+    assert group["unwind"]["method"] == "frame pointers and CFI"
