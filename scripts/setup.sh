@@ -4,7 +4,9 @@
 #   - Debian's bcc (python3-bpfcc, not on PyPI) and bpftool
 #   - kernel headers: the generic linux-headers-amd64; refcntd merges its
 #     -common and -amd64 trees itself at run time (see refcntd/kheaders.py)
-#   - gcc and systemtap-sdt-dev to build the examples and test fixtures
+#   - gcc and systemtap-sdt-dev to build the examples and test fixtures;
+#     libglib2.0-dev + pkg-config for the GLib fixture, debuginfod for the
+#     test that symbolizes through a debuginfod server
 #   - a venv in .venv, made from /usr/bin/python3 with --system-site-packages
 #     so it sees bcc, with refcntd installed editable
 set -euo pipefail
@@ -16,7 +18,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
-          gcc libc6-dev make binutils systemtap-sdt-dev systemd curl)
+          gcc libc6-dev make binutils systemtap-sdt-dev systemd curl
+          debuginfod libglib2.0-dev pkg-config)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

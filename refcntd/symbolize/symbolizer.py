@@ -4,20 +4,27 @@ Works after the traced process is gone: frames arrive as (build-id, file
 offset) and build-ids are looked up in an index of ELF files on disk.  Raw
 addresses (the caller's return address read at the probe, the type-name
 pointer) are placed with the load biases that the paired raw-address stack
-reveals for every module on it.
+reveals for every module on it.  Stripped modules get their symbols and
+lines from separate debug files (debugfiles.py), JIT code from the
+process's perf map (perfmap.py), and files of processes in other mount
+namespaces are read through /proc/PID/root and kept open, so that they can
+still be read after the process (and perhaps its container) is gone.
 """
 
 from __future__ import annotations
 
-import bisect
+import os
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from refcntd.binary.elf import ElfImage, read_build_id
+from refcntd.binary.elf import read_build_id
 from refcntd.errors import BinaryError
 from refcntd.kernel.records import RawFrame
+from refcntd.symbolize.debugfiles import DebugFileFinder
+from refcntd.symbolize.modules import ModuleSymbols
+from refcntd.symbolize.perfmap import PerfMap
 
 SYSTEM_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib",
                    "/lib64", "/usr/lib64")
@@ -49,36 +56,6 @@ class Frame:
         return f"{where}{src} ({self.module})"
 
 
-@dataclass
-class ModuleSymbols:
-    path: str
-    image: ElfImage
-    starts: list[int] = field(default_factory=list)
-    names: list[tuple[str, int, int]] = field(default_factory=list)  # name, start, size
-
-    @classmethod
-    def load(cls, path: str) -> ModuleSymbols:
-        image = ElfImage(path)
-        syms = sorted((s.vaddr, s.name, s.size) for group in image.symbols.values()
-                      for s in group if s.vaddr)
-        mod = cls(path, image)
-        mod.starts = [s[0] for s in syms]
-        mod.names = [(name, start, size) for start, name, size in syms]
-        return mod
-
-    def lookup(self, vaddr: int) -> tuple[str, int]:
-        i = bisect.bisect_right(self.starts, vaddr) - 1
-        if i < 0:
-            return "", 0
-        name, start, size = self.names[i]
-        if size and vaddr >= start + size:
-            return "", 0
-        return name, vaddr - start
-
-    def contains(self, vaddr: int) -> bool:
-        return any(s.vaddr <= vaddr < s.vaddr + s.memsz for s in self.image.segments)
-
-
 class BuildIdIndex:
     """build-id -> path, filled from known modules and, on a miss, nearby directories."""
 
@@ -87,6 +64,8 @@ class BuildIdIndex:
         self._scanned: set[str] = set()
         self._dirs: list[str] = []
         self._seen: set[str] = set()
+        self._names: dict[str, str] = {}  # held-open path -> path inside its namespace
+        self._held: dict[tuple[int, int], str] = {}  # (dev, inode) -> held-open path
 
     def add(self, path: str) -> str | None:
         build_id = read_build_id(path)
@@ -96,14 +75,44 @@ class BuildIdIndex:
         return build_id
 
     def add_process_maps(self, maps_file: str) -> None:
-        """Index every file a live process maps (best effort: it may be gone already)."""
+        """Index every file a live process maps (best effort: it may be gone already).
+
+        A process in another mount namespace names files of its own root:
+        they are opened through /proc/PID/root and held open.
+        """
+        proc = Path(maps_file).parent
         try:
             lines = open(maps_file).read().splitlines()
+            foreign = _mount_ns(proc) != _mount_ns(Path("/proc/self"))
         except OSError:
             return
         for fields in (line.split(None, 5) for line in lines):
-            if len(fields) == 6:
-                self.add_library(fields[5])
+            if len(fields) == 6 and fields[5].startswith("/"):
+                if foreign:
+                    self.add_foreign(proc / "root", fields[5])
+                else:
+                    self.add_library(fields[5])
+
+    def add_foreign(self, root: Path, path: str) -> None:
+        """A file of another mount namespace: indexed by build-id, kept open."""
+        try:
+            fd = os.open(f"{root}{path}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in self._held:
+            os.close(fd)
+            return
+        held = f"/proc/{os.getpid()}/fd/{fd}"
+        self._held[(st.st_dev, st.st_ino)] = held
+        self._names[held] = f"{path} (in {root})"
+        build_id = read_build_id(held)
+        if build_id:
+            self._by_id.setdefault(build_id, held)
+
+    def display_name(self, path: str) -> str:
+        """How the report names a module: its own path, as its process saw it."""
+        return self._names.get(path, path)
 
     def add_library(self, path: str) -> None:
         """A path the dynamic loader reported; indexed once."""
@@ -136,6 +145,10 @@ class BuildIdIndex:
                 self.add(str(entry))
 
 
+def _mount_ns(proc: Path) -> str:
+    return os.readlink(proc / "ns" / "mnt")
+
+
 def _looks_like_elf(path: Path) -> bool:
     try:
         with path.open("rb") as f:
@@ -147,18 +160,28 @@ def _looks_like_elf(path: Path) -> bool:
 class Symbolizer:
     """Caches symbol tables and source lines per module across many reports."""
 
-    def __init__(self, index: BuildIdIndex) -> None:
+    def __init__(self, index: BuildIdIndex, finder: DebugFileFinder | None = None) -> None:
         self.index = index
+        self.finder = finder if finder is not None else DebugFileFinder()
         self._modules: dict[str, ModuleSymbols | None] = {}
         self._lines: dict[tuple[str, int], tuple[str, int]] = {}
 
     def module(self, path: str) -> ModuleSymbols | None:
-        if path not in self._modules:
-            try:
-                self._modules[path] = ModuleSymbols.load(path)
-            except BinaryError:
-                self._modules[path] = None
+        cached = self._modules.get(path)
+        if path not in self._modules or (cached is not None and cached.pending
+                                         and not self.finder.running(cached.image)):
+            self._modules[path] = self._load(path)
         return self._modules[path]
+
+    def _load(self, path: str) -> ModuleSymbols | None:
+        """Loaded again while its debug file is still downloading; lines learnt anew."""
+        try:
+            mod = ModuleSymbols.load(path, self.finder)
+        except BinaryError:
+            return None
+        if path in self._modules:
+            self._lines = {k: v for k, v in self._lines.items() if k[0] != path}
+        return mod
 
     def place_frames(self, frames: Iterable[RawFrame]) -> list[tuple[str, int] | None]:
         """(module path, vaddr) per build-id frame; None where it cannot be placed."""
@@ -201,7 +224,15 @@ class Symbolizer:
         mod = self.module(path)
         function, offset = mod.lookup(vaddr) if mod else ("", 0)
         file, line = self.source_line(path, vaddr - 1 if return_address else vaddr)
-        return Frame(path, vaddr, function, offset, file, line)
+        return Frame(self.index.display_name(path), vaddr, function, offset, file, line)
+
+    @staticmethod
+    def jit_frame(perf_map: PerfMap | None, ip: int, raw: str) -> Frame | None:
+        """A frame in JIT code the process described in its perf map."""
+        found = perf_map.lookup(ip) if perf_map is not None else None
+        if found is None:
+            return None
+        return Frame(perf_map.path if perf_map else "", ip, found[0], found[1], raw=raw)
 
     def source_line(self, path: str, vaddr: int) -> tuple[str, int]:
         key = (path, vaddr)
@@ -213,10 +244,11 @@ class Symbolizer:
         """One addr2line run per module for many addresses (no-op without DWARF)."""
         todo = sorted({v for v in vaddrs if (path, v) not in self._lines})
         mod = self.module(path)
-        if not todo or mod is None or not mod.image.has_debug_info:
+        lines_path = mod.lines_path if mod is not None else None
+        if not todo or lines_path is None:
             self._lines.update({(path, v): ("", 0) for v in todo})
             return
-        for vaddr, loc in zip(todo, _addr2line(path, todo), strict=True):
+        for vaddr, loc in zip(todo, _addr2line(lines_path, todo), strict=True):
             self._lines[(path, vaddr)] = loc
 
 
