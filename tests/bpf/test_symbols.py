@@ -127,3 +127,17 @@ def test_debug_file_found_through_debuginfod(bpf, stripped, debuginfod_server, t
     result = refcntd(["run", "--spec", str(spec), "--", str(prog)], tmp_path / "r.json", env=env)
     assert_named_with_lines(result)
     assert (tmp_path / "cache" / "debuginfod" / build_id / "debuginfo").is_file()
+
+
+def test_jit_frame_named_through_perf_map(bpf, build, tmp_path):
+    """A frame in anonymous executable memory is named from /tmp/perf-PID.map."""
+    exe = build.program("jitmap", [FIXTURES / "jitmap.c"], "O2")
+    result = refcntd(["run", "--", str(exe)], tmp_path / "r.json")
+    (process,) = result.report["processes"]
+    Path(f"/tmp/perf-{process['pid']}.map").unlink()
+    assert result.returncode == 23, result.stderr
+    assert leak_summary(process) == {"widget": [2]}
+    (group,) = process["groups"]
+    assert functions(group)[:4] == ["__refcnt__init", "make_widget",
+                                    "jitted_trampoline [JIT] tier-1", "main"], group["stack"]
+    assert group["stack"][2]["module"] == f"/tmp/perf-{process['pid']}.map"
