@@ -64,8 +64,9 @@ class BuildIdIndex:
         self._scanned: set[str] = set()
         self._dirs: list[str] = []
         self._seen: set[str] = set()
-        self._names: dict[str, str] = {}  # held-open path -> path inside its namespace
+        self._names: dict[str, str] = {}  # held-open path -> /proc/PID/root/path
         self._held: dict[tuple[int, int], str] = {}  # (dev, inode) -> held-open path
+        self._roots: dict[int, tuple[int, str]] = {}  # tgid -> (root fd, /proc/PID/root)
 
     def add(self, path: str) -> str | None:
         build_id = read_build_id(path)
@@ -75,26 +76,65 @@ class BuildIdIndex:
         return build_id
 
     def add_process_maps(self, maps_file: str) -> None:
-        """Index every file a live process maps (best effort: it may be gone already).
-
-        A process in another mount namespace names files of its own root:
-        they are opened through /proc/PID/root and held open.
-        """
+        """Index every file a live process maps (best effort: it may be gone already)."""
         proc = Path(maps_file).parent
+        tgid = int(proc.name) if proc.name.isdigit() else None
+        if tgid is not None:
+            self.watch_process(tgid)
         try:
             lines = open(maps_file).read().splitlines()
-            foreign = _mount_ns(proc) != _mount_ns(Path("/proc/self"))
         except OSError:
             return
         for fields in (line.split(None, 5) for line in lines):
-            if len(fields) == 6 and fields[5].startswith("/"):
-                if foreign:
-                    self.add_foreign(proc / "root", fields[5])
-                else:
-                    self.add_library(fields[5])
+            if len(fields) == 6:
+                self.add_library(fields[5], tgid)
 
-    def add_foreign(self, root: Path, path: str) -> None:
+    def watch_process(self, tgid: int) -> None:
+        """Hold the root of a process in another mount namespace (containers).
+
+        Its paths name files of its own root.  An open descriptor of that root
+        keeps it readable after the process, which often lives only a few
+        milliseconds, is gone: libraries it reports later are still found.
+        """
+        proc = Path(f"/proc/{tgid}")
+        if _foreign_root(proc) is None:
+            return
+        try:
+            fd = os.open(proc / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        self.forget_process(tgid)
+        self._roots[tgid] = (fd, f"/proc/{tgid}/root")
+
+    def inherit_root(self, child: int, parent: int) -> None:
+        """A forked child starts in its parent's root: hold it even if the child is gone."""
+        held = self._roots.get(parent)
+        if held is not None and child not in self._roots:
+            self._roots[child] = (os.dup(held[0]), f"/proc/{child}/root")
+
+    def forget_process(self, tgid: int) -> None:
+        """The process is gone and reported: its root is no longer needed."""
+        held = self._roots.pop(tgid, None)
+        if held is not None:
+            os.close(held[0])
+
+    def add_library(self, path: str, tgid: int | None = None) -> None:
+        """A path process `tgid` maps or its dynamic loader reported; indexed once."""
+        if not path.startswith("/"):
+            return
+        root = self._roots.get(tgid) if tgid is not None else None
+        if root is not None:
+            self.add_foreign(f"/proc/{os.getpid()}/fd/{root[0]}", root[1], path)
+        elif path not in self._seen:
+            self._seen.add(path)
+            self.add(path)
+
+    def add_foreign(self, root: str, shown_root: str, path: str) -> None:
         """A file of another mount namespace: indexed by build-id, kept open."""
+        where = f"{shown_root}{path}"
+        if where in self._seen:
+            return
+        self._seen.add(where)
         try:
             fd = os.open(f"{root}{path}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -105,7 +145,7 @@ class BuildIdIndex:
             return
         held = f"/proc/{os.getpid()}/fd/{fd}"
         self._held[(st.st_dev, st.st_ino)] = held
-        self._names[held] = f"{path} (in {root})"
+        self._names[held] = where
         build_id = read_build_id(held)
         if build_id:
             self._by_id.setdefault(build_id, held)
@@ -113,12 +153,6 @@ class BuildIdIndex:
     def display_name(self, path: str) -> str:
         """How the report names a module: its own path, as its process saw it."""
         return self._names.get(path, path)
-
-    def add_library(self, path: str) -> None:
-        """A path the dynamic loader reported; indexed once."""
-        if path.startswith("/") and path not in self._seen:
-            self._seen.add(path)
-            self.add(path)
 
     def add_search_dir(self, directory: str) -> None:
         if directory not in self._dirs:
@@ -145,8 +179,14 @@ class BuildIdIndex:
                 self.add(str(entry))
 
 
-def _mount_ns(proc: Path) -> str:
-    return os.readlink(proc / "ns" / "mnt")
+def _foreign_root(proc: Path) -> Path | None:
+    """`proc`/root when that process's mount namespace is not ours, else None."""
+    try:
+        if os.readlink(proc / "ns" / "mnt") == os.readlink("/proc/self/ns/mnt"):
+            return None
+    except OSError:
+        return None
+    return proc / "root"
 
 
 def _looks_like_elf(path: Path) -> bool:

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, functions, leak_summary, refcntd
+from conftest import FIXTURES, cc, functions, leak_summary, refcntd
 from test_run import lib_spec
 
 from refcntd.binary.elf import read_build_id
@@ -141,3 +141,28 @@ def test_jit_frame_named_through_perf_map(bpf, build, tmp_path):
     assert functions(group)[:4] == ["__refcnt__init", "make_widget",
                                     "jitted_trampoline [JIT] tier-1", "main"], group["stack"]
     assert group["stack"][2]["module"] == f"/tmp/perf-{process['pid']}.map"
+
+
+def test_library_in_another_mount_namespace(bpf, build, tmp_path):
+    """A plugin visible only inside the process's mount namespace, dlclosed before
+    exit: read through the process's root, held from when it was seen (the shell
+    keeps the namespace, and so its bind mount, alive a little longer)."""
+    lib = build.stub_lib("O2")
+    private, mountpoint = tmp_path / "private", tmp_path / "ns"
+    cc(private / "libplugin.so", [FIXTURES / "plugin.c"],
+       ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", f"-L{lib.parent}", "-lrefcnt",
+        f"-Wl,-rpath,{lib.parent}"])
+    mountpoint.mkdir()  # empty here; the plugin's folder is bound on it in the namespace
+    host = build.program("dlhost", [FIXTURES / "dlhost.c"], "O2", flags=["-ldl"])
+    script = f"mount --bind {private} {mountpoint} && {host} {mountpoint}/libplugin.so; sleep 1"
+    result = refcntd(["run", "--spec", str(lib_spec(tmp_path, lib)), "--", "unshare", "-m",
+                      "sh", "-c", script], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = [p for p in result.report["processes"] if p["groups"]]
+    assert process["command"][-1] == f"{mountpoint}/libplugin.so"
+    assert leak_summary(process) == {"widget": [2]}
+    (group,) = process["groups"]
+    assert functions(group)[:4] == ["__refcnt__init", "widget_new", "plugin_run", "main"]
+    module = group["stack"][1]["module"]
+    assert module == f"/proc/{process['pid']}/root{mountpoint}/libplugin.so", group["stack"]
+    assert group["stack"][1]["file"].endswith("plugin.c")
