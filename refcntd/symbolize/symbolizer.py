@@ -230,7 +230,7 @@ class Symbolizer:
             path = self.index.find(frame.build_id) if frame.build_id else None
             mod = self.module(path) if path else None
             vaddr = mod.image.offset_to_vaddr(frame.offset) if mod else None
-            out.append((path, vaddr) if mod and vaddr is not None else None)
+            out.append((mod.path, vaddr) if mod and vaddr is not None else None)
         return out
 
     def biases(self, placed: list[tuple[str, int] | None], raw_ips: tuple[int, ...]
