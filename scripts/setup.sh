@@ -4,7 +4,9 @@
 #   - Debian's bcc (python3-bpfcc, not on PyPI) and bpftool
 #   - kernel headers: the generic linux-headers-amd64; refcntd merges its
 #     -common and -amd64 trees itself at run time (see refcntd/kheaders.py)
-#   - gcc and systemtap-sdt-dev to build the examples and test fixtures
+#   - gcc and systemtap-sdt-dev to build the examples and test fixtures;
+#     libglib2.0-dev + pkg-config for the GLib fixture, debuginfod for the
+#     test that symbolizes through a debuginfod server
 #   - a venv in .venv, made from /usr/bin/python3 with --system-site-packages
 #     so it sees bcc, with refcntd installed editable
 set -euo pipefail
@@ -23,7 +25,9 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           # promtool and a real Prometheus for the rules tests (configs/prometheus)
           prometheus
           # libdw: the DWARF scan for inlined copies and clones (binary/dwarfscan.py)
-          libdw1)
+          libdw1
+          # debuginfod: the separate-debug-file tests serve a directory on loopback
+          debuginfod)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

@@ -28,6 +28,7 @@ from refcntd.kernel.records import (
     StackRecord,
     StackRef,
 )
+from refcntd.symbolize.perfmap import PerfMap
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
 
@@ -45,6 +46,7 @@ class ProcessModules:
 
     biases: dict[str, int] = field(default_factory=dict)
     stacks: dict[StackRef, tuple[tuple[Frame, ...], bool]] = field(default_factory=dict)
+    perf_map: PerfMap | None = None  # the process's JIT symbols (/tmp/perf-PID.map)
 
 
 @dataclass
@@ -254,12 +256,12 @@ def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,
         placed, raw_frames = placed[:-1], raw_frames[:-1]  # bogus trailing frame (ip 0)
     for path in {p[0] for p in placed if p}:
         sym.prefetch_lines(path, [p[1] - (i > 0) for i, p in enumerate(placed) if p])
-    frames = [sym.frame(p, _describe_raw(f), i > 0)
+    frames = [_frame(sym, mods, p, None if f.build_id else f.offset, _describe_raw(f), i > 0)
               for i, (p, f) in enumerate(zip(placed, raw_frames, strict=True))]
     sym.as_entry_probe(placed[0] if placed else None, frames)
     if ref.caller_ip and not (len(raw_ips) > 1 and raw_ips[1] == ref.caller_ip):
-        caller = sym.frame(sym.place_raw(ref.caller_ip, mods.biases),
-                           f"ip 0x{ref.caller_ip:x}", True)
+        caller = _frame(sym, mods, sym.place_raw(ref.caller_ip, mods.biases), ref.caller_ip,
+                        f"ip 0x{ref.caller_ip:x}", True)
         frames.insert(1 if frames else 0, caller)
     truncated = not frames or not _ends_in_start(frames)
     return tuple(frames), truncated
@@ -274,6 +276,16 @@ def stack_unwind(ref: StackRef, stacks: StackSource) -> StackUnwind:
     if rec.truncated == Truncation.NONE:
         return StackUnwind(method)
     return StackUnwind(method, rec.truncated_at, TRUNCATION_TEXT[rec.truncated])
+
+
+def _frame(sym: Symbolizer, mods: ProcessModules, placed: tuple[str, int] | None,
+           ip: int | None, raw: str, return_address: bool) -> Frame:
+    """A frame in a module, else in JIT code the perf map names, else raw."""
+    if placed is None and ip is not None:
+        jit = sym.jit_frame(mods.perf_map, ip, raw)
+        if jit is not None:
+            return jit
+    return sym.frame(placed, raw, return_address)
 
 
 def _describe_raw(frame: RawFrame) -> str:

@@ -37,6 +37,7 @@ from refcntd.kernel.records import (
     ReleasedSite,
     StackRef,
 )
+from refcntd.symbolize.perfmap import load_perf_map
 from refcntd.symbolize.symbolizer import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
@@ -161,7 +162,7 @@ class SessionTracker:
                 records: list[ObjectRecord] | ObjectColumns, now: int,
                 status: str, code: int | None) -> None:
         self.reported.add((session.tgid, session.gen))
-        mods = ProcessModules()
+        mods = ProcessModules(perf_map=load_perf_map(session.tgid, self.proc_root))
         history = None
         if self.stub_names is not None:
             history = HistoryContext(self.stub_names, self.kernel.released_sites(session.tgid))

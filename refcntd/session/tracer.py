@@ -156,15 +156,21 @@ class Tracer:
             self.tracker.handle(ev)
             return
         if ev.kind == EventKind.LIBRARY:
-            self.index.add_library(ev.path)
+            self.index.add_library(ev.path, ev.tgid)
             self.unwind.add([ev.path])
             return
+        if ev.kind == EventKind.EXECVE:
+            self.index.watch_process(ev.tgid)  # it may have entered a container
+        if ev.kind == EventKind.FORK:
+            self.index.inherit_root(ev.tgid, ev.pid)
         if ev.kind == EventKind.EXECVE and ev.path.startswith("/") and self.filtered:
-            self.index.add_library(ev.path)  # system-wide, every exec on the host comes here
+            self.index.add_library(ev.path, ev.tgid)  # system-wide, every exec would come here
             self.unwind.add([ev.path])
         if ev.kind in (EventKind.PROC, EventKind.FORK):
             self.index.add_process_maps(f"/proc/{ev.tgid}/maps")
         self.tracker.handle(ev)
+        if ev.kind == EventKind.EXIT:
+            self.index.forget_process(ev.tgid)
 
     def _report(self, report: ProcessReport) -> None:
         kept.set_aside(report, self.plan.spec.kept_by_library)

@@ -4,22 +4,28 @@ Works after the traced process is gone: frames arrive as (build-id, file
 offset) and build-ids are looked up in an index of ELF files on disk.  Raw
 addresses (the caller's return address read at the probe, the type-name
 pointer) are placed with the load biases that the paired raw-address stack
-reveals for every module on it.
+reveals for every module on it.  Stripped modules get their symbols and
+lines from separate debug files (debugfiles.py), JIT code from the
+process's perf map (perfmap.py), and files of processes in other mount
+namespaces are read through /proc/PID/root and kept open, so that they can
+still be read after the process (and perhaps its container) is gone.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from refcntd.binary.elf import ElfImage, read_build_id
+from refcntd.binary.elf import read_build_id
 from refcntd.errors import BinaryError
 from refcntd.kernel.records import RawFrame
+from refcntd.symbolize.debugfiles import DebugFileFinder
+from refcntd.symbolize.modules import ModuleSymbols
+from refcntd.symbolize.perfmap import PerfMap
 
 SYSTEM_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib",
                    "/lib64", "/usr/lib64")
@@ -60,36 +66,6 @@ class CallSiteFrame:
     length: int  # of the instruction
 
 
-@dataclass
-class ModuleSymbols:
-    path: str
-    image: ElfImage
-    starts: list[int] = field(default_factory=list)
-    names: list[tuple[str, int, int]] = field(default_factory=list)  # name, start, size
-
-    @classmethod
-    def load(cls, path: str) -> ModuleSymbols:
-        image = ElfImage(path)
-        syms = sorted((s.vaddr, s.name, s.size) for group in image.symbols.values()
-                      for s in group if s.vaddr)
-        mod = cls(path, image)
-        mod.starts = [s[0] for s in syms]
-        mod.names = [(name, start, size) for start, name, size in syms]
-        return mod
-
-    def lookup(self, vaddr: int) -> tuple[str, int]:
-        i = bisect.bisect_right(self.starts, vaddr) - 1
-        if i < 0:
-            return "", 0
-        name, start, size = self.names[i]
-        if size and vaddr >= start + size:
-            return "", 0
-        return name, vaddr - start
-
-    def contains(self, vaddr: int) -> bool:
-        return any(s.vaddr <= vaddr < s.vaddr + s.memsz for s in self.image.segments)
-
-
 class BuildIdIndex:
     """build-id -> path, filled from known modules and, on a miss, nearby directories."""
 
@@ -99,6 +75,9 @@ class BuildIdIndex:
         self._scanned: set[str] = set()
         self._dirs: list[str] = []
         self._seen: set[str] = set()
+        self._names: dict[str, str] = {}  # held-open path -> /proc/PID/root/path
+        self._held: dict[tuple[int, int], str] = {}  # (dev, inode) -> held-open path
+        self._roots: dict[int, tuple[int, str]] = {}  # tgid -> (root fd, /proc/PID/root)
 
     def add(self, path: str) -> str | None:
         try:
@@ -115,19 +94,85 @@ class BuildIdIndex:
 
     def add_process_maps(self, maps_file: str) -> None:
         """Index every file a live process maps (best effort: it may be gone already)."""
+        proc = Path(maps_file).parent
+        tgid = int(proc.name) if proc.name.isdigit() else None
+        if tgid is not None:
+            self.watch_process(tgid)
         try:
             lines = open(maps_file).read().splitlines()
         except OSError:
             return
         for fields in (line.split(None, 5) for line in lines):
             if len(fields) == 6:
-                self.add_library(fields[5])
+                self.add_library(fields[5], tgid)
 
-    def add_library(self, path: str) -> None:
-        """A path the dynamic loader reported; indexed once."""
-        if path.startswith("/") and path not in self._seen:
+    def watch_process(self, tgid: int) -> None:
+        """Hold the root of a process in another mount namespace (containers).
+
+        Its paths name files of its own root.  An open descriptor of that root
+        keeps it readable after the process, which often lives only a few
+        milliseconds, is gone: libraries it reports later are still found.
+        """
+        proc = Path(f"/proc/{tgid}")
+        if _foreign_root(proc) is None:
+            return
+        try:
+            fd = os.open(proc / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        self.forget_process(tgid)
+        self._roots[tgid] = (fd, f"/proc/{tgid}/root")
+
+    def inherit_root(self, child: int, parent: int) -> None:
+        """A forked child starts in its parent's root: hold it even if the child is gone."""
+        held = self._roots.get(parent)
+        if held is not None and child not in self._roots:
+            self._roots[child] = (os.dup(held[0]), f"/proc/{child}/root")
+
+    def forget_process(self, tgid: int) -> None:
+        """The process is gone and reported: its root is no longer needed."""
+        held = self._roots.pop(tgid, None)
+        if held is not None:
+            os.close(held[0])
+
+    def add_library(self, path: str, tgid: int | None = None) -> None:
+        """A path process `tgid` maps or its dynamic loader reported; indexed once."""
+        if not path.startswith("/"):
+            return
+        root = self._roots.get(tgid) if tgid is not None else None
+        if root is not None:
+            self.add_foreign(f"/proc/{os.getpid()}/fd/{root[0]}", root[1], path)
+        elif path not in self._seen:
             self._seen.add(path)
             self.add(path)
+
+    def add_foreign(self, root: str, shown_root: str, path: str) -> None:
+        """A file of another mount namespace: indexed by build-id, kept open."""
+        where = f"{shown_root}{path}"
+        if where in self._seen:
+            return
+        self._seen.add(where)
+        try:
+            fd = os.open(f"{root}{path}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in self._held:
+            os.close(fd)
+            return
+        held = f"/proc/{os.getpid()}/fd/{fd}"
+        self._held[(st.st_dev, st.st_ino)] = held
+        self._names[held] = where
+        # the unwinder names frames by (kernel dev, inode): find it that way too
+        self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino),
+                                 held)
+        build_id = read_build_id(held)
+        if build_id:
+            self._by_id.setdefault(build_id, held)
+
+    def display_name(self, path: str) -> str:
+        """How the report names a module: its own path, as its process saw it."""
+        return self._names.get(path, path)
 
     def add_search_dir(self, directory: str) -> None:
         if directory not in self._dirs:
@@ -162,6 +207,16 @@ class BuildIdIndex:
                 self.add(str(entry))
 
 
+def _foreign_root(proc: Path) -> Path | None:
+    """`proc`/root when that process's mount namespace is not ours, else None."""
+    try:
+        if os.readlink(proc / "ns" / "mnt") == os.readlink("/proc/self/ns/mnt"):
+            return None
+    except OSError:
+        return None
+    return proc / "root"
+
+
 def _looks_like_elf(path: Path) -> bool:
     try:
         with path.open("rb") as f:
@@ -174,19 +229,30 @@ class Symbolizer:
     """Caches symbol tables and source lines per module across many reports."""
 
     def __init__(self, index: BuildIdIndex,
-                 call_sites: dict[tuple[str, int], CallSiteFrame] | None = None) -> None:
+                 call_sites: dict[tuple[str, int], CallSiteFrame] | None = None,
+                 finder: DebugFileFinder | None = None) -> None:
         self.index = index
         self.call_sites = call_sites or {}  # (module, vaddr) of call-site probes
+        self.finder = finder if finder is not None else DebugFileFinder()
         self._modules: dict[str, ModuleSymbols | None] = {}
         self._lines: dict[tuple[str, int], tuple[str, int]] = {}
 
     def module(self, path: str) -> ModuleSymbols | None:
-        if path not in self._modules:
-            try:
-                self._modules[path] = ModuleSymbols.load(path)
-            except BinaryError:
-                self._modules[path] = None
+        cached = self._modules.get(path)
+        if path not in self._modules or (cached is not None and cached.pending
+                                         and not self.finder.running(cached.image)):
+            self._modules[path] = self._load(path)
         return self._modules[path]
+
+    def _load(self, path: str) -> ModuleSymbols | None:
+        """Loaded again while its debug file is still downloading; lines learnt anew."""
+        try:
+            mod = ModuleSymbols.load(path, self.finder)
+        except BinaryError:
+            return None
+        if path in self._modules:
+            self._lines = {k: v for k, v in self._lines.items() if k[0] != path}
+        return mod
 
     def place_frames(self, frames: Iterable[RawFrame]) -> list[tuple[str, int] | None]:
         """(module path, vaddr) per build-id frame; None where it cannot be placed."""
@@ -199,7 +265,7 @@ class Symbolizer:
             vaddr = mod.image.offset_to_vaddr(frame.offset) if mod else None
             if mod and frame.text_relative:
                 vaddr = min(s.vaddr for s in mod.image.segments if s.executable) + frame.offset
-            out.append((path, vaddr) if path and mod and vaddr is not None else None)
+            out.append((mod.path, vaddr) if mod and vaddr is not None else None)
         return out
 
     def biases(self, placed: list[tuple[str, int] | None], raw_ips: tuple[int, ...]
@@ -233,7 +299,15 @@ class Symbolizer:
         mod = self.module(path)
         function, offset = mod.lookup(vaddr) if mod else ("", 0)
         file, line = self.source_line(path, vaddr - 1 if return_address else vaddr)
-        return Frame(path, vaddr, function, offset, file, line)
+        return Frame(self.index.display_name(path), vaddr, function, offset, file, line)
+
+    @staticmethod
+    def jit_frame(perf_map: PerfMap | None, ip: int, raw: str) -> Frame | None:
+        """A frame in JIT code the process described in its perf map."""
+        found = perf_map.lookup(ip) if perf_map is not None else None
+        if found is None:
+            return None
+        return Frame(perf_map.path if perf_map else "", ip, found[0], found[1], raw=raw)
 
     def as_entry_probe(self, first: tuple[str, int] | None, frames: list[Frame]) -> None:
         """Show a call-site probe's stack as an entry probe's: the callee first, then
@@ -260,10 +334,11 @@ class Symbolizer:
         """One addr2line run per module for many addresses (no-op without DWARF)."""
         todo = sorted({v for v in vaddrs if (path, v) not in self._lines})
         mod = self.module(path)
-        if not todo or mod is None or not mod.image.has_debug_info:
+        lines_path = mod.lines_path if mod is not None else None
+        if not todo or lines_path is None:
             self._lines.update({(path, v): ("", 0) for v in todo})
             return
-        for vaddr, loc in zip(todo, _addr2line(path, todo), strict=True):
+        for vaddr, loc in zip(todo, _addr2line(lines_path, todo), strict=True):
             self._lines[(path, vaddr)] = loc
 
 
