@@ -11,6 +11,7 @@ from refcntd.binary.plan import build_plan
 from refcntd.cli.common import ci_outputs, finish_output, history_options, printer, run_exit_status
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import load_spec
+from refcntd.kernel import setup
 from refcntd.session.tracer import TraceOptions, run_command
 
 
@@ -25,6 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exe = _resolve_command(command[0])
     plan = build_plan(load_spec(args.spec), exe)
     plan.require_complete()
+    setup.prepare()
     result = run_command(plan, command, opts, printer(sys.stderr))
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)

@@ -6,6 +6,7 @@ import argparse
 
 from refcntd.errors import RefcntdError, UsageError
 from refcntd.inputs.config import load_config
+from refcntd.kernel import setup
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -18,6 +19,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"{config.path}: ok, {len(config.targets)} target(s), metrics on "
               f"{config.listen_host}:{config.listen_port}, reports in {config.report_dir}")
         return 0
+    setup.prepare()
     setup_logging()
     daemon = Daemon(config, strict=args.strict)
     registry = CollectorRegistry()

@@ -10,7 +10,6 @@ import ctypes
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from refcntd.binary.plan import ProbeSite
@@ -18,22 +17,21 @@ from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kernel import abi, perf_uprobe
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat
-from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
+    STAGE_LINK,
+    STAGE_OPEN,
     AnomalyRecord,
     HistoryEvent,
     HistoryRecord,
     LifecycleEvent,
     ObjectRecord,
+    ProbeFailure,
     RawFrame,
     ReleasedSite,
     SiteCount,
     StackRef,
 )
 from refcntd.paths import BPF_DIR
-
-CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
-TRACEFS = Path("/sys/kernel/tracing")
 
 
 @dataclass(frozen=True)
@@ -74,33 +72,6 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     return flags
 
 
-def check_privileges() -> None:
-    if os.geteuid() == 0:
-        return
-    caps = _effective_caps()
-    if caps >> CAP_SYS_ADMIN & 1 or (caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1):
-        return
-    raise EnvironmentProblem("tracing needs root, or CAP_BPF and CAP_PERFMON",
-                             "run as root, e.g. with sudo")
-
-
-def _effective_caps() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    return 0
-
-
-def ensure_tracefs() -> None:
-    """bcc finds tracepoints through tracefs; mount it where systems expect it."""
-    if (TRACEFS / "events").is_dir() or Path("/sys/kernel/debug/tracing/events").is_dir():
-        return
-    rc = os.system(f"mount -t tracefs nodev {TRACEFS} 2>/dev/null")
-    if rc != 0 or not (TRACEFS / "events").is_dir():
-        raise EnvironmentProblem(f"tracefs is not mounted at {TRACEFS} and mounting it failed",
-                                 f"mount -t tracefs nodev {TRACEFS}")
-
-
 def _import_bcc() -> object:
     try:
         import bcc
@@ -112,18 +83,19 @@ def _import_bcc() -> object:
 
 
 class Kernel:
-    """Loaded BPF state and attached probes; a context manager that always detaches."""
+    """Loaded BPF state and attached probes; a context manager that always detaches.
+
+    Construction touches nothing outside: call kernel.setup.prepare() once first
+    (privileges, tracefs, BCC_KERNEL_SOURCE).
+    """
 
     def __init__(self, opts: KernelOptions, sites: list[ProbeSite]) -> None:
-        check_privileges()
-        ensure_tracefs()
-        os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
         bcc = _import_bcc()
         self._bcc = bcc
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
         self._perf_fds: list[int] = []
-        self.failed_probes: list[str] = []
+        self.failed_probes: list[ProbeFailure] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         try:
             self.bpf = bcc.BPF(src_file=str(BPF_DIR / "refcntd.c"),
@@ -151,22 +123,27 @@ class Kernel:
         self.bpf["types"][ctypes.c_uint32(type_id)] = abi.TypeName(name.encode()[:31])
 
     def attach_all(self) -> None:
-        """Install every planned probe; a failure is recorded, not hidden."""
+        """Install every planned probe; a failure is recorded (typed), not hidden."""
         for index, site in enumerate(self.sites):
             try:
                 perf_fd = perf_uprobe.open_uprobe(site.module, site.file_offset,
                                                   retprobe=site.is_return,
                                                   ref_ctr_offset=site.ref_ctr_offset)
             except perf_uprobe.UprobeError as err:
-                self.failed_probes.append(f"{site.role} {site.function}+{site.probe_offset} "
-                                          f"in {site.module}: {err.strerror}")
+                self._failed(index, STAGE_OPEN, err)
                 continue
             self._perf_fds.append(perf_fd)
             try:
-                self._links.append(perf_uprobe.link_bpf(self._prog.fd, perf_fd, index))
+                self._links.append(self._link(perf_fd, index))
             except perf_uprobe.UprobeError as err:
-                self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
-                                          f"{err.strerror}")
+                self._failed(index, STAGE_LINK, err)
+
+    def _link(self, perf_fd: int, index: int) -> int:
+        return perf_uprobe.link_bpf(self._prog.fd, perf_fd, index)
+
+    def _failed(self, index: int, stage: str, err: OSError) -> None:
+        self.failed_probes.append(ProbeFailure(index, stage, err.errno or 0,
+                                               err.strerror or str(err)))
 
     def attach_loader(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
@@ -183,7 +160,10 @@ class Kernel:
 
     def require_all_attached(self) -> None:
         if self.failed_probes:
-            raise ProbeError(f"probe not installed: {self.failed_probes[0]}")
+            first = self.failed_probes[0]
+            site = self.sites[first.site_index]
+            raise ProbeError(f"probe not installed: {site.role} {site.function} in "
+                             f"{site.module}: {first.stage}: {first.message}")
 
     def detach(self) -> None:
         for fd in self._links + self._perf_fds:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from refcntd.binary.plan import Plan
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
-from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
+from refcntd.kernel.records import AnomalyRecord, LifecycleEvent, ProbeFailure
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
 
@@ -137,10 +137,7 @@ class Tracer:
         return result
 
     def tracing_status(self) -> TracingStatus:
-        failed = dict(_split_failure(f) for f in self.kernel.failed_probes)
-        probes = [ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, s.reason,
-                              _site_key(s) not in failed, failed.get(_site_key(s), ""))
-                  for s in self.plan.sites]
+        probes = probe_statuses(self.plan, self.kernel.failed_probes)
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         if self.kernel.stacks_freed_early:
@@ -153,13 +150,16 @@ class Tracer:
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 
-def _site_key(site: object) -> str:
-    return f"{site.role} {site.function}+{site.probe_offset} in {site.module}"
-
-
-def _split_failure(text: str) -> tuple[str, str]:
-    key, _, err = text.partition(": ")
-    return key, err
+def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure]) -> list[ProbeStatus]:
+    """One status per planned site; a failure names its site by index, never by text."""
+    failed = {f.site_index: f for f in failures}
+    out = []
+    for index, s in enumerate(plan.sites):
+        failure = failed.get(index)
+        error = f"{failure.stage} failed: {failure.message}" if failure else ""
+        out.append(ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost,
+                               s.reason, failure is None, error))
+    return out
 
 
 # ---- run ------------------------------------------------------------------------
