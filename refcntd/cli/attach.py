@@ -10,6 +10,7 @@ from refcntd.cli.common import early_compile, finish_output, history_options, pr
 from refcntd.cli.stages import analyse
 from refcntd.errors import EXIT_INCOMPLETE
 from refcntd.inputs.spec import load_spec
+from refcntd.kernel import setup
 from refcntd.session.tracer import TraceOptions, attach
 
 
@@ -17,6 +18,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         **history_options(args))
     spec = load_spec(args.spec)
+    setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, args.pid is not None, opts)
     plan = analyse(spec, args.binary, parse_modes(args.probe_mode))
     plan.require_complete()

@@ -12,6 +12,7 @@ from refcntd.binary.sitemode import parse_modes
 from refcntd.cli.stages import analyse
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
+from refcntd.kernel import setup
 from refcntd.kernel.procmem import semaphore_value
 
 
@@ -21,6 +22,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
+    print("\n".join(f"tracing {line}" for line in setup.describe().lines()))
     return EXIT_INCOMPLETE if plan.problems or plan.scan_gaps or plan.spec.draft else 0
 
 

@@ -19,6 +19,7 @@ from refcntd.cli.common import (
 from refcntd.cli.stages import analyse
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import load_spec
+from refcntd.kernel import setup
 from refcntd.session.tracer import TraceOptions, run_command
 
 
@@ -32,6 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = _resolve_command(command[0])
     spec = load_spec(args.spec)
+    setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, True, opts)
     plan = analyse(spec, exe, parse_modes(args.probe_mode))
     plan.require_complete()

@@ -9,6 +9,7 @@ import importlib.metadata
 from refcntd import __version__
 from refcntd.errors import EXIT_INCOMPLETE, RefcntdError, UsageError
 from refcntd.inputs.config import Config, load_config
+from refcntd.kernel import setup
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -20,6 +21,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.check:
         return _check(config, args.strict)
+    setup.prepare()
     setup_logging()
     daemon = Daemon(config, strict=args.strict)
     registry = CollectorRegistry()

@@ -19,8 +19,12 @@ INSTALL_HINT = "install them with `apt-get install linux-headers-amd64`, or set 
 
 
 def find_kernel_source(src_root: Path = Path("/usr/src"), modules_root: Path = Path("/lib/modules"),
-                       release: str | None = None, cache: Path = CACHE_DIR) -> Path:
-    """A directory with kernel headers bcc can compile against."""
+                       release: str | None = None, cache: Path = CACHE_DIR,
+                       create: bool = True) -> Path:
+    """A directory with kernel headers bcc can compile against.
+
+    create=False only names it: a merged tree is not built (`refcntd check`).
+    """
     explicit = os.environ.get("BCC_KERNEL_SOURCE")
     if explicit:
         if not (Path(explicit) / "include").is_dir():
@@ -34,6 +38,8 @@ def find_kernel_source(src_root: Path = Path("/usr/src"), modules_root: Path = P
     if pair is None:
         raise EnvironmentProblem(f"no kernel headers for {release} and no Debian "
                                  f"linux-headers-*-common/-amd64 pair in {src_root}", INSTALL_HINT)
+    if not create:
+        return cache / "kernel-headers" / pair[1].name
     return _merged_tree(*pair, cache)
 
 

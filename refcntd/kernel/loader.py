@@ -25,13 +25,15 @@ from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
 from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
-from refcntd.kernel.kheaders import find_kernel_source
 from refcntd.kernel.records import (
+    STAGE_LINK,
+    STAGE_OPEN,
     AnomalyRecord,
     HistoryEvent,
     HistoryRecord,
     LifecycleEvent,
     ObjectRecord,
+    ProbeFailure,
     RawFrame,
     ReleasedSite,
     SiteCount,
@@ -39,9 +41,6 @@ from refcntd.kernel.records import (
     StackRef,
 )
 from refcntd.paths import BPF_DIR
-
-CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
-TRACEFS = Path("/sys/kernel/tracing")
 
 
 @dataclass(frozen=True)
@@ -112,10 +111,7 @@ def probe_slots(probe_count: int) -> int:
 
 
 def prepare() -> Any:
-    """Privileges, tracefs and kernel headers checked; bcc imported and returned."""
-    check_privileges()
-    ensure_tracefs()
-    os.environ["BCC_KERNEL_SOURCE"] = str(find_kernel_source())
+    """bcc, imported once kernel/setup.py's prepare() has readied the machine."""
     return _import_bcc()
 
 
@@ -129,33 +125,6 @@ def compile_program(opts: KernelOptions, probe_count: int) -> Any:
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None
 
 
-def check_privileges() -> None:
-    if os.geteuid() == 0:
-        return
-    caps = _effective_caps()
-    if caps >> CAP_SYS_ADMIN & 1 or (caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1):
-        return
-    raise EnvironmentProblem("tracing needs root, or CAP_BPF and CAP_PERFMON",
-                             "run as root, e.g. with sudo")
-
-
-def _effective_caps() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    return 0
-
-
-def ensure_tracefs() -> None:
-    """bcc finds tracepoints through tracefs; mount it where systems expect it."""
-    if (TRACEFS / "events").is_dir() or Path("/sys/kernel/debug/tracing/events").is_dir():
-        return
-    rc = os.system(f"mount -t tracefs nodev {TRACEFS} 2>/dev/null")
-    if rc != 0 or not (TRACEFS / "events").is_dir():
-        raise EnvironmentProblem(f"tracefs is not mounted at {TRACEFS} and mounting it failed",
-                                 f"mount -t tracefs nodev {TRACEFS}")
-
-
 def _import_bcc() -> Any:
     try:
         import bcc
@@ -167,7 +136,11 @@ def _import_bcc() -> Any:
 
 
 class Kernel:
-    """Loaded BPF state and attached probes; a context manager that always detaches."""
+    """Loaded BPF state and attached probes; a context manager that always detaches.
+
+    Construction touches nothing outside: call kernel.setup.prepare() once first
+    (privileges, tracefs, BCC_KERNEL_SOURCE).
+    """
 
     def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None
                  ) -> None:
@@ -179,7 +152,7 @@ class Kernel:
         self._perf_fds: list[int] = []
         self._multi_fd: int | None = None
         self.multi_links = 0  # how many multi-uprobe links attach_all made
-        self.failed_probes: list[str] = []
+        self.failed_probes: list[ProbeFailure] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
         self._cfi_rows_used = 0
@@ -262,15 +235,17 @@ class Kernel:
                                               retprobe=site.uretprobe,
                                               ref_ctr_offset=site.ref_ctr_offset)
         except perf_uprobe.UprobeError as err:
-            self.failed_probes.append(f"{site.role} {site.function}+{site.probe_offset} "
-                                      f"in {site.module}: {err.strerror}")
+            self._failed(index, STAGE_OPEN, err)
             return
         self._perf_fds.append(perf_fd)
         try:
             self._links.append(perf_uprobe.link_bpf(self._prog.fd, perf_fd, index))
         except perf_uprobe.UprobeError as err:
-            self.failed_probes.append(f"{site.role} {site.function}: linking BPF failed: "
-                                      f"{err.strerror}")
+            self._failed(index, STAGE_LINK, err)
+
+    def _failed(self, index: int, stage: str, err: OSError) -> None:
+        self.failed_probes.append(ProbeFailure(index, stage, err.errno or 0,
+                                               err.strerror or str(err)))
 
     def attach_loader(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
@@ -287,7 +262,10 @@ class Kernel:
 
     def require_all_attached(self) -> None:
         if self.failed_probes:
-            raise ProbeError(f"probe not installed: {self.failed_probes[0]}")
+            first = self.failed_probes[0]
+            site = self.sites[first.site_index]
+            raise ProbeError(f"probe not installed: {site.role} {site.function} in "
+                             f"{site.module}: {first.stage}: {first.message}")
 
     def detach(self) -> None:
         self._finish_deletes()

@@ -118,3 +118,18 @@ class AnomalyRecord:
     alloc: StackRef | None  # None: the object was never seen initialised
     init_ns: int
     released_ns: int
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """A planned probe the kernel refused: which site (its index in the plan), at
+    which step, and the kernel's errno, so no one has to parse a message."""
+
+    site_index: int
+    stage: str  # STAGE_OPEN or STAGE_LINK
+    errno: int
+    message: str
+
+
+STAGE_OPEN = "perf_event_open"  # the uprobe itself was refused
+STAGE_LINK = "bpf link"  # the uprobe exists but the BPF program could not be linked to it

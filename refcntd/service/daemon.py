@@ -233,8 +233,9 @@ class Daemon:
                                 cgroup_id=_cgroup_id(target.cgroup))
             plan = build_plan(target.spec, path)
             plan.require_complete()
-            tracer = Tracer(plan, filtered=False, opts=opts,
-                            on_report=lambda p: self._on_report(runtime, p))
+            def on_report(p: ProcessReport, rt: TargetRuntime = runtime, b: str = path) -> None:
+                self._on_report(rt, b, p)  # bound now: each binary reports with its own status
+            tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report)
             tracer.start()
         except RefcntdError as err:
             runtime.failed[path] = err.message
@@ -249,8 +250,10 @@ class Daemon:
         runtime.identity[path] = _identity(path)
         runtime.stats.tracers = list(runtime.tracers.values())
         runtime.stats.probes_failed = 0
-        for failure in tracer.kernel.failed_probes:
-            log.error("target=%s binary=%s probe not installed: %s", target.name, path, failure)
+        for probe in tracer.tracing_status().probes:
+            if not probe.installed:
+                log.error("target=%s binary=%s probe not installed: %s %s: %s", target.name,
+                          path, probe.role, probe.function, probe.error)
         log.info("target=%s binary=%s attached (%d probes)", target.name, path,
                  len(plan.sites) - len(tracer.kernel.failed_probes))
 
@@ -332,7 +335,7 @@ class Daemon:
                 for name, rt in self.targets.items()}}
 
     # ---- reports ----------------------------------------------------------------
-    def _on_report(self, runtime: TargetRuntime, p: ProcessReport) -> None:
+    def _on_report(self, runtime: TargetRuntime, binary: str, p: ProcessReport) -> None:
         stats = runtime.stats
         if p.state != STATE_LIVE_AT_DETACH:
             stats.processes_reported += 1
@@ -344,11 +347,13 @@ class Daemon:
                     stats.add(stats.exited_ops, (group.type_name, "put"), obj.puts)
             for finding in p.misuse:
                 stats.add(stats.anomalies, finding.kind, finding.occurrences)
-        self._write_report(runtime, p)
+        self._write_report(runtime, binary, p)
 
-    def _write_report(self, runtime: TargetRuntime, p: ProcessReport) -> None:
-        tracer = next(iter(runtime.tracers.values()), None)
-        result = RunResult("serve", runtime.target.spec.name, runtime.target.path, [p])
+    def _write_report(self, runtime: TargetRuntime, binary: str, p: ProcessReport) -> None:
+        """The report of a process traced by the tracer of `binary`, with that tracer's
+        status: binaries a glob matched can differ (a probe refused in one only)."""
+        tracer = runtime.tracers.get(binary)
+        result = RunResult("serve", runtime.target.spec.name, binary, [p])
         if tracer is not None:
             result.tracing = tracer.tracing_status()
         text = report.render_process(p) + report.render_tracing(result.tracing)

@@ -20,13 +20,13 @@ from refcntd.analysis.model import (
     RunResult,
     TracingStatus,
 )
-from refcntd.binary.plan import Plan, ProbeSite
+from refcntd.binary.plan import Plan
 from refcntd.inputs.spec import RoleSpec, Spec
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.precompile import BackgroundCompile
-from refcntd.kernel.records import AnomalyRecord, LifecycleEvent
+from refcntd.kernel.records import AnomalyRecord, LifecycleEvent, ProbeFailure
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
 from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
@@ -188,9 +188,8 @@ class Tracer:
         return result
 
     def tracing_status(self) -> TracingStatus:
-        failed = dict(_split_failure(f) for f in self.kernel.failed_probes)
         hits = self.kernel.probe_hits()
-        probes = _probe_statuses(self.plan, failed, hits)
+        probes = probe_statuses(self.plan, self.kernel.failed_probes, hits)
         stats = self.kernel.stats()
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         lost.update(self.plan.scan_gaps)  # DWARF not examined for inlined copies
@@ -221,12 +220,15 @@ def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
             for entry in plan.spec.entries if fired.get(key(entry)) == 0]
 
 
-def _probe_statuses(plan: Plan, failed: dict[str, str], hits: list[int]
-                    ) -> list[ProbeStatus]:
-    """One status per entry probe, and one per function for all of its call sites."""
+def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure], hits: list[int]
+                   ) -> list[ProbeStatus]:
+    """One status per entry probe, and one per function for all of its call sites; a
+    failure names its site by index, never by text."""
+    failed = {f.site_index: f for f in failures}
     out: dict[tuple[str, str, str, int], ProbeStatus] = {}
     for i, (s, n) in enumerate(zip(plan.sites, hits, strict=True)):
-        error = failed.get(_site_key(s), "")
+        failure = failed.get(i)
+        error = f"{failure.stage} failed: {failure.message}" if failure else ""
         key = (s.role, s.function, s.module, i if s.mode == "entry" else -1)
         old = out.get(key)
         if old is None:
@@ -241,15 +243,6 @@ def _probe_statuses(plan: Plan, failed: dict[str, str], hits: list[int]
                            error=old.error or error, sites=old.sites + 1,
                            hits=old.hits + n)
     return list(out.values())
-
-
-def _site_key(site: ProbeSite) -> str:
-    return f"{site.role} {site.function}+{site.probe_offset} in {site.module}"
-
-
-def _split_failure(text: str) -> tuple[str, str]:
-    key, _, err = text.partition(": ")
-    return key, err
 
 
 # ---- run ------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""The one step that prepares this machine for tracing, and its read-only twin.
+
+Constructing a Kernel changes nothing outside it; what tracing needs from the
+system (privileges, a mounted tracefs, kernel headers for bcc's compile and
+BCC_KERNEL_SOURCE pointing at them) is chosen here, once, by `prepare()`,
+which run, attach and serve call before building a Kernel.  `describe()`
+answers the same questions without mounting, building or setting anything,
+so `refcntd check` can show them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from refcntd.errors import EnvironmentProblem
+from refcntd.kernel.kheaders import find_kernel_source
+
+CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
+TRACEFS = Path("/sys/kernel/tracing")
+TRACEFS_PLACES = (TRACEFS, Path("/sys/kernel/debug/tracing"))
+
+
+@dataclass(frozen=True)
+class TracingEnvironment:
+    """What tracing uses on this machine: each field is a fact, or why it is missing."""
+
+    privileges: str  # "root", "CAP_SYS_ADMIN", "CAP_BPF and CAP_PERFMON"; "" when too few
+    tracefs: Path | None  # where tracefs is mounted; None: not mounted
+    tracefs_mounted_here: bool  # prepare() mounted it
+    kernel_headers: Path | None  # what BCC_KERNEL_SOURCE is (or would be) set to
+    headers_problem: str = ""  # why kernel_headers is None
+
+    def lines(self) -> list[str]:
+        """For `refcntd check`: one line per fact."""
+        tracefs = (f"mounted at {self.tracefs}" if self.tracefs else
+                   f"not mounted (tracing would mount it at {TRACEFS})")
+        headers = (str(self.kernel_headers) if self.kernel_headers
+                   else f"none: {self.headers_problem}")
+        held = self.privileges or "insufficient: needs root, or CAP_BPF and CAP_PERFMON"
+        return [f"privileges: {held}", f"tracefs: {tracefs}",
+                f"kernel headers (BCC_KERNEL_SOURCE): {headers}"]
+
+
+def describe() -> TracingEnvironment:
+    """What prepare() would use, changing nothing (no mount, no header tree, no env)."""
+    try:
+        headers, problem = find_kernel_source(create=False), ""
+    except EnvironmentProblem as err:
+        headers, problem = None, err.message
+    return TracingEnvironment(privileges(), mounted_tracefs(), False, headers, problem)
+
+
+def prepare() -> TracingEnvironment:
+    """Check privileges, mount tracefs if needed, choose kernel headers and export them."""
+    held = privileges()
+    if not held:
+        raise EnvironmentProblem("tracing needs root, or CAP_BPF and CAP_PERFMON",
+                                 "run as root, e.g. with sudo")
+    tracefs, mounted = mounted_tracefs(), False
+    if tracefs is None:
+        tracefs, mounted = _mount_tracefs(), True
+    headers = find_kernel_source()
+    os.environ["BCC_KERNEL_SOURCE"] = str(headers)
+    return TracingEnvironment(held, tracefs, mounted, headers)
+
+
+def privileges() -> str:
+    """The privilege that allows tracing, or '' when the process lacks it."""
+    if os.geteuid() == 0:
+        return "root"
+    caps = _effective_caps()
+    if caps >> CAP_SYS_ADMIN & 1:
+        return "CAP_SYS_ADMIN"
+    if caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1:
+        return "CAP_BPF and CAP_PERFMON"
+    return ""
+
+
+def _effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def mounted_tracefs() -> Path | None:
+    """bcc finds tracepoints through tracefs, at one of the places systems use."""
+    for place in TRACEFS_PLACES:
+        if (place / "events").is_dir():
+            return place
+    return None
+
+
+def _mount_tracefs() -> Path:
+    done = subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)],
+                          capture_output=True, check=False)
+    if done.returncode != 0 or not (TRACEFS / "events").is_dir():
+        raise EnvironmentProblem(f"tracefs is not mounted at {TRACEFS} and mounting it failed",
+                                 f"mount -t tracefs nodev {TRACEFS}")
+    return TRACEFS
