@@ -119,7 +119,7 @@ def compile_program(opts: KernelOptions, probe_count: int) -> Any:
     """bcc's compile and load of bpf/refcntd.c: about 2 s, so also run ahead in a thread."""
     bcc = prepare()
     try:
-        return bcc.BPF(text=program_text(), cflags=bpf_cflags(opts, probe_count))
+        return bcc.BPF(text=program_text().encode(), cflags=bpf_cflags(opts, probe_count))
     except Exception as err:  # bcc raises bare Exception for compile/load errors
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from refcntd.analysis.model import STATE_LIVE_AT_DETACH, ProcessReport, RunResult
 from refcntd.binary.plan import build_plan
+from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, Target, load_config
 from refcntd.outputs import report
@@ -231,8 +232,11 @@ class Daemon:
         try:
             opts = TraceOptions(history=target.history, comm_filter=target.comm,
                                 cgroup_id=_cgroup_id(target.cgroup))
-            plan = build_plan(target.spec, path)
+            # REFCNTD_PROBE_MODE, as for check/attach/run (serve has no --probe-mode)
+            plan = build_plan(target.spec, path,
+                              parse_modes(os.environ.get("REFCNTD_PROBE_MODE")))
             plan.require_complete()
+
             def on_report(p: ProcessReport, rt: TargetRuntime = runtime, b: str = path) -> None:
                 self._on_report(rt, b, p)  # bound now: each binary reports with its own status
             tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report)

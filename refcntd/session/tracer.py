@@ -220,11 +220,12 @@ def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
             for entry in plan.spec.entries if fired.get(key(entry)) == 0]
 
 
-def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure], hits: list[int]
-                   ) -> list[ProbeStatus]:
+def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure],
+                   hits: list[int] | None = None) -> list[ProbeStatus]:
     """One status per entry probe, and one per function for all of its call sites; a
     failure names its site by index, never by text."""
     failed = {f.site_index: f for f in failures}
+    hits = hits if hits is not None else [-1] * len(plan.sites)
     out: dict[tuple[str, str, str, int], ProbeStatus] = {}
     for i, (s, n) in enumerate(zip(plan.sites, hits, strict=True)):
         failure = failed.get(i)

@@ -17,12 +17,15 @@ from test_serve import Serve, target_yaml
 from refcntd.binary.plan import build_plan
 from refcntd.inputs.spec import load_spec
 
+# Entry probes: these tests provoke failures at the functions' entries.
+ENTRY = {"*": "entry"}
+
 
 def conflicting_uprobe(binary: Path, role: str) -> tuple[int, str]:
     """Hold a uprobe on a planned site with another USDT semaphore offset: the kernel
     then refuses refcntd's probe there (EINVAL). Returns (fd, refused function)."""
     from refcntd.kernel import perf_uprobe
-    (site,) = [s for s in build_plan(load_spec("perf-stubs"), str(binary)).sites
+    (site,) = [s for s in build_plan(load_spec("perf-stubs"), str(binary), ENTRY).sites
                if s.role == role]
     # offset 2 lies in the read-only ELF header: no process's memory is ever written
     return perf_uprobe.open_uprobe(str(binary), site.file_offset, ref_ctr_offset=2), \
@@ -50,7 +53,7 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
     from refcntd.kernel.records import STAGE_LINK, STAGE_OPEN
     from refcntd.session.tracer import probe_statuses
 
-    plan = build_plan(load_spec("perf-stubs"), str(build.perflike("O2fp")))
+    plan = build_plan(load_spec("perf-stubs"), str(build.perflike("O2fp")), ENTRY)
     setup.prepare()
     env = dict(os.environ)
     with Kernel(KernelOptions(filtered=True, has_delete=plan.spec.has_delete),
@@ -59,7 +62,7 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
         saved = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (one_free_fd_limit(), saved[1]))
         try:
-            kernel.attach_all()
+            kernel.attach_all(multi=False)  # one perf event and one link per site
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, saved)
         failures = list(kernel.failed_probes)
@@ -72,7 +75,8 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
     assert statuses[0].error.startswith("bpf link failed: ")
 
 
-def test_run_with_a_refused_probe_exits_incomplete(bpf, build, tmp_path):
+def test_run_with_a_refused_probe_exits_incomplete(bpf, build, tmp_path, monkeypatch):
+    monkeypatch.setenv("REFCNTD_PROBE_MODE", "entry")  # the conflicting uprobe is at entries
     exe = build.perflike("O2fp")
     fd, function = conflicting_uprobe(exe, "init")
     try:
@@ -87,7 +91,8 @@ def test_run_with_a_refused_probe_exits_incomplete(bpf, build, tmp_path):
     assert [p["installed"] for p in probes] == [i != 0 for i in range(len(probes))]
 
 
-def test_glob_target_reports_carry_their_own_binary_status(bpf, build, tmp_path):
+def test_glob_target_reports_carry_their_own_binary_status(bpf, build, tmp_path, monkeypatch):
+    monkeypatch.setenv("REFCNTD_PROBE_MODE", "entry")  # the conflicting uprobe is at entries
     """Two binaries matched by one glob, a probe refused in the second only: each
     process's report shows the status of the tracer of its own binary."""
     bindir = tmp_path / "bin"
