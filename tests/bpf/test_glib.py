@@ -84,3 +84,23 @@ def test_gobject_leak_stacks_name_creator_and_main(gobject_run):
         creator = names[0]
         assert creator in TRUTH, group["stack"]
         assert "main" in names[names.index(creator):], group["stack"]
+
+
+def test_bundled_gobject_spec_names_creator_and_main(bpf, build, tmp_path):
+    """The same program traced with the bundled spec (configs/specs/gobject.yaml):
+    exact leaks, and stacks through Debian's libgobject (no frame pointers) to main."""
+    exe = cc(build.root / "glib" / "gobjects-bundled", [FIXTURES / "gobjects.c"],
+             ["-O2", "-fomit-frame-pointer", *gobject_flags()])
+    result = refcntd(["run", "--spec", "gobject", "--", str(exe)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    assert result.report["tracing"]["complete"], result.report["tracing"]
+    (process,) = result.report["processes"]
+    assert leak_summary(process) == {"GObject": [1, 1, 1, 1, 1, 2]}
+    assert process["anomalies"] == []
+    creators = {}
+    for group in process["groups"]:
+        names = functions(group)
+        assert names[0] == "g_object_new", group["stack"]
+        creators[names[1]] = sorted(i["count"] for i in group["instances"])
+        assert "main" in names[2:], group["stack"]
+    assert creators == TRUTH
