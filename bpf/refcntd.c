@@ -55,7 +55,10 @@ BPF_ARRAY(hist_zero, struct hist_val, 1);
 BPF_HASH(released_sites, struct site_key, __u64, MAX_SITES);
 BPF_HASH(history_types, __u32, __u32, 256);
 #endif
-BPF_RINGBUF_OUTPUT(events, 1024);  /* 4 MiB: bursts of short-lived processes */
+#ifndef RINGBUF_PAGES
+#define RINGBUF_PAGES 1024
+#endif
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);  /* 4 MiB: bursts of short-lived processes */
 
 static __always_inline void count_stat(int which)
 {

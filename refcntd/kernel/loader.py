@@ -63,6 +63,7 @@ class KernelOptions:
     unwind_offsets: dict[str, int] | None = None  # OFF_* for unwind.h; None: frame pointers only
     max_cfi_rows: int = 1 << 22
     max_modules: int = 1024
+    ringbuf_pages: int = 1024  # events ring buffer, pages (a power of 2)
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     """Every -D the BPF program is compiled with, from one validated options object."""
@@ -70,7 +71,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
              f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
              f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
              f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={probe_slots(probe_count)}",
-             f"-DMAX_GRAVES={opts.max_graves}"]
+             f"-DMAX_GRAVES={opts.max_graves}", f"-DRINGBUF_PAGES={opts.ringbuf_pages}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
     flags.append(f"-DLOADER_PROBE={int(opts.loader_probe)}")

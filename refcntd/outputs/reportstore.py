@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,9 +39,14 @@ class ReportStore:
         self.retention = retention
         self.clock = clock
         self.stats = StoreStats()
+        self.lock = threading.RLock()  # report workers of several tracers, the retention timer
 
     def write(self, target: str, pid: int, data: RunJson, text: str) -> Path:
         """Write one process's report (JSON and text); raises OSError on failure."""
+        with self.lock:
+            return self._write(target, pid, data, text)
+
+    def _write(self, target: str, pid: int, data: RunJson, text: str) -> Path:
         stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         base = f"{stamp}-{target}-{pid}"
         try:
@@ -54,7 +60,7 @@ class ReportStore:
                     (self.dir / f"{base}{suffix}").unlink(missing_ok=True)
             raise
         self.stats.written += 1
-        self.prune()
+        self._prune()
         return self.dir / f"{base}.json"
 
     def reports(self) -> list[Path]:
@@ -66,6 +72,10 @@ class ReportStore:
 
     def prune(self) -> None:
         """Drop the oldest reports beyond the count, age and total-size limits."""
+        with self.lock:
+            self._prune()
+
+    def _prune(self) -> None:
         reports = self.reports()
         sizes = {p: _pair_size(p) for p in reports}
         total = sum(sizes.values())

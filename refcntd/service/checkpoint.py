@@ -32,7 +32,12 @@ def now() -> Checkpoint:
 
 
 def diff(tracer: Tracer, since: Checkpoint) -> list[ProcessReport]:
-    """Per process, the live objects created since `since`, grouped by (type, stack)."""
+    """Per process, the live objects created since `since`, grouped by (type, stack);
+    built on the tracer's report worker, the one thread that uses its symbolizer."""
+    return tracer.worker.call(lambda: _diff(tracer, since))
+
+
+def _diff(tracer: Tracer, since: Checkpoint) -> list[ProcessReport]:
     by_pid: dict[int, list[ObjectRecord]] = {}
     for rec in tracer.kernel.live_objects():
         if rec.init_ns >= since.at_ns:

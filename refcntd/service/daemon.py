@@ -66,6 +66,7 @@ class Daemon:
         self._diff_requested = False
         self._next_prune = 0.0
         self._next_watch = 0.0
+        self._pending_execs: list[tuple[int, str]] = []
 
     # ---- lifecycle -----------------------------------------------------------
     def attach_all(self) -> None:
@@ -81,22 +82,34 @@ class Daemon:
         _sd_notify("READY=1")
         log.info("serving %d target(s)", len(self.targets))
         while not self.stop:
-            with self.lock:
-                for runtime in list(self.targets.values()):
-                    for tracer in list(runtime.tracers.values()):
-                        tracer.kernel.poll(0)
-            for tgid, exe in self._proc_events.execs(IDLE_S):
-                self._on_exec(tgid, exe)
-            if self.reload_requested:
-                self.reload_requested = False
-                self.reload()
-            self._prune_on_timer()
-            self._watch_on_timer()
-            if self._diff_requested:
-                self._diff_requested = False
-                self._write_diff()
+            # Capture: only this thread changes the set of targets, so reading it needs
+            # no lock, and a scrape (which holds the lock) never delays the ring buffers.
+            for runtime in list(self.targets.values()):
+                for tracer in list(runtime.tracers.values()):
+                    tracer.poll(0)
+            self._pending_execs += self._proc_events.execs(IDLE_S)
+            if not self.lock.acquire(blocking=False):
+                continue  # a scrape or a diff reads the targets: change them next round
+            try:
+                self._manage()
+            finally:
+                self.lock.release()
         _sd_notify("STOPPING=1")
         self.shutdown()
+
+    def _manage(self) -> None:
+        """Target changes (new, replaced or removed binaries, SIGHUP), under the lock."""
+        execs, self._pending_execs = self._pending_execs, []
+        for tgid, exe in execs:
+            self._on_exec(tgid, exe)
+        if self.reload_requested:
+            self.reload_requested = False
+            self.reload()
+        self._prune_on_timer()
+        self._watch_on_timer()
+        if self._diff_requested:
+            self._diff_requested = False
+            self._write_diff()
 
     # ---- checkpoints -----------------------------------------------------------
     def mark(self) -> checkpoint.Checkpoint:
@@ -340,7 +353,13 @@ class Daemon:
 
     # ---- reports ----------------------------------------------------------------
     def _on_report(self, runtime: TargetRuntime, binary: str, p: ProcessReport) -> None:
-        stats = runtime.stats
+        """On the tracer's report worker: the counts (under their own lock), the files."""
+        with runtime.stats.lock:
+            self._count(runtime.stats, p)
+        self._write_report(runtime, binary, p)
+
+    @staticmethod
+    def _count(stats: TargetStats, p: ProcessReport) -> None:
         if p.state != STATE_LIVE_AT_DETACH:
             stats.processes_reported += 1
             for group in p.groups:
@@ -351,7 +370,6 @@ class Daemon:
                     stats.add(stats.exited_ops, (group.type_name, "put"), obj.puts)
             for finding in p.misuse:
                 stats.add(stats.anomalies, finding.kind, finding.occurrences)
-        self._write_report(runtime, binary, p)
 
     def _write_report(self, runtime: TargetRuntime, binary: str, p: ProcessReport) -> None:
         """The report of a process traced by the tracer of `binary`, with that tracer's
@@ -375,8 +393,10 @@ class Daemon:
     # ---- metrics ----------------------------------------------------------------
     @contextlib.contextmanager
     def view(self) -> Iterator[list[TargetStats]]:
+        """For a scrape, on an HTTP thread: copies of the counts; the tracers stay
+        attached while the scrape reads their maps (target changes wait, capture does not)."""
         with self.lock:
-            yield [rt.stats for rt in self.targets.values()]
+            yield [rt.stats.snapshot() for rt in self.targets.values()]
 
     def collector(self) -> RefcntdCollector:
         return RefcntdCollector(self.view, lambda: self.store.stats)

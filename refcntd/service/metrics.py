@@ -9,10 +9,11 @@ exited processes, so they never go down.
 from __future__ import annotations
 
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypedDict, TypeVar, cast
 
 from prometheus_client.core import (
@@ -22,9 +23,10 @@ from prometheus_client.core import (
     Metric,
 )
 
+from refcntd.kernel.abi import Stat
 from refcntd.kernel.procmem import read_string
 from refcntd.outputs.reportstore import StoreStats
-from refcntd.session.tracer import LOST_REASONS, Tracer
+from refcntd.session.tracer import LOST_REASONS, NOTE_REASONS, Tracer
 
 OTHER_TYPES = "_other"  # the one `type` label for types beyond a target's max_type_labels
 AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
@@ -46,9 +48,18 @@ class TargetStats:
     leaked: dict[str, int] = field(default_factory=dict)
     anomalies: dict[str, int] = field(default_factory=dict)
     processes_reported: int = 0
+    # reports update the counts on the tracers' report workers, scrapes read copies
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, table: dict[K, int], key: K, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
+
+    def snapshot(self) -> TargetStats:
+        """A consistent copy for one scrape."""
+        with self.lock:
+            return replace(self, tracers=list(self.tracers), exited_ops=dict(self.exited_ops),
+                           leaked=dict(self.leaked), anomalies=dict(self.anomalies),
+                           lock=threading.Lock())
 
 
 class RefcntdCollector:
@@ -75,6 +86,7 @@ class RefcntdCollector:
         t = s.name
         ops: dict[tuple[str, str], int] = dict(s.exited_ops)
         live: dict[str, list[float]] = {}
+        kernel_stats: dict[Stat, int] = {}
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for tracer in s.tracers:
             k = tracer.kernel
@@ -86,14 +98,18 @@ class RefcntdCollector:
                 live.setdefault(name, []).append(max(0, now - rec.init_ns) / 1e9)
                 for op, n in (("init", 1), ("get", rec.gets), ("put", rec.puts)):
                     ops[(name, op)] = ops.get((name, op), 0) + n
-            for stat, n in k.stats().items():
-                if stat in LOST_REASONS:
-                    f["dropped"].add_metric([t, stat.name.lower()], n)
+            for stat, n in k.stats().items():  # summed over the target's binaries
+                kernel_stats[stat] = kernel_stats.get(stat, 0) + n
             for m, (used, cap) in k.map_fill().items():
                 f["map_entries"].add_metric([t, m], used)
                 f["map_capacity"].add_metric([t, m], cap)
             f["processes"].add_metric([t, tracer.plan.sites[0].module if tracer.plan.sites
                                        else ""], len(tracer.tracker.sessions))
+        for stat, n in sorted(kernel_stats.items()):
+            if stat in LOST_REASONS:
+                f["dropped"].add_metric([t, stat.name.lower()], n)
+            elif stat in NOTE_REASONS:
+                f["notes"].add_metric([t, stat.name.lower()], n)
         attached = sum(len(tr.kernel.sites) - len(tr.kernel.failed_probes) for tr in s.tracers)
         f["probes"].add_metric([t, "attached"], attached)
         f["probes"].add_metric([t, "failed"], s.probes_failed + sum(
@@ -193,6 +209,7 @@ class _Families(TypedDict):
     map_entries: GaugeMetricFamily
     map_capacity: GaugeMetricFamily
     dropped: CounterMetricFamily
+    notes: CounterMetricFamily
     folded: GaugeMetricFamily
 
 
@@ -226,6 +243,8 @@ def _families() -> _Families:
                     f"type=\"{OTHER_TYPES}\" because of its max_type_labels", labels=["target"]),
         "dropped": c("refcntd_dropped_records", "Records the kernel side could not keep",
                      labels=["target", "reason"]),
+        "notes": c("refcntd_kernel_notes", "Kernel-side counts that are not losses (unknown "
+                   "gets, stacks cut short, ...): the report's notes", labels=["target", "note"]),
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +41,7 @@ from refcntd.symbolize.perfmap import load_perf_map
 from refcntd.symbolize.symbolizer import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
+Records = list[ObjectRecord] | ObjectColumns  # a process's objects: columns without history
 
 
 @dataclass
@@ -65,9 +66,11 @@ class KernelView(Protocol):
 class SessionTracker:
     def __init__(self, kernel: KernelView, stacks: StackSource, symbolizer: Symbolizer,
                  on_report: Callable[[ProcessReport], None], proc_root: Path = Path("/proc"),
-                 clock_ns: Callable[[], int] | None = None) -> None:
+                 clock_ns: Callable[[], int] | None = None,
+                 submit: Callable[[Callable[[], None]], None] = lambda job: job()) -> None:
         self.kernel, self.stacks, self.sym = kernel, stacks, symbolizer
         self.on_report = on_report
+        self.submit = submit  # where reports are built: a ReportWorker's, or right here
         self.proc_root = proc_root
         self.clock_ns = clock_ns or (lambda: _monotonic_ns())
         self.sessions: dict[int, Session] = {}
@@ -125,10 +128,13 @@ class SessionTracker:
         if ev.exit_code < 0 and waited is None:
             waited = self.wait_status(ev.tgid)
         status, code = _exit_status(ev.exit_code, waited)
-        records = self._drain(ev.tgid, ev.gen)
-        self._report(session, STATE_EXITED, records, ev.ts, status, code)
+        # drained on the worker: an exited process's records no longer change (they are
+        # keyed by its generation), and a million of them take a second to read
+        tgid, gen = ev.tgid, ev.gen
+        self._report(session, STATE_EXITED, lambda: self._drain(tgid, gen), ev.ts, status,
+                     code)
 
-    def _drain(self, tgid: int, gen: int | None) -> list[ObjectRecord] | ObjectColumns:
+    def _drain(self, tgid: int, gen: int | None) -> Records:
         """Without history, as columns: a million objects are reported in seconds."""
         if self.stub_names is None:
             return self.kernel.drain_columns(tgid, gen)
@@ -143,8 +149,13 @@ class SessionTracker:
             records = self._drain(session.tgid, session.gen)
             state = STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN
             if records or session.tgid in self._anomalies:
-                self._report(session, state, records, now, "", None)
+                self._report(session, state, _given(records), now, "", None)
         self.sessions.clear()
+        self.submit(lambda: self._orphans(now))
+
+    def _orphans(self, now: int) -> None:
+        """On the worker, after every queued report has drained its process: objects
+        left in the kernel belong to processes without a session."""
         orphans: dict[int, list[ObjectRecord]] = {}
         for rec in self.kernel.live_objects():
             orphans.setdefault(rec.tgid, []).append(rec)
@@ -155,27 +166,58 @@ class SessionTracker:
             alive = (self.proc_root / str(tgid)).exists()
             gen = records[0].gen if records else 0
             session = Session(tgid, gen, "", self._read_cmdline(tgid) if alive else [])
-            self._report(session, STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN,
-                         records, now, "", None)
+            self._build(self._job(session, STATE_LIVE_AT_DETACH if alive
+                                  else STATE_EXIT_NOT_SEEN, _given(records), now, "", None))
 
-    def _report(self, session: Session, state: str,
-                records: list[ObjectRecord] | ObjectColumns, now: int,
+    def _report(self, session: Session, state: str, records: Callable[[], Records], now: int,
                 status: str, code: int | None) -> None:
+        """Capture side: take what must be read now, hand the rest to the worker."""
+        job = self._job(session, state, records, now, status, code)
+        self.submit(lambda: self._build(job))
+
+    def _job(self, session: Session, state: str, records: Callable[[], Records], now: int,
+             status: str, code: int | None) -> ReportJob:
         self.reported.add((session.tgid, session.gen))
-        mods = ProcessModules(perf_map=load_perf_map(session.tgid, self.proc_root))
+        released = (tuple(self.kernel.released_sites(session.tgid))
+                    if self.stub_names is not None else None)
+        return ReportJob(replace(session, command=list(session.command)), state, records,
+                         now, status, code, tuple(self._anomalies.pop(session.tgid, [])),
+                         released)
+
+    def _build(self, job: ReportJob) -> None:
+        """Worker side: symbolize and attribute, then free the stacks the report read."""
+        s, records = job.session, job.records()
+        mods = ProcessModules(perf_map=load_perf_map(s.tgid, self.proc_root))
         history = None
-        if self.stub_names is not None:
-            history = HistoryContext(self.stub_names, self.kernel.released_sites(session.tgid))
+        if self.stub_names is not None and job.released is not None:
+            history = HistoryContext(self.stub_names, list(job.released))
         if isinstance(records, ObjectColumns):
-            groups = group_columns(records, self.stacks, self.sym, now, mods)
+            groups = group_columns(records, self.stacks, self.sym, job.now, mods)
         else:
-            groups = group_leaks(records, self.stacks, self.sym, now, mods, history)
-        anomaly_records = self._anomalies.pop(session.tgid, [])
-        anomalies = anomaly_findings(anomaly_records, self.stacks, self.sym, mods)
-        self.kernel.forget_stacks(session.tgid, session.gen,
-                                  _stack_refs(records, anomaly_records, history))
-        self.on_report(ProcessReport(session.tgid, session.comm, session.command, state,
-                                     status, code, groups, anomalies))
+            groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
+        anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
+        self.kernel.forget_stacks(s.tgid, s.gen,
+                                  _stack_refs(records, list(job.anomalies), history))
+        self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
+                                     job.code, groups, anomalies))
+
+
+@dataclass(frozen=True)
+class ReportJob:
+    """Everything a process's report needs, read from the kernel at its exit."""
+
+    session: Session
+    state: str
+    records: Callable[[], Records]  # drains them: owned by this job alone
+    now: int
+    status: str
+    code: int | None
+    anomalies: tuple[AnomalyRecord, ...]
+    released: tuple[ReleasedSite, ...] | None  # None: history is off
+
+
+def _given(records: Records) -> Callable[[], Records]:
+    return lambda: records
 
 
 def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
@@ -187,7 +229,7 @@ def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _stack_refs(records: list[ObjectRecord] | ObjectColumns, anomalies: list[AnomalyRecord],
+def _stack_refs(records: Records, anomalies: list[AnomalyRecord],
                 history: HistoryContext | None) -> list[StackRef]:
     """Every stack a process's report used: the kernel may free them now."""
     if isinstance(records, ObjectColumns):  # no history: only allocation stacks

@@ -21,6 +21,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.binary.plan import Plan
+from refcntd.errors import UsageError
 from refcntd.inputs.spec import RoleSpec, Spec
 from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
@@ -29,6 +30,7 @@ from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent, ProbeFailure
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
+from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
 
 POLL_MS = 100
@@ -85,7 +87,17 @@ def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOpti
                          history=opts.history, history_depth=opts.history_depth,
                          comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
                          unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
-                         else btf.unwind_offsets())
+                         else btf.unwind_offsets(), ringbuf_pages=ringbuf_pages())
+
+
+def ringbuf_pages() -> int:
+    """REFCNTD_RINGBUF_PAGES: the events ring buffer's size in pages (a power of 2; 1024,
+    4 MiB, by default).  Smaller only to test that capture keeps up."""
+    raw = os.environ.get("REFCNTD_RINGBUF_PAGES", "1024")
+    pages = int(raw) if raw.isdigit() else 0
+    if pages < 1 or pages & (pages - 1) or pages > 1 << 18:
+        raise UsageError(f"REFCNTD_RINGBUF_PAGES={raw}: a power of 2 from 1 to 262144")
+    return pages
 
 
 def _load_kernel(kopts: KernelOptions, plan: Plan, early: BackgroundCompile | None) -> Kernel:
@@ -122,7 +134,9 @@ class Tracer:
             self.index.add(module)
         stacks = StackSource(self.kernel.stack_record)
         sym = Symbolizer(self.index, call_site_frames(plan))
-        self.tracker = SessionTracker(self.kernel, stacks, sym, self._report)
+        self.worker = ReportWorker()
+        self.tracker = SessionTracker(self.kernel, stacks, sym, self._report,
+                                      submit=self.worker.submit)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
         if opts.history is not None:
@@ -135,6 +149,7 @@ class Tracer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.worker.stop()  # its jobs read kernel maps: detach only after them
         self.kernel.detach()
 
     def start(self) -> None:
@@ -177,12 +192,15 @@ class Tracer:
         self.reports.append(report)
         self._on_report(report)
 
-    def poll(self) -> None:
-        self.kernel.poll(POLL_MS)
+    def poll(self, timeout_ms: int = POLL_MS) -> None:
+        """Capture: read the ring buffer (exited processes are drained); nothing more."""
+        self.kernel.poll(timeout_ms)
+        self.worker.raise_error()
 
     def finish(self, result: RunResult) -> RunResult:
         self.kernel.poll(0)
         self.tracker.finish()
+        self.worker.close()  # every report built before the status is read
         result.processes = list(self.reports)
         result.tracing = self.tracing_status()
         return result
@@ -331,7 +349,7 @@ def _trace_until_done(tracer: Tracer, child: Child, grace_s: float) -> None:
         tracer.poll()
         if child.poll() is None:
             continue
-        tracer.kernel.poll(0)
+        tracer.poll(0)
         alive = [t for t in tracer.tracker.sessions if Path(f"/proc/{t}").exists()]
         if not alive:
             return
