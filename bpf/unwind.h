@@ -167,13 +167,15 @@ static __always_inline __u32 step_cfi(struct unwind_regs *r, struct cfi_row *row
 	return ra ? 0 : TR_NONE + 1;
 }
 
+/* no_table: the module has no row here and no frame pointers: stepping by rbp is a
+ * guess, and when it fails the stack was cut for want of a table, not a bad read. */
 static __always_inline __u32 step_fp(struct unwind_regs *r, __u32 no_table)
 {
 	__u64 pair[2] = {};  /* saved rbp, return address */
 	if (!r->bp)
 		return (no_table ? TR_NO_TABLE : TR_NONE) + 1;
 	if (bpf_probe_read_user(pair, sizeof(pair), (void *)r->bp) != 0)
-		return TR_UNREADABLE + 1;
+		return (no_table ? TR_NO_TABLE : TR_UNREADABLE) + 1;
 	r->pc = pair[1], r->sp = r->bp + 16, r->bp = pair[0];
 	r->used |= 1;
 	return pair[1] ? 0 : TR_NONE + 1;
@@ -190,13 +192,16 @@ static __always_inline __u32 unwind_frame(struct stack_rec *rec, struct exec_map
 	__u64 pgoff = m->pgoff == EXE_PGOFF ? (mod ? mod->text_off : 0) : m->pgoff;
 	__u64 off = r->pc - m->start + pgoff;
 	put_frame(rec, i, r->pc, off, mod, &m->file, m->pgoff == EXE_PGOFF ? m->start : 0);
-	*guessed = !mod;
+	__u32 no_table = !mod || !(mod->flags & MOD_FP);
+	*guessed = no_table;
 	if (mod && mod->count && !(i > 0 && (mod->flags & MOD_FP))) {
 		struct cfi_row row = {};
-		if (find_row(mod, i ? off - 1 : off, &row) && row.cfa != CFA_NONE)
+		if (find_row(mod, i ? off - 1 : off, &row) && row.cfa != CFA_NONE) {
+			*guessed = 0;
 			return step_cfi(r, &row);  /* a return address: look up the call */
+		}
 	}
-	return step_fp(r, !mod);
+	return step_fp(r, no_table);
 }
 
 /* The walk's state between the programs that continue it (on_unwind_more). */

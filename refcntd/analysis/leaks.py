@@ -191,7 +191,8 @@ def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: Proc
     stubs = ctx.stub_names
     steps = tuple(HistoryStep(e.op.name.lower(), e.count_after,
                               _op_frames(e.where, stacks, sym, mods, stubs),
-                              max(0, e.ts - rec.init_ns)) for e in rec.history.events)
+                              max(0, e.ts - rec.init_ns), stack_unwind(e.where, stacks))
+                  for e in rec.history.events)
     ops = [PathOp(s.op, _op_frames(s.where, stacks, sym, mods, stubs), s.count)
            for s in rec.history.sites]
     return steps, ops
@@ -220,7 +221,10 @@ def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Sym
         alloc = symbolize_stack(rec.alloc, stacks, sym, mods)[0] if rec.alloc else ()
         type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
         finding = AnomalyFinding(rec.anomaly.name.lower().replace("_", "-"), type_name,
-                                 rec.addr, rec.count_before, frames, alloc)
+                                 rec.addr, rec.count_before, frames, alloc,
+                                 unwind=stack_unwind(rec.where, stacks),
+                                 alloc_unwind=stack_unwind(rec.alloc, stacks) if rec.alloc
+                                 else StackUnwind())
         finding = found.setdefault(finding.key(), finding)
         finding.occurrences += 1
     return sorted(found.values(), key=lambda f: (f.separate, -f.occurrences, f.kind))

@@ -36,6 +36,7 @@ class HistoryStep:
     count_after: int
     frames: tuple[Frame, ...]
     at_ns: int  # since the object's init
+    unwind: StackUnwind = field(default_factory=StackUnwind)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class AnomalyFinding:
     frames: tuple[Frame, ...]
     alloc_frames: tuple[Frame, ...]  # empty when the object was never seen initialised
     occurrences: int = 0
+    unwind: StackUnwind = field(default_factory=StackUnwind)  # of `frames`
+    alloc_unwind: StackUnwind = field(default_factory=StackUnwind)
 
     @property
     def separate(self) -> bool:

@@ -33,6 +33,7 @@ class HistoryStepJson(TypedDict):
     count_after: int
     at_ns: int
     stack: list[FrameJson]
+    unwind: NotRequired[UnwindJson]
 
 
 class InstanceJson(TypedDict):
@@ -74,6 +75,8 @@ class AnomalyJson(TypedDict):
     separate: bool
     stack: list[FrameJson]
     alloc_stack: list[FrameJson]
+    unwind: NotRequired[UnwindJson]
+    alloc_unwind: NotRequired[UnwindJson]
 
 
 class ProcessJson(TypedDict):

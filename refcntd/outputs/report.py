@@ -78,10 +78,17 @@ def render_anomaly(a: AnomalyFinding) -> list[str]:
     lines = [f"{label} {a.kind}: {a.description}",
              f"  object 0x{a.address:x} of type '{a.type_name}'{count}{times}, at:"]
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(a.frames)]
+    lines += truncation_line(a.unwind)
     if a.alloc_frames:
         lines.append("  allocated at:")
         lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(a.alloc_frames)]
+        lines += truncation_line(a.alloc_unwind)
     return lines
+
+
+def truncation_line(u: StackUnwind) -> list[str]:
+    """Under a stack the walk cut short: where and why (nothing for a whole stack)."""
+    return [f"    (stack {u.describe()})"] if u.truncated_at is not None else []
 
 
 def render_group(g: LeakGroup, word: str) -> list[str]:
@@ -91,9 +98,8 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
              f"(final count {count_text}) allocated at:"]
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
-    if g.unwind.truncated_at is not None:
-        lines.append(f"    (stack {g.unwind.describe()})")
-    elif g.stack_truncated:
+    lines += truncation_line(g.unwind)
+    if g.unwind.truncated_at is None and g.stack_truncated:
         lines.append("    (stack likely truncated: it does not reach main or a thread start)")
     lines += render_culprits(g)
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
@@ -137,8 +143,10 @@ def render_history(obj: LeakedObject) -> list[str]:
     note = f", {dropped} later ones dropped (bound {kept} per object)" if dropped else ""
     lines = [f"    history: {kept} of {_plural(obj.history_total, 'operation')}{note}:"]
     for step in obj.history:
+        cut = f" (stack {step.unwind.describe()})" if step.unwind.truncated_at is not None \
+            else ""
         lines.append(f"      +{_age(step.at_ns):>9}  {step.op:<6} -> {step.count_after:<4} "
-                     f"{short_path(step.frames)}")
+                     f"{short_path(step.frames)}{cut}")
     return lines
 
 
@@ -226,7 +234,8 @@ def instance_json(o: LeakedObject) -> InstanceJson:
         out["history_total"] = o.history_total
         out["history_dropped"] = o.history_total - len(o.history)
         out["history"] = [{"op": s.op, "count_after": s.count_after, "at_ns": s.at_ns,
-                           "stack": [frame_json(f) for f in s.frames]} for s in o.history]
+                           "stack": [frame_json(f) for f in s.frames],
+                           "unwind": unwind_json(s.unwind)} for s in o.history]
     return out
 
 
@@ -234,8 +243,9 @@ def anomaly_json(a: AnomalyFinding) -> AnomalyJson:
     return {"kind": a.kind, "description": a.description, "type": a.type_name,
             "address": f"0x{a.address:x}", "count_before": a.count_before,
             "occurrences": a.occurrences, "separate": a.separate,
-            "stack": [frame_json(f) for f in a.frames],
-            "alloc_stack": [frame_json(f) for f in a.alloc_frames]}
+            "stack": [frame_json(f) for f in a.frames], "unwind": unwind_json(a.unwind),
+            "alloc_stack": [frame_json(f) for f in a.alloc_frames],
+            "alloc_unwind": unwind_json(a.alloc_unwind)}
 
 
 def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:

@@ -79,15 +79,20 @@ def _group(g: GroupJson) -> LeakGroup:
     culprits = [Culprit(c["kind"], _frames(c["stack"])[-1] if c["stack"] else Frame("", 0),
                         _frames(c["stack"]), c["objects"], c["references"], c["released_uses"])
                 for c in g.get("culprits", [])]
-    no_unwind: UnwindJson = {"method": ""}  # reports written before stacks said how
-    u = g.get("unwind", no_unwind)
-    unwind = StackUnwind(u["method"], u.get("truncated_at"), u.get("reason", ""))
     return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g.get("instances", [])],
-                     g.get("stack_truncated", False), culprits, unwind)
+                     g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")))
+
+
+def _unwind(u: UnwindJson | None) -> StackUnwind:
+    """None: a report written before stacks said how they were obtained."""
+    if u is None:
+        return StackUnwind()
+    return StackUnwind(u["method"], u.get("truncated_at"), u.get("reason", ""))
 
 
 def _object(i: InstanceJson) -> LeakedObject:
-    history = tuple(HistoryStep(s["op"], s["count_after"], _frames(s["stack"]), s["at_ns"])
+    history = tuple(HistoryStep(s["op"], s["count_after"], _frames(s["stack"]), s["at_ns"],
+                                _unwind(s.get("unwind")))
                     for s in i.get("history", []))
     return LeakedObject(int(i["address"], 16), i["count"], i["gets"], i["puts"], i["age_ns"],
                         history, i.get("history_total", 0))
@@ -95,4 +100,5 @@ def _object(i: InstanceJson) -> LeakedObject:
 
 def _anomaly(a: AnomalyJson) -> AnomalyFinding:
     return AnomalyFinding(a["kind"], a["type"], int(a["address"], 16), a["count_before"],
-                          _frames(a["stack"]), _frames(a["alloc_stack"]), a["occurrences"])
+                          _frames(a["stack"]), _frames(a["alloc_stack"]), a["occurrences"],
+                          _unwind(a.get("unwind")), _unwind(a.get("alloc_unwind")))

@@ -4,6 +4,9 @@ each stack says it was obtained.  Fixtures are built like Debian builds:
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 from conftest import EXAMPLES, FIXTURES, ROOT, cc, refcntd
 from test_run import lib_spec
 
@@ -93,3 +96,34 @@ def test_dlclosed_library_frames_named_host_without_frame_pointers(bpf, build, t
     assert group["stack"][1]["module"] == str(plugin.resolve())
     assert group["stack"][1].get("file", "").endswith("plugin.c")
     assert group["unwind"]["method"] == "frame pointers and CFI"
+
+
+def test_every_stack_says_where_and_why_it_was_cut(bpf, tmp_path):
+    """A library with neither frame pointers nor unwind tables: allocation, anomaly and
+    history stacks all stop in it, and each says so (JSON and text), counted once each."""
+    lib = cc(tmp_path / "lib" / "libdeep.so", [FIXTURES / "deeplib.c", EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-fPIC",
+              "-shared"])
+    subprocess.run(["strip", "--strip-debug", str(lib)], check=True)  # -g's .debug_frame
+    exe = cc(tmp_path / "deepmain", [FIXTURES / "deepmain.c"],
+             [*NOFP, f"-L{lib.parent}", "-ldeep", f"-Wl,-rpath,{lib.parent}"])
+    # a fresh cache: a table compiled from the unstripped build (same build-id) would be used
+    env = {**os.environ, "REFCNTD_CACHE": str(tmp_path / "cache")}
+    result = refcntd(["run", "--history", "--spec", str(lib_spec(tmp_path, lib)), "--",
+                      str(exe), "twice"], tmp_path / "r.json", env=env)
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    no_table = "neither frame pointers nor an unwind table"
+    cut = []
+    for group in process["groups"]:
+        cut.append(group["unwind"])
+        cut += [step["unwind"] for i in group["instances"] for step in i["history"]]
+    (anomaly,) = [a for a in process["anomalies"] if not a["separate"]]
+    cut += [anomaly["unwind"], anomaly["alloc_unwind"]]
+    assert len(cut) >= 5
+    for unwind in cut:
+        assert no_table in unwind.get("reason", ""), unwind
+        assert unwind["truncated_at"] >= 1, unwind
+    assert result.stderr.count("(stack truncated at frame 1: ") >= 5, result.stderr
+    notes = result.report["tracing"]["notes"]
+    assert any(no_table in n for n in notes), notes
