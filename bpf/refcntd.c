@@ -28,6 +28,10 @@ BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
 BPF_HASH(types, __u32, struct type_name, MAX_TYPES);
 BPF_PERCPU_HASH(totals, __u32, struct type_totals, MAX_TYPES);
 BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
+#ifndef MAX_PROC_STATS
+#define MAX_PROC_STATS 16384
+#endif
+BPF_HASH(proc_stats, struct proc_stat_key, __u64, MAX_PROC_STATS);
 BPF_ARRAY(gen_counter, __u64, 1);
 BPF_PERCPU_ARRAY(scratch, struct event, 1);
 BPF_PERCPU_ARRAY(name_buf, struct type_name, 1);
@@ -60,11 +64,30 @@ BPF_HASH(history_types, __u32, __u32, 256);
 #endif
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);  /* 4 MiB: bursts of short-lived processes */
 
+/* Counted twice: in the totals, and for the current process (whose report shows
+ * its own counts; whatever a process's probe or event loses happens in it). */
 static __always_inline void count_stat(int which)
 {
 	__u64 *v = stats.lookup(&which);
 	if (v)
 		*v += 1;
+	struct proc_stat_key k = {.tgid = bpf_get_current_pid_tgid() >> 32, .stat = which};
+	__u64 one = 1, *own = proc_stats.lookup(&k);
+	if (own) {
+		__sync_fetch_and_add(own, 1);
+		return;
+	}
+	long err = proc_stats.insert(&k, &one);
+	if (err == -17) {  /* EEXIST: another CPU added it first */
+		own = proc_stats.lookup(&k);
+		if (own)
+			__sync_fetch_and_add(own, 1);
+	} else if (err) {
+		int full = ST_PROC_STATS_FULL;
+		__u64 *f = stats.lookup(&full);
+		if (f)
+			*f += 1;
+	}
 }
 
 /* bcc rewrites map calls in the main file only: the loader pastes these in. */

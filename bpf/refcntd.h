@@ -63,6 +63,7 @@ enum refcntd_stat {
 	ST_TRUNC_OUTSIDE,       /* note: stacks cut at a return address outside every executable mapping */
 	ST_TRUNC_BAD_RULE,      /* note: stacks cut at an unwind rule the BPF unwinder does not follow */
 	ST_EXEC_MAPS_FULL,      /* note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced */
+	ST_PROC_STATS_FULL,     /* loss: counts not kept per process: per-process table full (process reports may miss their own counts; the totals are exact) */
 	ST_COUNT
 };
 
@@ -172,6 +173,13 @@ struct init_args {
 	__u64 type_ptr;
 	__s64 count;
 	__u64 out_ptr;   /* PF_OBJ_OUT: where the constructor stores the object */
+};
+
+/* A counter of one process (key of proc_stats): each process's report shows its own
+ * losses and notes, not those of every process the tracer ever saw. */
+struct proc_stat_key {
+	__u32 tgid;
+	__u32 stat;
 };
 
 struct obj_key {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from refcntd.analysis.attribution import Culprit
+from refcntd.kernel.abi import Stat
 from refcntd.symbolize.symbolizer import Frame
 
 FrameKeys = tuple[tuple[str, str, int], ...]  # Frame.key() of each frame of a stack
@@ -116,6 +117,7 @@ class ProcessReport:
     groups: list[LeakGroup] = field(default_factory=list)
     anomalies: list[AnomalyFinding] = field(default_factory=list)
     kept: dict[str, int] = field(default_factory=dict)  # spec's kept_by_library: reason -> objects
+    kernel_stats: dict[Stat, int] | None = None  # this process's own kernel counters
 
     @property
     def leaked_objects(self) -> int:

@@ -78,6 +78,7 @@ class Stat(IntEnum):
     TRUNC_OUTSIDE = 24
     TRUNC_BAD_RULE = 25
     EXEC_MAPS_FULL = 26
+    PROC_STATS_FULL = 27
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -108,6 +109,7 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.TRUNC_OUTSIDE: 'note: stacks cut at a return address outside every executable mapping',
     Stat.TRUNC_BAD_RULE: 'note: stacks cut at an unwind rule the BPF unwinder does not follow',
     Stat.EXEC_MAPS_FULL: 'note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced',
+    Stat.PROC_STATS_FULL: 'loss: counts not kept per process: per-process table full (process reports may miss their own counts; the totals are exact)',
 }
 
 
@@ -301,6 +303,13 @@ class InitArgs(C.Structure):
     ]
 
 
+class ProcStatKey(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("stat", C.c_uint32),
+    ]
+
+
 class ObjKey(C.Structure):
     _fields_ = [
         ("tgid", C.c_uint32),
@@ -478,6 +487,7 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "proc_stack": ProcStack,
     "site_key": SiteKey,
     "init_args": InitArgs,
+    "proc_stat_key": ProcStatKey,
     "obj_key": ObjKey,
     "obj_val": ObjVal,
     "grave_val": GraveVal,

@@ -436,6 +436,22 @@ class Kernel:
                 pass
         return out
 
+    def take_process_stats(self, tgid: int) -> dict[Stat, int]:
+        """The counters of one reported process; removed from the map."""
+        table = self.bpf["proc_stats"]
+        picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
+        _delete(table, [k for k, _ in picked])
+        return {Stat(k.stat): int(getattr(v, "value", v)) for k, v in picked
+                if k.stat < len(Stat)}
+
+    def prune_process_stats(self, keep: Callable[[int], bool]) -> int:
+        """Drop the counters of processes that will never be reported (not traced, or
+        gone without a report); `keep(tgid)` says which must stay.  Returns how many."""
+        table = self.bpf["proc_stats"]
+        stale = [k for k, _ in _items(table) if not keep(k.tgid)]
+        _delete(table, stale)
+        return len(stale)
+
     def released_sites(self, tgid: int) -> list[ReleasedSite]:
         """What released objects of `tgid` did where (history only); removed from the map."""
         if self.opts.history is None:

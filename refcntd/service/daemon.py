@@ -86,7 +86,7 @@ class Daemon:
             # no lock, and a scrape (which holds the lock) never delays the ring buffers.
             for runtime in list(self.targets.values()):
                 for tracer in list(runtime.tracers.values()):
-                    tracer.poll(0)
+                    self._poll(runtime, tracer)
             self._pending_execs += self._proc_events.execs(IDLE_S)
             if not self.lock.acquire(blocking=False):
                 continue  # a scrape or a diff reads the targets: change them next round
@@ -96,6 +96,16 @@ class Daemon:
                 self.lock.release()
         _sd_notify("STOPPING=1")
         self.shutdown()
+
+    def _poll(self, runtime: TargetRuntime, tracer: Tracer) -> None:
+        """A report that failed to build is a bug: logged and counted, and the daemon
+        goes on tracing (its other processes' reports are built)."""
+        try:
+            tracer.poll(0)
+        except Exception as err:  # noqa: BLE001 - raised by the report worker
+            self.store.stats.errors += 1
+            log.error("target=%s a report could not be built (a refcntd bug): %s: %s",
+                      runtime.target.name, type(err).__name__, err)
 
     def _manage(self) -> None:
         """Target changes (new, replaced or removed binaries, SIGHUP), under the lock."""
@@ -377,7 +387,7 @@ class Daemon:
         tracer = runtime.tracers.get(binary)
         result = RunResult("serve", runtime.target.spec.name, binary, [p])
         if tracer is not None:
-            result.tracing = tracer.tracing_status()
+            result.tracing = tracer.tracing_status(p.kernel_stats)
         text = report.render_process(p) + report.render_tracing(result.tracing)
         try:
             path = self.store.write(runtime.target.name, p.pid, report.run_json(result), text)

@@ -28,7 +28,7 @@ from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
-from refcntd.kernel.abi import EventKind
+from refcntd.kernel.abi import EventKind, Stat
 from refcntd.kernel.columns import ObjectColumns
 from refcntd.kernel.records import (
     AnomalyRecord,
@@ -41,6 +41,7 @@ from refcntd.symbolize.perfmap import load_perf_map
 from refcntd.symbolize.symbolizer import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
+PRUNE_STATS_EVERY = 64  # reports between sweeps of counters no report will take
 Records = list[ObjectRecord] | ObjectColumns  # a process's objects: columns without history
 
 
@@ -61,6 +62,8 @@ class KernelView(Protocol):
     def live_objects(self) -> list[ObjectRecord]: ...
     def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None: ...
+    def take_process_stats(self, tgid: int) -> dict[Stat, int]: ...
+    def prune_process_stats(self, keep: Callable[[int], bool]) -> int: ...
 
 
 class SessionTracker:
@@ -80,6 +83,7 @@ class SessionTracker:
         self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
         self.wait_status: Callable[[int], int | None] = lambda tgid: None
         self.stub_names: frozenset[str] | None = None  # set when history is on
+        self._built = 0  # reports built (on the worker)
 
     # ---- events ------------------------------------------------------------
     def handle(self, ev: LifecycleEvent | AnomalyRecord) -> None:
@@ -198,8 +202,16 @@ class SessionTracker:
         anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
         self.kernel.forget_stacks(s.tgid, s.gen,
                                   _stack_refs(records, list(job.anomalies), history))
+        own = self.kernel.take_process_stats(s.tgid)
+        self._built += 1
+        if self._built % PRUNE_STATS_EVERY == 0:
+            self.kernel.prune_process_stats(self._may_be_reported)
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
-                                     job.code, groups, anomalies))
+                                     job.code, groups, anomalies, kernel_stats=own))
+
+    def _may_be_reported(self, tgid: int) -> bool:
+        """A process whose report may still come (counters of the others are stale)."""
+        return tgid in self.sessions or (self.proc_root / str(tgid)).exists()
 
 
 @dataclass(frozen=True)

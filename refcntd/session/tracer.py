@@ -24,7 +24,7 @@ from refcntd.binary.plan import Plan
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import RoleSpec, Spec
 from refcntd.kernel import btf
-from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind
+from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent, ProbeFailure
@@ -205,17 +205,19 @@ class Tracer:
         result.tracing = self.tracing_status()
         return result
 
-    def tracing_status(self) -> TracingStatus:
+    def tracing_status(self, own: dict[Stat, int] | None = None) -> TracingStatus:
+        """The tracer's status; with `own` (one process's counters), that process's
+        losses and notes instead of the totals of every process traced so far."""
         hits = self.kernel.probe_hits()
         probes = probe_statuses(self.plan, self.kernel.failed_probes, hits)
-        stats = self.kernel.stats()
+        stats = self.kernel.stats() if own is None else {s: own.get(s, 0) for s in Stat}
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         lost.update(self.plan.scan_gaps)  # DWARF not examined for inlined copies
-        if self.kernel.stacks_freed_early:
+        if self.kernel.stacks_freed_early and own is None:
             lost["allocation stacks freed with another process that shared them"] = \
                 self.kernel.stacks_freed_early
         unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
-        if unseen:
+        if unseen and own is None:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)

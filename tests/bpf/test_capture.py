@@ -28,7 +28,9 @@ def test_events_all_received_while_a_big_report_is_built(bpf, build, tmp_path):
     assert sum(len(g["instances"]) for g in child["groups"]) == OBJECTS
     assert {g["stack"][1]["function"] for g in child["groups"]} == {"bulk_new"}
     assert parent["groups"] == []
-    kinds = {a["kind"]: a["occurrences"] for a in parent["anomalies"]}
+    kinds: dict[str, int] = {}  # one kind can be found at several call sites of put_site
+    for a in parent["anomalies"]:
+        kinds[a["kind"]] = kinds.get(a["kind"], 0) + a["occurrences"]
     assert kinds == {"double-put": 1, "negative-count": PUTS - 1, "delete-live": 1}, kinds
     assert {a["stack"][1]["function"] for a in parent["anomalies"]
             if a["kind"] != "delete-live"} == {"put_site"}
