@@ -50,7 +50,7 @@ class Sizes:
 
 FULL = Sizes(calls=100_000, churn=20_000, runs=5, scale=(10_000, 100_000, 1_000_000),
              perflike_samples=20_000)
-SMOKE = Sizes(calls=2_000, churn=500, runs=2, scale=(1_000,), perflike_samples=200,
+SMOKE = Sizes(calls=2_000, churn=500, runs=1, scale=(1_000,), perflike_samples=200,
               sites=(10, 100))
 
 
@@ -361,7 +361,8 @@ def measure(sizes: Sizes, out: Path) -> dict:
                     note=f"final counts exact: {exact}"))
     results = {"rows": rows, "scale": [scale(o0, k, out) for k in sizes.scale],
                "map_memory": map_bytes_per_object(min(100_000, max(sizes.scale))),
-               "attach_s": statistics.median(repeat(3, lambda: attach_time(b["librefcnt.so"]))),
+               "attach_s": statistics.median(repeat(min(3, r), lambda: attach_time(
+                   b["librefcnt.so"]))),
                "attach_sites": [attach_sites(k, out) for k in sizes.sites],
                "xol_mappings_entry_probes": xol_mapping(o0),
                "perflike": {
