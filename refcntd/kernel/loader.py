@@ -153,6 +153,7 @@ class Kernel:
         self._perf_fds: list[int] = []
         self._multi_fd: int | None = None
         self.multi_links = 0  # how many multi-uprobe links attach_all made
+        self.pruned_names: dict[int, str] = {}  # type names moved out of the kernel's table
         self.failed_probes: list[ProbeFailure] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
@@ -343,9 +344,15 @@ class Kernel:
         if not type_id:
             return ""
         value = self.bpf["types"].get(ctypes.c_uint32(type_id))
-        return value.name.decode(errors="replace") if value is not None else ""
+        if value is None:
+            return self.pruned_names.get(type_id, "")
+        return str(value.name.decode(errors="replace"))
 
     def type_names(self) -> dict[int, str]:
+        """Every type name known: in the kernel's table, or pruned from it."""
+        return {**self.pruned_names, **self._kernel_type_names()}
+
+    def _kernel_type_names(self) -> dict[int, str]:
         return {k.value: v.name.decode(errors="replace") for k, v in self.bpf["types"].items()}
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]:
@@ -401,6 +408,42 @@ class Kernel:
             old = out.get(name, (0, 0, 0, 0))
             out[name] = tuple(a + b for a, b in zip(old, sums, strict=True))
         return out
+
+    def type_count(self) -> int:
+        return sum(1 for _ in self.bpf["types"].keys())
+
+    def prune_types(self, keep: set[int]) -> dict[str, tuple[int, int, int, int]]:
+        """Remove type names (and their released totals) no live or recently released
+        object uses, so the fixed-size table keeps room for new types; returns the
+        totals removed, per name, for the caller to keep counting.  A type in use again
+        later is interned again at its next init."""
+        names, totals = self._kernel_type_names(), self.bpf["totals"]
+        gone = [t for t in names if t not in keep]
+        for type_id in gone:  # objects released before may still be named (anomalies)
+            self.pruned_names[type_id] = names[type_id]
+        while len(self.pruned_names) > MAX_PRUNED_NAMES:
+            del self.pruned_names[next(iter(self.pruned_names))]
+        folded: dict[str, tuple[int, int, int, int]] = {}
+        for type_id in gone:
+            key = totals.Key(type_id)
+            per_cpu = totals.get(key)
+            if per_cpu is not None:
+                sums = tuple(sum(getattr(c, f) for c in per_cpu)
+                             for f in ("inits", "gets", "puts", "released"))
+                old = folded.get(names[type_id], (0, 0, 0, 0))
+                folded[names[type_id]] = tuple(
+                    a + b for a, b in zip(old, sums, strict=True))
+                with contextlib.suppress(KeyError):
+                    del totals[key]
+            with contextlib.suppress(KeyError):
+                del self.bpf["types"][self.bpf["types"].Key(type_id)]
+        return folded
+
+    def types_in_use(self) -> set[int]:
+        """Type ids of live objects."""
+        self._finish_deletes()
+        return {values[i].type_id for _, values, n in _lookup_batches(self.bpf["objs"])
+                for i in range(n)}
 
     def map_fill(self) -> dict[str, tuple[int, int]]:
         """Entries in use and capacity of the maps that can fill up."""
@@ -581,6 +624,7 @@ def _delete(table: Any, keys: list[Any] | ctypes.Array[Any]) -> None:
 
 
 BATCH = 65536  # map entries read per syscall by drain_columns
+MAX_PRUNED_NAMES = 1 << 16  # pruned type names remembered (oldest forgotten first)
 
 
 def _close_all(fds: list[int]) -> None:

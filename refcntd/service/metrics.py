@@ -90,7 +90,7 @@ class RefcntdCollector:
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for tracer in s.tracers:
             k = tracer.kernel
-            for name, (inits, gets, puts, released) in k.released_totals().items():
+            for name, (inits, gets, puts, released) in tracer.released_totals().items():
                 for op, n in zip(OPS, (inits, gets, puts, released), strict=True):
                     ops[(name, op)] = ops.get((name, op), 0) + n
             for rec in k.live_objects():
@@ -118,6 +118,7 @@ class RefcntdCollector:
         for name, _op in ops:  # a known type with nothing live is 0, not an absent series
             live.setdefault(name, [])
         keep = _kept_types(live, ops, s.leaked, s.max_type_labels)
+        f["types_pruned"].add_metric([t], sum(tr.types_pruned for tr in s.tracers))
         f["folded"].add_metric([t], len(set(live) | {n for n, _ in ops} | set(s.leaked))
                                - len(keep))
         live, ops = _fold(live, keep), _fold_ops(ops, keep)
@@ -211,6 +212,7 @@ class _Families(TypedDict):
     dropped: CounterMetricFamily
     notes: CounterMetricFamily
     folded: GaugeMetricFamily
+    types_pruned: CounterMetricFamily
 
 
 def _families() -> _Families:
@@ -241,6 +243,9 @@ def _families() -> _Families:
                           labels=["target", "map"]),
         "folded": g("refcntd_type_labels_folded", "Type names of the target shown as "
                     f"type=\"{OTHER_TYPES}\" because of its max_type_labels", labels=["target"]),
+        "types_pruned": c("refcntd_types_pruned", "Type names removed from the kernel's "
+                          "type table because no object used them (room for new types; their "
+                          "counts are kept)", labels=["target"]),
         "dropped": c("refcntd_dropped_records", "Records the kernel side could not keep",
                      labels=["target", "reason"]),
         "notes": c("refcntd_kernel_notes", "Kernel-side counts that are not losses (unknown "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -34,6 +35,8 @@ from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
 
 POLL_MS = 100
+PRUNE_TYPES_EVERY_S = 2.0  # how often the type table's fill is looked at
+PRUNE_TYPES_AT = 0.5  # share of the table in use from which unused types are removed
 
 # What each kernel counter means for the report, from bpf/refcntd.h: a "loss"
 # makes a run incomplete, a "note" is shown.
@@ -135,6 +138,12 @@ class Tracer:
         stacks = StackSource(self.kernel.stack_record)
         sym = Symbolizer(self.index, call_site_frames(plan))
         self.worker = ReportWorker()
+        self.types_lock = threading.Lock()  # pruned_totals and the kernel totals change together
+        self.pruned_totals: dict[str, tuple[int, int, int, int]] = {}
+        self.types_pruned = 0
+        self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
+        self._fixed_ids = set(_fixed_type_ids(plan).values())
+        self._max_types = kopts.max_types
         self.tracker = SessionTracker(self.kernel, stacks, sym, self._report,
                                       submit=self.worker.submit)
         if opts.comm_filter:
@@ -196,6 +205,33 @@ class Tracer:
         """Capture: read the ring buffer (exited processes are drained); nothing more."""
         self.kernel.poll(timeout_ms)
         self.worker.raise_error()
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
+            self.worker.submit(self._prune_types)
+
+    def _prune_types(self) -> None:
+        """On the worker: a long-running program can name more types over its life than
+        the kernel's type table holds; types nothing uses any more make room."""
+        if self.kernel.type_count() < self._max_types * PRUNE_TYPES_AT:
+            return
+        keep = self.kernel.types_in_use() | self._fixed_ids
+        with self.types_lock:
+            folded = self.kernel.prune_types(keep)
+            for name, sums in folded.items():
+                old = self.pruned_totals.get(name, (0, 0, 0, 0))
+                self.pruned_totals[name] = tuple(  # type: ignore[assignment]
+                    a + b for a, b in zip(old, sums, strict=True))
+            self.types_pruned += len(folded)
+
+    def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
+        """Per type name, (inits, gets, puts, releases) of released objects: the kernel's
+        totals plus those of types pruned from its table (counters never go down)."""
+        with self.types_lock:
+            out = dict(self.pruned_totals)
+            for name, sums in self.kernel.released_totals().items():
+                old = out.get(name, (0, 0, 0, 0))
+                out[name] = tuple(a + b for a, b in zip(old, sums, strict=True))  # type: ignore[assignment]
+        return out
 
     def finish(self, result: RunResult) -> RunResult:
         self.kernel.poll(0)

@@ -116,3 +116,23 @@ def test_type_labels_stay_within_the_cap(bpf, build, tmp_path):
     series = {labels for (name, labels) in samples if name.startswith("refcntd_")
               and dict(labels).get("target") == "many" and "type" in dict(labels)}
     assert len({dict(labels)["type"] for labels in series}) == 50
+
+
+def test_types_gone_are_pruned_so_new_types_keep_their_names(bpf, build, tmp_path):
+    """1 500 type names over a program's life, one live at a time, against a kernel
+    type table of 1 024: every name is still counted under its own label."""
+    exe = build.program("churntypes", [FIXTURES / "churntypes.c"])
+    n = 1500
+    with Serve(tmp_path, target_yaml("churn", exe, extra="    max_type_labels: 2000\n")) as serve:
+        proc = subprocess.run([str(exe), str(n)], timeout=120)
+        assert proc.returncode == 0
+        serve.wait_log("target=churn pid=", 60)
+        samples = serve.scrape()
+        assert serve.stop() == 0
+    inits = {dict(labels)["type"]: v for (name, labels), v in samples.items()
+             if name == "refcntd_operations_total" and dict(labels)["target"] == "churn"
+             and dict(labels)["operation"] == "init"}
+    assert {t: v for t, v in inits.items() if v} == {f"c{i}": 1 for i in range(n)}, serve.log[-3000:]
+    assert metric(samples, "refcntd_types_pruned_total", target="churn") >= n - 1024
+    assert metric(samples, "refcntd_dropped_records_total", target="churn",
+                  reason="type_map_full") == 0
