@@ -119,6 +119,10 @@ class RefcntdCollector:
             live.setdefault(name, [])
         keep = _kept_types(live, ops, s.leaked, s.max_type_labels)
         f["types_pruned"].add_metric([t], sum(tr.types_pruned for tr in s.tracers))
+        for tr in s.tracers:
+            module = tr.plan.modules.get(tr.plan.binary)
+            f["attached"].add_metric([t, tr.plan.binary, (module.build_id or "") if module
+                                      else ""], tr.attached_at)
         f["folded"].add_metric([t], len(set(live) | {n for n, _ in ops} | set(s.leaked))
                                - len(keep))
         live, ops = _fold(live, keep), _fold_ops(ops, keep)
@@ -213,6 +217,7 @@ class _Families(TypedDict):
     notes: CounterMetricFamily
     folded: GaugeMetricFamily
     types_pruned: CounterMetricFamily
+    attached: GaugeMetricFamily
 
 
 def _families() -> _Families:
@@ -243,6 +248,10 @@ def _families() -> _Families:
                           labels=["target", "map"]),
         "folded": g("refcntd_type_labels_folded", "Type names of the target shown as "
                     f"type=\"{OTHER_TYPES}\" because of its max_type_labels", labels=["target"]),
+        "attached": g("refcntd_binary_attached_since_seconds", "When each binary of the "
+                      "target was attached (Unix time), by the build-id of the file attached: "
+                      "a package upgrade shows as a new build-id",
+                      labels=["target", "binary", "build_id"]),
         "types_pruned": c("refcntd_types_pruned", "Type names removed from the kernel's "
                           "type table because no object used them (room for new types; their "
                           "counts are kept)", labels=["target"]),

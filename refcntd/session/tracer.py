@@ -144,6 +144,7 @@ class Tracer:
         self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
         self._fixed_ids = set(_fixed_type_ids(plan).values())
         self._max_types = kopts.max_types
+        self.attached_at = 0.0  # time.time() when the probes were attached
         self.tracker = SessionTracker(self.kernel, stacks, sym, self._report,
                                       submit=self.worker.submit)
         if opts.comm_filter:
@@ -169,6 +170,7 @@ class Tracer:
         self.kernel.open_events(self._on_event)
         with progress.stage("probe creation"):
             self.kernel.attach_all()
+            self.attached_at = time.time()
             why = self.plan.loader and self.kernel.attach_loader(self.plan.loader.path,
                                                                  self.plan.loader.sites)
         if why:

@@ -8,10 +8,13 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from conftest import FIXTURES, leak_summary
 from test_run import PERFLIKE_LEAKS
 from test_serve import Serve, free_port, metric, target_yaml
+
+from refcntd.binary.elf import read_build_id
 
 
 def test_reload_applies_what_it_can_and_says_what_needs_a_restart(bpf, build, tmp_path):
@@ -67,9 +70,10 @@ def test_replaced_binary_is_traced_again(bpf, build, tmp_path):
         first = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
         assert first.wait(60) == 0
         assert leak_summary(_report_of(serve, first.pid)["processes"][0]) == PERFLIKE_LEAKS
-        # a package upgrade: the new file is renamed over the old path (new inode)
+        before = attached_binaries(serve.scrape())
+        # a package upgrade: the new file (another build) is renamed over the old path
         staged = tmp_path / "perf.dpkg-new"
-        shutil.copy(build.perflike("O2fp"), staged)
+        shutil.copy(build.perflike("O2"), staged)
         os.replace(staged, target)
         serve.wait_log(f"binary={target} replaced (new inode)", 30)
         serve.wait_log(f"binary={target} appeared: attaching", 30)
@@ -79,7 +83,25 @@ def test_replaced_binary_is_traced_again(bpf, build, tmp_path):
         report = _report_of(serve, second.pid)
         assert leak_summary(report["processes"][0]) == PERFLIKE_LEAKS
         assert report["tracing"]["complete"], report["tracing"]
+        after = attached_binaries(serve.scrape())
         assert serve.stop() == 0
+    ids = {build_id(build.perflike(v)) for v in ("O2fp", "O2")}
+    assert len(ids) == 2 and set(before) | set(after) == ids
+    assert before[build_id(build.perflike("O2fp"))] < after[build_id(build.perflike("O2"))]
+
+
+def attached_binaries(samples: dict) -> dict[str, float]:
+    """build-id -> attach time, from refcntd_binary_attached_since_seconds."""
+    out = {}
+    for (name, labels), value in samples.items():
+        if name == "refcntd_binary_attached_since_seconds":
+            out[dict(labels)["build_id"]] = value
+    assert len(out) == 1, out  # one binary per path: the replaced one's series is gone
+    return out
+
+
+def build_id(path: Path) -> str | None:
+    return read_build_id(path)
 
 
 def test_binary_created_after_start_is_attached(bpf, build, tmp_path):
