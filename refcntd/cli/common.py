@@ -66,9 +66,7 @@ class HistoryOptions(TypedDict):
 
 
 def history_options(args: argparse.Namespace) -> HistoryOptions:
-    depth = args.history_depth
-    if depth < 4 or depth > 256 or depth & (depth - 1):
-        raise UsageError(f"--history-depth {depth}: must be a power of two in 4..256")
+    depth = args.history_depth  # its range is checked by argparse (cli/argtypes.py)
     if args.history is None:
         return {"history": None, "history_depth": depth}
     names = tuple(n.strip() for n in args.history.split(",") if n.strip())

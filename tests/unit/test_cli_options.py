@@ -1,0 +1,58 @@
+"""Every numeric option is range-checked by argparse, before any analysis or kernel work."""
+
+from __future__ import annotations
+
+import pytest
+
+from refcntd.cli.main import main
+
+RUN = ["run", "--", "/bin/true"]
+BAD = [
+    ("--exitcode", "256", "0..255"), ("--exitcode", "-1", "0..255"),
+    ("--exitcode", "1e3", "0..255"),
+    ("--max-objects", "0", "1..4194304"), ("--max-objects", "-5", "1..4194304"),
+    ("--max-objects", "99999999999", "1..4194304"),
+    ("--max-stacks", "0", "1..262144"), ("--max-stacks", "1000000000", "1..262144"),
+    ("--history-depth", "12", "power of two"), ("--history-depth", "512", "power of two"),
+    ("--wait-descendants", "-1", "0..86400"), ("--wait-descendants", "nan", "0..86400"),
+    ("--wait-descendants", "inf", "0..86400"),
+]
+
+
+def one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("option", "value", "allowed"), BAD)
+def test_run_option_out_of_range(option: str, value: str, allowed: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error_line(["run", f"{option}={value}", *RUN[1:]], capsys)
+    assert option in line and allowed in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["attach", "--binary", "/bin/true", "--pid", "0"],
+    ["attach", "--binary", "/bin/true", "--pid", "-3"],
+    ["attach", "--binary", "/bin/true", "--max-objects", "0"],
+    ["check", "--binary", "/bin/true", "--pid", "99999999"],
+    ["report", "x.json", "--exitcode", "256"],
+])
+def test_other_commands_check_ranges(argv: list[str],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error_line(argv, capsys)
+    assert "must be" in line or "expected" in line
+
+
+def test_bounds_themselves_are_accepted() -> None:
+    from refcntd.cli.main import build_parser
+    args = build_parser().parse_args(["run", "--exitcode", "255", "--max-objects", "4194304",
+                                      "--max-stacks", "1", "--history-depth", "256",
+                                      "--wait-descendants", "0", "--", "true"])
+    assert (args.exitcode, args.max_objects, args.max_stacks, args.history_depth) == \
+        (255, 4194304, 1, 256)
+    assert build_parser().parse_args(["run", "--exitcode", "0", "--", "t"]).exitcode == 0
