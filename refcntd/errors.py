@@ -56,3 +56,7 @@ class ProbeError(RefcntdError):
     """A probe could not be placed or installed."""
 
     exit_code = EXIT_INCOMPLETE
+
+
+class InputFileError(RefcntdError):
+    """An input file is missing, not a regular file, too big, or not UTF-8; names the file."""

@@ -132,7 +132,7 @@ def resolve_spec_path(name_or_file: str) -> Path:
 def load_spec(name_or_file: str = "perf-stubs", allow_draft: bool = False) -> Spec:
     """`allow_draft`: only `check` reads a draft, to explain it."""
     path = resolve_spec_path(name_or_file)
-    return parse_spec(load_yaml(path), allow_draft)
+    return parse_spec(load_yaml(path, "spec"), allow_draft)
 
 
 def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
