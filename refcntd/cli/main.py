@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_json", metavar="RUN.json")
     rep.add_argument("--format", choices=("text", "sarif", "junit", "github", "folded"),
                      default="text", help="folded: stacks for flame graphs")
-    rep.add_argument("--output", metavar="FILE", help="write there instead of stdout")
+    rep.add_argument("--output", metavar="FILE", type=argtypes.output_path,
+                     help="write there instead of stdout")
     _ci_args(rep)
 
     spec = sub.add_parser("spec", help="help writing a spec: `spec draft --library PATH`")
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                                               "symbols and SDT notes (a draft to confirm)")
     draft.add_argument("--library", required=True, help="the shared library to read")
     draft.add_argument("--name", help="the spec's name (default: LIBRARY-draft)")
-    draft.add_argument("--output", metavar="FILE", help="write there instead of stdout")
+    draft.add_argument("--output", metavar="FILE", type=argtypes.output_path,
+                       help="write there instead of stdout")
 
     for name, what in (("checkpoint", "mark the objects live now in a running `serve`"),
                        ("diff", "objects created since the checkpoint and still live, per "
@@ -113,8 +115,10 @@ def _progress_args(p: argparse.ArgumentParser) -> None:
 
 
 def _ci_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sarif", metavar="FILE", help="also write SARIF 2.1.0")
-    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    p.add_argument("--sarif", metavar="FILE", type=argtypes.output_path,
+                   help="also write SARIF 2.1.0")
+    p.add_argument("--junit", metavar="FILE", type=argtypes.output_path,
+                   help="also write JUnit XML")
     p.add_argument("--suppressions", metavar="FILE",
                    help="rules (leak:, type:, anomaly:) for findings that must not fail")
     p.add_argument("--baseline", metavar="OLD.json",
@@ -129,7 +133,8 @@ def _ci_args(p: argparse.ArgumentParser) -> None:
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--json", metavar="FILE", type=argtypes.output_path,
+                   help="also write the report as JSON")
     p.add_argument("--history", nargs="?", const="all", metavar="TYPES",
                    help="keep each object's get/put stacks and name the likely culprit of "
                         "each leak: 'all' (the default when given) or a comma-separated "

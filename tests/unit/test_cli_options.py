@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from refcntd.cli import main as cli_main
 from refcntd.cli.main import main
 
 RUN = ["run", "--", "/bin/true"]
@@ -56,3 +60,39 @@ def test_bounds_themselves_are_accepted() -> None:
     assert (args.exitcode, args.max_objects, args.max_stacks, args.history_depth) == \
         (255, 4194304, 1, 256)
     assert build_parser().parse_args(["run", "--exitcode", "0", "--", "t"]).exitcode == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--json", "{missing}/r.json", "--", "/bin/true"],
+    ["run", "--sarif", "{dir}", "--", "/bin/true"],
+    ["run", "--junit", "/proc/no-such-file.xml", "--", "/bin/true"],
+    ["attach", "--binary", "/bin/true", "--json", "{dir}"],
+    ["report", "r.json", "--output", "{missing}/out"],
+    ["report", "r.json", "--junit", "{readonly}/j.xml"],
+    ["spec", "draft", "--library", "/bin/true", "--output", "{dir}"],
+])
+def test_output_paths_checked_before_the_command(argv: list[str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "none", str(readonly)],
+                             check=False, capture_output=True).returncode == 0
+    if not mounted:  # not root: a mode the kernel enforces for us
+        readonly.chmod(0o555)
+    reached = []
+    monkeypatch.setattr(cli_main, "_command", lambda name: reached.append(name))
+    try:
+        filled = [a.format(missing=tmp_path / "nope", dir=tmp_path, readonly=readonly)
+                  for a in argv]
+        line = one_error_line(filled, capsys)
+    finally:
+        subprocess.run(["umount", str(readonly)], check=False, capture_output=True)
+    assert not reached and line.startswith("refcntd: argument --"), line
+
+
+def test_output_path_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    from refcntd.cli.main import build_parser
+    out = tmp_path / "r.json"
+    assert build_parser().parse_args(["run", "--json", str(out), "--", "t"]).json == str(out)
+    assert not out.exists()
