@@ -96,3 +96,14 @@ def test_output_path_check_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     assert build_parser().parse_args(["run", "--json", str(out), "--", "t"]).json == str(out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o000])
+def test_command_not_executable_is_a_usage_error(mode: int, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cmd = tmp_path / "tool"
+    cmd.write_bytes(Path("/bin/true").read_bytes())
+    cmd.chmod(mode)
+    assert "command not executable" in one_error_line(["run", "--", str(cmd)], capsys)
+    assert "command not executable" in one_error_line(["run", "--", str(tmp_path)], capsys)
+    assert "command not found" in one_error_line(["run", "--", str(tmp_path / "x")], capsys)
