@@ -48,6 +48,8 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
     """--sarif, --junit, and GitHub annotations + step summary under GitHub Actions."""
     from refcntd.outputs import ciformats
     root = Path(args.source_root)
+    if args.sarif or (annotate and os.environ.get("GITHUB_ACTIONS") == "true"):
+        warn_unlocated(result, verdict, root)
     if args.sarif:
         emit(json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n", args.sarif)
     if args.junit:
@@ -56,6 +58,13 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
         print(ciformats.verdict_text(verdict), file=stream, end="")
         if os.environ.get("GITHUB_ACTIONS") == "true":
             ciformats.write_github(result, verdict, root, sys.stdout)
+
+
+def warn_unlocated(result: RunResult, verdict: Verdict, root: Path) -> None:
+    from refcntd.outputs import ciformats
+    warning = ciformats.unlocated_warning(result, verdict, root)
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 class HistoryOptions(TypedDict):

@@ -137,7 +137,8 @@ def collect_findings(result: RunResult) -> list[Finding]:
                                  Finding(a.kind, a.type_name, a.frames, anomaly=a))
             f.objects += a.occurrences
             f.pids.append(p.pid)
-    return sorted(found.values(), key=lambda f: (f.kind != "leak", -f.objects, f.type_name))
+    # leaks first, most objects first, then type and stack: the same order every run
+    return sorted(found.values(), key=lambda f: (f.kind != "leak", -f.objects, f.key))
 
 
 def _key(kind: str, type_name: str, frames: tuple[Frame, ...]) -> FindingKey:

@@ -36,6 +36,15 @@ from refcntd.symbolize.symbolizer import Frame
 JSON_SCHEMA = "refcntd-report"
 JSON_VERSION = 1
 MAX_LISTED_OBJECTS = 8
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str, keep: str = "") -> str:
+    """Control characters escaped as \\xNN (those in `keep` left alone).  Type and function
+    names are whatever bytes the traced program holds: they must not drive the terminal,
+    break XML or forge CI annotations."""
+    return _CONTROL.sub(lambda m: m.group() if m.group() in keep else f"\\x{ord(m.group()):02x}",
+                        text)
 
 
 def _plural(n: int, word: str) -> str:
@@ -67,7 +76,7 @@ def render_process(p: ProcessReport) -> str:
         lines += ["", *(f"kept by the library on purpose (spec default, not a leak): "
                         f"{_plural(n, 'object')}: {reason}" for reason, n in p.kept.items())]
     lines += ["", summary_line(p)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def render_anomaly(a: AnomalyFinding) -> list[str]:
@@ -179,7 +188,7 @@ def render_run(result: RunResult) -> str:
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
              f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
              f"{_plural(len(leaking), 'process')}, {_plural(result.anomalies, 'anomaly')}\n")
-    return text
+    return visible(text, keep="\n")
 
 
 # ---- JSON -------------------------------------------------------------------
