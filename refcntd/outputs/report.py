@@ -104,7 +104,7 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
         lines.append(f"    (stack {g.unwind.describe()})")
     elif g.stack_truncated:
         lines.append("    (stack likely truncated: it does not reach main or a thread start)")
-    lines += render_culprits(g)
+    lines += render_culprits(g, word)
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
                      f"{obj.puts} puts, age {_age(obj.age_ns)}")
@@ -126,13 +126,14 @@ def short_path(frames: tuple[Frame, ...], limit: int = 4) -> str:
     return " < ".join(parts) + (" < ..." if len(frames) > limit else "")
 
 
-def render_culprits(g: LeakGroup) -> list[str]:
+def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
+    """`word`: "live" for objects still live at detach: not (yet) leaks."""
     lines = []
     for rank, c in enumerate(g.culprits):
         label = "Likely culprit" if rank == 0 else "Also"
         lines.append(f"  {label}: {c.kind} in {c.function.function or '??'}: the reference "
                      f"got at {short_path(c.frames, 8)} is never put")
-        lines.append(f"    unmatched in {c.objects} of {len(g.objects)} leaked objects "
+        lines.append(f"    unmatched in {c.objects} of {len(g.objects)} {word} objects "
                      f"({_plural(c.references, 'reference')}); the same path got "
                      f"{_plural(c.released_uses, 'reference')} in objects released correctly")
     return lines
@@ -187,8 +188,17 @@ def render_run(result: RunResult) -> str:
     text = render_tracing(result.tracing)
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
              f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
-             f"{_plural(len(leaking), 'process')}, {_plural(result.anomalies, 'anomaly')}\n")
+             f"{_plural(len(leaking), 'process')}{_live_note(result)}, "
+             f"{_plural(result.anomalies, 'anomaly')}\n")
     return visible(text, keep="\n")
+
+
+def _live_note(result: RunResult) -> str:
+    live = [p for p in result.processes if p.state == STATE_LIVE_AT_DETACH and p.groups]
+    if not live:
+        return ""
+    return (f", {_plural(sum(p.leaked_objects for p in live), 'object')} still live at detach "
+            f"in {_plural(len(live), 'process')} (not leaks)")
 
 
 # ---- JSON -------------------------------------------------------------------

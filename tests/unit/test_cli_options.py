@@ -107,3 +107,11 @@ def test_command_not_executable_is_a_usage_error(mode: int, tmp_path: Path,
     assert "command not executable" in one_error_line(["run", "--", str(cmd)], capsys)
     assert "command not executable" in one_error_line(["run", "--", str(tmp_path)], capsys)
     assert "command not found" in one_error_line(["run", "--", str(tmp_path / "x")], capsys)
+
+
+def test_attach_to_a_missing_pid_fails_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    pid = 4194000
+    while Path(f"/proc/{pid}").exists():
+        pid += 1
+    line = one_error_line(["attach", "--binary", "/bin/true", "--pid", str(pid)], capsys)
+    assert f"no process {pid}" in line
