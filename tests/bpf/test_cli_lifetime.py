@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from conftest import FIXTURES, REFCNTD, ROOT, leak_summary
-from test_attach import attach_to_pid, start_waiter
+from test_attach import start_waiter
 from test_run import assert_perflike_truth
 
 
