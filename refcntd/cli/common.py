@@ -23,11 +23,18 @@ if TYPE_CHECKING:
     from refcntd.outputs.policy import Verdict
 
 
-def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS
-                    ) -> int:
-    """Failing findings beat everything; then incompleteness; else the command's status."""
+def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS,
+                    strict: bool = False) -> int:
+    """Failing findings beat everything; then incompleteness (with `strict`, any gap in
+    the report, said on stderr); else the command's status."""
     if verdict.failing():
         return findings_code
+    if strict:
+        from refcntd.outputs.strict import strict_problems
+        problems = strict_problems(result)
+        if problems:
+            print(f"refcntd: --strict: {'; '.join(problems)}", file=sys.stderr)
+            return EXIT_INCOMPLETE
     if not result.tracing.complete:
         return EXIT_INCOMPLETE
     return result.command_status or 0

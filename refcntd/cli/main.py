@@ -127,6 +127,9 @@ def _ci_args(p: argparse.ArgumentParser) -> None:
                    help="fail only above N leaked objects of TYPE (* for any type)")
     p.add_argument("--exitcode", type=argtypes.EXIT_STATUS, default=EXIT_FINDINGS, metavar="N",
                    help=f"exit status when findings fail the run, 0..255 (default {EXIT_FINDINGS})")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 24 unless the report is exact and readable: also for "
+                        "unresolved or truncated stacks, unreadable type names, exits not seen")
     p.add_argument("--source-root", default=".", metavar="DIR",
                    help="the user's source tree: SARIF and annotations point into it "
                         "(default: the current directory)")

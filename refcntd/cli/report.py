@@ -35,4 +35,4 @@ def cmd_report(args: argparse.Namespace) -> int:
         text += ciformats.github_summary(result, verdict)
     emit(text, args.output)
     ci_outputs(result, verdict, args, sys.stderr, annotate=False)
-    return run_exit_status(result, verdict, args.exitcode)
+    return run_exit_status(result, verdict, args.exitcode, args.strict)

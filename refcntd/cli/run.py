@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     ci_outputs(result, verdict, args, sys.stderr)
-    return run_exit_status(result, verdict, args.exitcode)
+    return run_exit_status(result, verdict, args.exitcode, args.strict)
 
 
 def _resolve_command(name: str) -> str:

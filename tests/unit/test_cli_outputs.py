@@ -90,3 +90,23 @@ def test_order_and_case_names_do_not_depend_on_discovery_order(tmp_path: Path) -
     assert names[0] == names[1]
     assert [n.split(" [")[0] for n in names[0]] == \
         [f"leak dso at site{i} < main" for i in range(3)]  # no counts in the names
+
+
+def test_strict_fails_a_degraded_report(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    frames = (Frame("", 0x7f00, raw="ip 0x7f00"), Frame("/bin/x", 0x2000, "main", 8))
+    group = LeakGroup("<type name at 0x4010>", frames, [LeakedObject(0x1000, 1, 1, 0, 7)])
+    clean = RunResult("run", "perf-stubs", "x",
+                      [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [])])
+    degraded = RunResult("run", "perf-stubs", "x",
+                         [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [group])])
+    saved = {name: tmp_path / f"{name}.json" for name in ("clean", "degraded")}
+    report.write_json(clean, str(saved["clean"]))
+    report.write_json(degraded, str(saved["degraded"]))
+    limits = ["--max-leaks", "*=5"]  # the leak itself does not fail: only --strict may
+    assert main(["report", str(saved["degraded"]), *limits]) == 0
+    assert main(["report", str(saved["clean"]), "--strict"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(saved["degraded"]), "--strict", *limits]) == 24
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "refcntd: --strict: 1 unresolved frame(s); 1 unreadable type name(s)"
