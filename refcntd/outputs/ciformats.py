@@ -10,8 +10,9 @@ from xml.etree import ElementTree as ET
 from refcntd import __version__
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
-from refcntd.outputs.report import short_path, visible
+from refcntd.outputs.report import short_path
 from refcntd.symbolize.symbolizer import Frame
+from refcntd.text import visible
 
 SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
                 "sarif-schema-2.1.0.json")

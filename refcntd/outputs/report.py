@@ -32,19 +32,11 @@ from refcntd.outputs.jsontypes import (
     UnwindJson,
 )
 from refcntd.symbolize.symbolizer import Frame
+from refcntd.text import visible
 
 JSON_SCHEMA = "refcntd-report"
 JSON_VERSION = 1
 MAX_LISTED_OBJECTS = 8
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def visible(text: str, keep: str = "") -> str:
-    """Control characters escaped as \\xNN (those in `keep` left alone).  Type and function
-    names are whatever bytes the traced program holds: they must not drive the terminal,
-    break XML or forge CI annotations."""
-    return _CONTROL.sub(lambda m: m.group() if m.group() in keep else f"\\x{ord(m.group()):02x}",
-                        text)
 
 
 def _plural(n: int, word: str) -> str:
