@@ -73,9 +73,17 @@ def test_attach_live_objects_are_not_called_leaks(bpf, build, tmp_path):
     assert "still live at detach" in out
 
 
-def _children(pid: int) -> list[int]:
+def _children(pid: int, exe: Path) -> list[int]:
+    """`pid`'s children running `exe` (refcntd may have helpers of its own running)."""
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(c) for c in text.split()]
+    found = []
+    for child in map(int, text.split()):
+        try:
+            if Path(f"/proc/{child}/exe").resolve() == exe.resolve():
+                found.append(child)
+        except OSError:
+            continue
+    return found
 
 
 def test_sigkilled_run_takes_its_command_down(bpf, build, tmp_path):
@@ -85,7 +93,7 @@ def test_sigkilled_run_takes_its_command_down(bpf, build, tmp_path):
     cmd = 0
     try:
         assert run.stdout.readline().strip() == "ready"  # CMD runs, blocked on its stdin
-        (cmd,) = _children(run.pid)
+        (cmd,) = _children(run.pid, waiter)
         os.kill(run.pid, signal.SIGKILL)
         run.wait(timeout=10)
         deadline = time.monotonic() + 10
