@@ -51,6 +51,9 @@ BPF_TABLE("lru_hash", __u32, struct obj_key, last_released, MAX_PROCS);
 /* Objects the library flags as expected to outlive it: no longer counted. */
 BPF_TABLE("lru_hash", struct obj_key, __u32, may_leak, MAX_GRAVES);
 BPF_PERCPU_ARRAY(anomaly_buf, struct anomaly, 1);
+/* fork without exec: a traced child's parent, so that the child's first
+ * operation on an object it inherited finds the parent's (inherit_object). */
+BPF_TABLE("lru_hash", __u32, __u32, fork_parent, MAX_PROCS);
 #if HISTORY
 BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F_NO_PREALLOC);
 /* A zero hist_val to start a history from: memset of a large struct is not
@@ -606,13 +609,48 @@ static __always_inline int revive(struct probe_cfg *cfg, struct obj_key *key)
 	return 1;
 }
 
+#define INHERIT_LEVELS 4  /* parent, grandparent, ... */
+
+/* `key` is not in objs: when its process was forked (no exec since) from a
+ * process that has the object, the object is the child's too, with the same
+ * address and the ancestor's current count: copy it over (the child's gen),
+ * so that the child's operations and its report include it. */
+static __always_inline struct obj_val *inherit_object(struct obj_key *key)
+{
+	struct proc_val *proc = procs.lookup(&key->tgid);
+	struct obj_key from = {.tgid = key->tgid, .addr = key->addr};
+	if (!proc)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < INHERIT_LEVELS; i++) {
+		__u32 *parent = fork_parent.lookup(&from.tgid);
+		if (!parent)
+			return 0;
+		from.tgid = *parent;
+		struct obj_val *o = objs.lookup(&from);
+		if (o) {
+			struct obj_val copy = *o;
+			copy.gen = proc->gen;
+			objs.insert(key, &copy);
+			return objs.lookup(key);
+		}
+	}
+	return 0;
+}
+
+static __always_inline struct obj_val *lookup_or_inherit(struct obj_key *key)
+{
+	struct obj_val *o = objs.lookup(key);
+	return o ? o : inherit_object(key);
+}
+
 static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
 	if (key.addr == 0 || is_static(cfg, key.addr))  /* foo_free(NULL): a no-op */
 		return 0;
-	struct obj_val *o = objs.lookup(&key);
+	struct obj_val *o = lookup_or_inherit(&key);
 	if (!o) {
 		if (!early_op(&key, 1) && !revive(cfg, &key))
 			missing_object(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET,
@@ -634,7 +672,7 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 			      .addr = fetch(ctx, &cfg->obj)};
 	if (key.addr == 0 || is_static(cfg, key.addr))
 		return 0;
-	struct obj_val *o = objs.lookup(&key);
+	struct obj_val *o = lookup_or_inherit(&key);
 	if (!o) {
 		if (absorbed_put(&key))
 			return 0;
@@ -669,7 +707,7 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 			      .addr = fetch(ctx, &cfg->obj)};
 	if (key.addr == 0)
 		return 0;
-	struct obj_val *o = objs.lookup(&key);
+	struct obj_val *o = lookup_or_inherit(&key);
 	if (!o) {
 		missing_object(ctx, cfg, &key, AN_DOUBLE_DELETE, AN_UNKNOWN_DELETE,
 			       ST_UNKNOWN_DELETE);
@@ -808,6 +846,8 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 		return 0;
 	/* Threads pass here too: their entry is dropped again in sched_process_exit. */
 	register_proc(args->child_pid, EV_FORK, parent);
+	__u32 child = args->child_pid;
+	fork_parent.update(&child, &parent);
 	return 0;
 }
 
@@ -815,6 +855,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_execve)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
+	fork_parent.delete(&tgid);  /* a new image: nothing inherited any more */
 	if (FILTERED && !procs.lookup(&tgid))
 		return 0;
 	struct event *ev = new_event(EV_EXECVE, tgid, (__u32)id, 0);
@@ -839,6 +880,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
 	ctor_depth.delete(&tid);  /* a constructor that never returned must not outlive its thread */
+	fork_parent.delete(&tid);
 	if (tid != tgid && procs.lookup(&tid)) {
 		struct event *gone = new_event(EV_THREAD_GONE, tgid, tid, 0);
 		procs.delete(&tid);

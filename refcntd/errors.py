@@ -7,6 +7,8 @@ keeps its traceback.
 
 from __future__ import annotations
 
+from refcntd.text import visible
+
 EXIT_USAGE = 2
 EXIT_FINDINGS = 23
 EXIT_INCOMPLETE = 24
@@ -23,10 +25,11 @@ class RefcntdError(Exception):
         self.remedy = remedy
 
     def line(self) -> str:
-        """The single line shown to the user."""
+        """The single line shown to the user (control characters escaped: a path or name
+        holding a newline must not make it two)."""
         if self.remedy:
-            return f"refcntd: {self.message} ({self.remedy})"
-        return f"refcntd: {self.message}"
+            return visible(f"refcntd: {self.message} ({self.remedy})")
+        return visible(f"refcntd: {self.message}")
 
 
 class UsageError(RefcntdError):
@@ -56,3 +59,7 @@ class ProbeError(RefcntdError):
     """A probe could not be placed or installed."""
 
     exit_code = EXIT_INCOMPLETE
+
+
+class InputFileError(RefcntdError):
+    """An input file is missing, not a regular file, too big, or not UTF-8; names the file."""

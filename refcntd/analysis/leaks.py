@@ -87,7 +87,7 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
         groups[key].culprits = attribute(objects, released)
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)
-    return sorted(groups.values(), key=lambda g: (-len(g.objects), g.type_name))
+    return sorted(groups.values(), key=LeakGroup.order)
 
 
 def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now_ns: int,
@@ -108,7 +108,7 @@ def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now
         groups.setdefault(group.key(), (group, []))[1].extend(idx)
     for group, idx in groups.values():
         group.objects = LeakedObjects(objs, idx, now_ns)  # type: ignore[assignment]
-    return sorted((g for g, _ in groups.values()), key=lambda g: (-len(g.objects), g.type_name))
+    return sorted((g for g, _ in groups.values()), key=LeakGroup.order)
 
 
 def _rows_by_key(objs: ObjectColumns) -> dict[tuple[int, ...], list[int]]:

@@ -65,6 +65,11 @@ class LeakGroup:
     def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))
 
+    def order(self) -> tuple[int, LeakKey]:
+        """The report's order of groups: most objects first, then type name, then the
+        allocation stack's (module, function, offset) frames: the same from run to run."""
+        return (-len(self.objects), self.key())
+
 
 ANOMALY_TEXT = {
     "double-put": "put on an object whose count was already 0",

@@ -20,7 +20,8 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
-from refcntd.errors import BinaryError
+from refcntd.errors import BinaryError, InputFileError
+from refcntd.inputs.files import read_bytes
 
 # Suffixes gcc gives to compiler-made copies of a function (IPA clones, split parts).
 CLONE_RE = re.compile(r"^(?P<base>[^.]+)\.(?P<kind>constprop|isra|part|cold|lto_priv|localalias)"
@@ -204,9 +205,9 @@ def _read_elf_bytes(path: Path) -> bytes:
     if path.is_dir():
         raise BinaryError(f"{path}: is a directory, not an ELF binary")
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise BinaryError(f"{path}: cannot read ({err.strerror})") from None
+        data = read_bytes(path, "binary", limit=None)  # a FIFO is refused, not waited on
+    except InputFileError as err:
+        raise BinaryError(err.message.removeprefix("binary ")) from None
     if data[:4] != b"\x7fELF":
         first = data[:2]
         what = "a script" if first == b"#!" else "not an ELF file"

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from refcntd.binary.sitemode import parse_modes
 from refcntd.cli.common import early_compile, finish_output, history_options, printer
 from refcntd.cli.stages import analyse
-from refcntd.errors import EXIT_INCOMPLETE
+from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.kernel import setup
 from refcntd.session.tracer import TraceOptions, attach
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
+        raise UsageError(f"no process {args.pid}", "attach --pid needs a running process")
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         **history_options(args))
     spec = load_spec(args.spec)

@@ -23,11 +23,18 @@ if TYPE_CHECKING:
     from refcntd.outputs.policy import Verdict
 
 
-def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS
-                    ) -> int:
-    """Failing findings beat everything; then incompleteness; else the command's status."""
+def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS,
+                    strict: bool = False) -> int:
+    """Failing findings beat everything; then incompleteness (with `strict`, any gap in
+    the report, said on stderr); else the command's status."""
     if verdict.failing():
         return findings_code
+    if strict:
+        from refcntd.outputs.strict import strict_problems
+        problems = strict_problems(result)
+        if problems:
+            print(f"refcntd: --strict: {'; '.join(problems)}", file=sys.stderr)
+            return EXIT_INCOMPLETE
     if not result.tracing.complete:
         return EXIT_INCOMPLETE
     return result.command_status or 0
@@ -48,6 +55,8 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
     """--sarif, --junit, and GitHub annotations + step summary under GitHub Actions."""
     from refcntd.outputs import ciformats
     root = Path(args.source_root)
+    if args.sarif or (annotate and os.environ.get("GITHUB_ACTIONS") == "true"):
+        warn_unlocated(result, verdict, root)
     if args.sarif:
         emit(json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n", args.sarif)
     if args.junit:
@@ -58,6 +67,13 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
             ciformats.write_github(result, verdict, root, sys.stdout)
 
 
+def warn_unlocated(result: RunResult, verdict: Verdict, root: Path) -> None:
+    from refcntd.outputs import ciformats
+    warning = ciformats.unlocated_warning(result, verdict, root)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
 class HistoryOptions(TypedDict):
     """The TraceOptions fields that --history and --history-depth set."""
 
@@ -66,9 +82,7 @@ class HistoryOptions(TypedDict):
 
 
 def history_options(args: argparse.Namespace) -> HistoryOptions:
-    depth = args.history_depth
-    if depth < 4 or depth > 256 or depth & (depth - 1):
-        raise UsageError(f"--history-depth {depth}: must be a power of two in 4..256")
+    depth = args.history_depth  # its range is checked by argparse (cli/argtypes.py)
     if args.history is None:
         return {"history": None, "history_depth": depth}
     names = tuple(n.strip() for n in args.history.split(",") if n.strip())

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from refcntd import __version__, progress
+from refcntd.cli import argtypes
 from refcntd.errors import EXIT_FINDINGS, RefcntdError, UsageError
 from refcntd.inputs.config import DEFAULT_CONFIG
 
@@ -30,14 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="show what would be probed and how, without tracing")
     check.add_argument("--binary", required=True, help="executable or shared library")
-    check.add_argument("--pid", type=int, help="also show the USDT semaphore values of this "
-                                               "live process")
+    check.add_argument("--pid", type=argtypes.PID,
+                       help="also show the USDT semaphore values of this live process")
     _spec_arg(check)
     _progress_args(check)
 
     att = sub.add_parser("attach", help="trace a binary system-wide (or one pid) until Ctrl-C")
     att.add_argument("--binary", required=True, help="executable or shared library to probe")
-    att.add_argument("--pid", type=int, help="only this process and its descendants")
+    att.add_argument("--pid", type=argtypes.PID, help="only this process and its descendants")
     _spec_arg(att)
     _output_args(att)
     _progress_args(att)
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_arg(run)
     _output_args(run)
     _progress_args(run)
-    run.add_argument("--wait-descendants", type=float, default=10.0, metavar="SECONDS",
+    run.add_argument("--wait-descendants", type=argtypes.WAIT_SECONDS, default=10.0,
+                     metavar="SECONDS",
                      help="after the command exits, wait this long for its traced "
                           "descendants (default 10)")
     _ci_args(run)
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_json", metavar="RUN.json")
     rep.add_argument("--format", choices=("text", "sarif", "junit", "github", "folded"),
                      default="text", help="folded: stacks for flame graphs")
-    rep.add_argument("--output", metavar="FILE", help="write there instead of stdout")
+    rep.add_argument("--output", metavar="FILE", type=argtypes.output_path,
+                     help="write there instead of stdout")
     _ci_args(rep)
 
     spec = sub.add_parser("spec", help="help writing a spec: `spec draft --library PATH`")
@@ -66,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                                               "symbols and SDT notes (a draft to confirm)")
     draft.add_argument("--library", required=True, help="the shared library to read")
     draft.add_argument("--name", help="the spec's name (default: LIBRARY-draft)")
-    draft.add_argument("--output", metavar="FILE", help="write there instead of stdout")
+    draft.add_argument("--output", metavar="FILE", type=argtypes.output_path,
+                       help="write there instead of stdout")
 
     for name, what in (("checkpoint", "mark the objects live now in a running `serve`"),
                        ("diff", "objects created since the checkpoint and still live, per "
@@ -111,34 +115,40 @@ def _progress_args(p: argparse.ArgumentParser) -> None:
 
 
 def _ci_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sarif", metavar="FILE", help="also write SARIF 2.1.0")
-    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    p.add_argument("--sarif", metavar="FILE", type=argtypes.output_path,
+                   help="also write SARIF 2.1.0")
+    p.add_argument("--junit", metavar="FILE", type=argtypes.output_path,
+                   help="also write JUnit XML")
     p.add_argument("--suppressions", metavar="FILE",
                    help="rules (leak:, type:, anomaly:) for findings that must not fail")
     p.add_argument("--baseline", metavar="OLD.json",
                    help="fail only on findings absent from this earlier run")
     p.add_argument("--max-leaks", action="append", default=[], metavar="TYPE=N",
                    help="fail only above N leaked objects of TYPE (* for any type)")
-    p.add_argument("--exitcode", type=int, default=EXIT_FINDINGS, metavar="N",
-                   help=f"exit status when findings fail the run (default {EXIT_FINDINGS})")
+    p.add_argument("--exitcode", type=argtypes.EXIT_STATUS, default=EXIT_FINDINGS, metavar="N",
+                   help=f"exit status when findings fail the run, 0..255 (default {EXIT_FINDINGS})")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 24 unless the report is exact and readable: also for "
+                        "unresolved or truncated stacks, unreadable type names, exits not seen")
     p.add_argument("--source-root", default=".", metavar="DIR",
                    help="the user's source tree: SARIF and annotations point into it "
                         "(default: the current directory)")
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--json", metavar="FILE", type=argtypes.output_path,
+                   help="also write the report as JSON")
     p.add_argument("--history", nargs="?", const="all", metavar="TYPES",
                    help="keep each object's get/put stacks and name the likely culprit of "
                         "each leak: 'all' (the default when given) or a comma-separated "
                         "list of type names; costs a stack walk per get/put")
-    p.add_argument("--history-depth", type=int, default=16, metavar="N",
+    p.add_argument("--history-depth", type=argtypes.HISTORY_DEPTH, default=16, metavar="N",
                    help="operations kept per object, oldest first (power of two, "
                         "4..256; default 16); the rest are counted as dropped")
-    p.add_argument("--max-objects", type=int, default=1 << 20,
-                   help="object map capacity (default 1048576)")
-    p.add_argument("--max-stacks", type=int, default=8192,
-                   help="stack store capacity (default 8192 distinct stacks)")
+    p.add_argument("--max-objects", type=argtypes.MAX_OBJECTS, default=1 << 20,
+                   help="object map capacity, 1..4194304 (default 1048576)")
+    p.add_argument("--max-stacks", type=argtypes.MAX_STACKS, default=8192,
+                   help="stack store capacity, 1..262144 (default 8192 distinct stacks)")
 
 
 def main(argv: list[str] | None = None) -> int:

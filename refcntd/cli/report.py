@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from refcntd.cli.common import ci_outputs, emit, run_exit_status
+from refcntd.cli.common import ci_outputs, emit, run_exit_status, warn_unlocated
 from refcntd.outputs import report
 
 
@@ -18,6 +18,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     result = load_run(args.run_json)
     verdict = Policy.build(args.suppressions, args.baseline, args.max_leaks).evaluate(result)
     root = Path(args.source_root)
+    if args.format in ("sarif", "github") and not args.sarif:  # else ci_outputs warns
+        warn_unlocated(result, verdict, root)
     if args.format == "text":
         text = "".join(report.render_process(p) + "\n" for p in result.processes)
         text += report.render_run(result) + ciformats.verdict_text(verdict)
@@ -33,4 +35,4 @@ def cmd_report(args: argparse.Namespace) -> int:
         text += ciformats.github_summary(result, verdict)
     emit(text, args.output)
     ci_outputs(result, verdict, args, sys.stderr, annotate=False)
-    return run_exit_status(result, verdict, args.exitcode)
+    return run_exit_status(result, verdict, args.exitcode, args.strict)

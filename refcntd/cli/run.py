@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     ci_outputs(result, verdict, args, sys.stderr)
-    return run_exit_status(result, verdict, args.exitcode)
+    return run_exit_status(result, verdict, args.exitcode, args.strict)
 
 
 def _resolve_command(name: str) -> str:
@@ -49,6 +50,8 @@ def _resolve_command(name: str) -> str:
     found = name if "/" in name else shutil.which(name)
     if not found or not Path(found).exists():
         raise UsageError(f"command not found: {name}")
+    if not Path(found).is_file() or not os.access(found, os.X_OK):  # exec would fail: 126
+        raise UsageError(f"command not executable: {name}", "check its mode (chmod +x)")
     interpreter = _shebang(found)
     return _resolve_command(interpreter) if interpreter else found
 

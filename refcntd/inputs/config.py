@@ -58,7 +58,7 @@ class Config:
 
 
 def load_config(path: str | Path = DEFAULT_CONFIG) -> Config:
-    root = load_yaml(Path(path))
+    root = load_yaml(Path(path), "config")
     top = root.mapping({"version", "listen", "report_dir", "retention", "targets"},
                        {"version", "targets"})
     top["version"].integer(1, 1)

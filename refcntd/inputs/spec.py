@@ -132,7 +132,7 @@ def resolve_spec_path(name_or_file: str) -> Path:
 def load_spec(name_or_file: str = "perf-stubs", allow_draft: bool = False) -> Spec:
     """`allow_draft`: only `check` reads a draft, to explain it."""
     path = resolve_spec_path(name_or_file)
-    return parse_spec(load_yaml(path), allow_draft)
+    return parse_spec(load_yaml(path, "spec"), allow_draft)
 
 
 def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
@@ -150,6 +150,7 @@ def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
     library = _optional_string(top.get("library"))
     roles_node = top["roles"].mapping(set(ROLES), REQUIRED_ROLES)
     roles = {name: _parse_entries(name, node, library) for name, node in roles_node.items()}
+    _one_role_per_function(roles_node, library)
     description = _optional_string(top.get("description")) or ""
     kept = tuple(_kept_rule(item) for item in top["kept_by_library"].items()) \
         if "kept_by_library" in top else ()
@@ -184,6 +185,23 @@ def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpe
     if not entries:
         raise node.fail("needs at least one entry")
     return entries
+
+
+def _one_role_per_function(roles_node: dict[str, YNode], library: str | None) -> None:
+    """A function (or USDT probe) of one library in two roles would have each call
+    counted as both, e.g. get and put: every object balanced, every leak hidden."""
+    first: dict[tuple[str | None, str], tuple[str, int]] = {}
+    for role, node in roles_node.items():
+        for entry in [node] if node.is_mapping() else node.items():
+            fields = entry.mapping(*_allowed_keys(role))
+            lib = _optional_string(fields.get("library")) if "library" in fields else library
+            targets = list(fields["functions"].items()) if "functions" in fields else \
+                [fields["usdt"]]
+            for item in targets:
+                seen = first.setdefault((lib, item.string()), (role, item.line))
+                if seen[0] != role:
+                    raise item.fail(f"'{item.string()}' is already the {seen[0]} function "
+                                    f"(line {seen[1]}): one function cannot have two roles")
 
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from refcntd.errors import ConfigError
+from refcntd.inputs.files import read_text
 
 
 class YNode:
@@ -90,14 +91,9 @@ class YNode:
         return value
 
 
-def load_yaml(path: Path) -> YNode:
+def load_yaml(path: Path, what: str = "YAML file") -> YNode:
     """Parse a YAML file into a YNode; syntax errors become ConfigError."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(str(path), 0, "(file)", f"cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), 0, "(file)", "not a UTF-8 text file") from None
+    text = read_text(path, what)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as err:

@@ -527,8 +527,18 @@ class Kernel:
         owned = [k for k, v in _items(self.bpf["proc_stacks"])
                  if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
         _delete(self.bpf["proc_stacks"], owned)
-        keys = {r.stack_id for r in refs} | {k.stack_id for k in owned}
+        # objects a forked child inherited keep their ancestor's stacks: not its to free
+        keys = {r.stack_id for r in refs if self._stack_owner(r.stack_id) in ((tgid, gen), None)}
+        keys |= {k.stack_id for k in owned}
         _delete(self.bpf["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
+
+    def _stack_owner(self, stack_id: int) -> tuple[int, int] | None:
+        """(tgid, gen) that stored a stack-store entry; None if there is no such entry."""
+        try:
+            rec = self.bpf["stack_store"][ctypes.c_uint64(stack_id)]
+        except KeyError:
+            return None
+        return int(rec.tgid), int(rec.gen)
 
     # ---- unwind tables (bpf/unwind.h) -------------------------------------
     @property

@@ -12,6 +12,7 @@ from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
 from refcntd.outputs.report import short_path
 from refcntd.symbolize.symbolizer import Frame
+from refcntd.text import visible
 
 SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
                 "sarif-schema-2.1.0.json")
@@ -25,6 +26,15 @@ def title(f: Finding) -> str:
         blame = f" ({culprit.kind} in {culprit.function.function})" if culprit else ""
         return f"{f.objects} leaked {f.type_name} object(s){blame}"
     return f"{f.kind}: {ANOMALY_TEXT[f.kind]} ({f.type_name})"
+
+
+def case_name(f: Finding) -> str:
+    """A JUnit case name that follows a leak site across runs: kind, type and allocating
+    function chain (innermost first), no counts; the fingerprint tells apart sites whose
+    first frames agree."""
+    chain = " < ".join(fr.function or Path(fr.module).name or "??" for fr in f.frames[:6])
+    more = " < ..." if len(f.frames) > 6 else ""
+    return f"{f.kind} {f.type_name} at {chain or '??'}{more} [{f.fingerprint[:12]}]"
 
 
 def message(f: Finding) -> str:
@@ -56,6 +66,20 @@ def user_frame(f: Finding, root: Path, probed: frozenset[str] = frozenset()
         if rel and frame.function not in probed:
             return rel, frame.line
     return None
+
+
+def unlocated_warning(result: RunResult, verdict: Verdict, root: Path) -> str | None:
+    """Findings with source files but none under `root` lose their SARIF/annotation
+    locations: say so (a report re-rendered on another machine, a wrong --source-root)."""
+    probed = probed_functions(result)
+    lost = [f for f in verdict.findings if any(fr.file for fr in f.frames)
+            and user_frame(f, root, probed) is None]
+    if not lost:
+        return None
+    example = next(fr.file for fr in lost[0].frames if fr.file)
+    return (f"refcntd: warning: {len(lost)} finding(s) have no source file under "
+            f"--source-root {root.resolve()} (e.g. {visible(example)}): their SARIF results "
+            "and annotations carry no location; give the tree they were built from")
 
 
 def _relative(frame: Frame, root: Path) -> str | None:
@@ -129,7 +153,7 @@ def junit(result: RunResult, verdict: Verdict) -> str:
                        errors="0" if result.tracing.complete else "1")
     for f in verdict.findings:
         case = ET.SubElement(suite, "testcase", classname=f"refcntd.{f.kind}",
-                             name=f"{title(f)} [{f.fingerprint[:12]}]")
+                             name=case_name(f))
         if f.status == FAILING:
             ET.SubElement(case, "failure", message=title(f), type=f.kind).text = message(f)
         else:
@@ -142,6 +166,9 @@ def junit(result: RunResult, verdict: Verdict) -> str:
         failed = [p for p in result.tracing.probes if not p.installed]
         ET.SubElement(case, "error", message="tracing incomplete").text = \
             lost + "".join(f"; probe not installed: {p.function}" for p in failed)
+    for node in suite.iter():  # XML 1.0 cannot carry most control characters at all
+        node.text = visible(node.text, keep="\n\t") if node.text else node.text
+        node.attrib = {k: visible(v) for k, v in node.attrib.items()}
     body = ET.tostring(_wrap(suite), encoding="unicode")
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + body + "\n"
 
@@ -155,7 +182,7 @@ def _wrap(suite: ET.Element) -> ET.Element:
 
 # ---- GitHub Actions ---------------------------------------------------------------
 def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return visible(text, keep="\r\n").replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _escape_property(text: str) -> str:
@@ -188,7 +215,7 @@ def github_summary(result: RunResult, verdict: Verdict) -> str:
             where = short_path(f.frames[1:] or f.frames, 3).replace("|", "\\|")
             lines.append(f"| {f.status} | {title(f)} | {len(set(f.pids))} | `{where}` |")
     lines += [f"- unused suppression: `{r}` (line {r.line})" for r in verdict.unused_rules]
-    return "\n".join(lines) + "\n"
+    return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def write_github(result: RunResult, verdict: Verdict, root: Path, stream: TextIO) -> None:
@@ -211,4 +238,4 @@ def verdict_text(verdict: Verdict) -> str:
     lines.append(f"refcntd: {n} failing finding(s), {verdict.count(SUPPRESSED)} suppressed, "
                  f"{len(verdict.findings) - n - verdict.count(SUPPRESSED)} in baseline or "
                  "under thresholds")
-    return "\n".join(lines) + "\n"
+    return "\n".join(visible(line) for line in lines) + "\n"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from refcntd.analysis.model import AnomalyFinding, LeakGroup, RunResult
 from refcntd.errors import ConfigError
+from refcntd.inputs.files import read_text
 from refcntd.outputs.runjson import load_run
 from refcntd.symbolize.symbolizer import Frame
 
@@ -94,10 +95,7 @@ def _frame_name(f: Frame) -> str:
 
 
 def load_suppressions(path: str) -> list[Rule]:
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise ConfigError(path, 0, "(file)", f"cannot read: {err.strerror}") from None
+    lines = read_text(path, "suppressions").splitlines()
     rules = []
     for number, raw in enumerate(lines, 1):
         text = raw.split("#", 1)[0].strip()
@@ -139,7 +137,8 @@ def collect_findings(result: RunResult) -> list[Finding]:
                                  Finding(a.kind, a.type_name, a.frames, anomaly=a))
             f.objects += a.occurrences
             f.pids.append(p.pid)
-    return sorted(found.values(), key=lambda f: (f.kind != "leak", -f.objects, f.type_name))
+    # leaks first, most objects first, then type and stack: the same order every run
+    return sorted(found.values(), key=lambda f: (f.kind != "leak", -f.objects, f.key))
 
 
 def _key(kind: str, type_name: str, frames: tuple[Frame, ...]) -> FindingKey:
@@ -155,7 +154,8 @@ class Policy:
     @classmethod
     def build(cls, suppressions: str | None, baseline: str | None,
               max_leaks: list[str]) -> Policy:
-        keys = {f.key for f in collect_findings(load_run(baseline))} if baseline else set()
+        old = load_run(baseline, "baseline") if baseline else None
+        keys = {f.key for f in collect_findings(old)} if old else set()
         rules = load_suppressions(suppressions) if suppressions else []
         return cls(rules, keys, parse_thresholds(max_leaks))
 

@@ -32,6 +32,7 @@ from refcntd.outputs.jsontypes import (
     UnwindJson,
 )
 from refcntd.symbolize.symbolizer import Frame
+from refcntd.text import visible
 
 JSON_SCHEMA = "refcntd-report"
 JSON_VERSION = 1
@@ -67,7 +68,7 @@ def render_process(p: ProcessReport) -> str:
         lines += ["", *(f"kept by the library on purpose (spec default, not a leak): "
                         f"{_plural(n, 'object')}: {reason}" for reason, n in p.kept.items())]
     lines += ["", summary_line(p)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def render_anomaly(a: AnomalyFinding) -> list[str]:
@@ -101,7 +102,7 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     lines += truncation_line(g.unwind)
     if g.unwind.truncated_at is None and g.stack_truncated:
         lines.append("    (stack likely truncated: it does not reach main or a thread start)")
-    lines += render_culprits(g)
+    lines += render_culprits(g, word)
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
                      f"{obj.puts} puts, age {_age(obj.age_ns)}")
@@ -123,13 +124,14 @@ def short_path(frames: tuple[Frame, ...], limit: int = 4) -> str:
     return " < ".join(parts) + (" < ..." if len(frames) > limit else "")
 
 
-def render_culprits(g: LeakGroup) -> list[str]:
+def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
+    """`word`: "live" for objects still live at detach: not (yet) leaks."""
     lines = []
     for rank, c in enumerate(g.culprits):
         label = "Likely culprit" if rank == 0 else "Also"
         lines.append(f"  {label}: {c.kind} in {c.function.function or '??'}: the reference "
                      f"got at {short_path(c.frames, 8)} is never put")
-        lines.append(f"    unmatched in {c.objects} of {len(g.objects)} leaked objects "
+        lines.append(f"    unmatched in {c.objects} of {len(g.objects)} {word} objects "
                      f"({_plural(c.references, 'reference')}); the same path got "
                      f"{_plural(c.released_uses, 'reference')} in objects released correctly")
     return lines
@@ -186,8 +188,17 @@ def render_run(result: RunResult) -> str:
     text = render_tracing(result.tracing)
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
              f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
-             f"{_plural(len(leaking), 'process')}, {_plural(result.anomalies, 'anomaly')}\n")
-    return text
+             f"{_plural(len(leaking), 'process')}{_live_note(result)}, "
+             f"{_plural(result.anomalies, 'anomaly')}\n")
+    return visible(text, keep="\n")
+
+
+def _live_note(result: RunResult) -> str:
+    live = [p for p in result.processes if p.state == STATE_LIVE_AT_DETACH and p.groups]
+    if not live:
+        return ""
+    return (f", {_plural(sum(p.leaked_objects for p in live), 'object')} still live at detach "
+            f"in {_plural(len(live), 'process')} (not leaks)")
 
 
 # ---- JSON -------------------------------------------------------------------

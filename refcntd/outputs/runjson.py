@@ -4,7 +4,6 @@ format renders a live run and a saved one the same way (`refcntd report`)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import cast
 
 from refcntd.analysis.attribution import Culprit
@@ -20,6 +19,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.errors import UsageError
+from refcntd.inputs.files import REPORT_LIMIT, read_text
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
     FrameJson,
@@ -33,11 +33,11 @@ from refcntd.outputs.report import JSON_SCHEMA, JSON_VERSION
 from refcntd.symbolize.symbolizer import Frame
 
 
-def load_run(path: str) -> RunResult:
+def load_run(path: str, what: str = "saved report") -> RunResult:
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise UsageError(f"cannot read {path}: {err.strerror}") from None
+        data = json.loads(read_text(path, what, REPORT_LIMIT))
+    except RecursionError:
+        raise UsageError(f"{what} {path}: nested too deeply to be a refcntd report") from None
     except json.JSONDecodeError as err:
         raise UsageError(f"{path}:{err.lineno}: not JSON ({err.msg})") from None
     if not isinstance(data, dict) or data.get("schema") != JSON_SCHEMA:
@@ -47,7 +47,7 @@ def load_run(path: str) -> RunResult:
                          f"(this refcntd reads version {JSON_VERSION})")
     try:
         return _run(cast(RunJson, data))  # a wrong shape raises below
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise UsageError(f"{path}: malformed refcntd report ({err!r})") from None
 
 

@@ -28,6 +28,7 @@ from refcntd.kernel import btf
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.precompile import BackgroundCompile
+from refcntd.kernel.procctl import die_with_parent
 from refcntd.kernel.records import AnomalyRecord, LifecycleEvent, ProbeFailure
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
@@ -330,9 +331,10 @@ class Child:
 
     def __init__(self, command: list[str]) -> None:
         read_end, write_end = os.pipe()
+        parent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # pragma: no cover - replaced by exec
-            _exec_after_gate(command, read_end, write_end)
+            _exec_after_gate(command, read_end, write_end, parent)
         os.close(read_end)
         self._gate = write_end
         self.status: int | None = None  # wait status once reaped
@@ -359,8 +361,9 @@ class Child:
             os.kill(self.pid, signum)
 
 
-def _exec_after_gate(command: list[str], read_end: int, write_end: int) -> None:
+def _exec_after_gate(command: list[str], read_end: int, write_end: int, parent: int) -> None:
     try:
+        die_with_parent(parent)  # a SIGKILLed refcntd must not leave CMD running
         os.close(write_end)
         os.read(read_end, 1)
         os.close(read_end)
@@ -448,12 +451,24 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                     for tgid in _processes_mapping(plan.modules):
                         tracer.unwind.seed_process(tgid)
             ready()
-            while not flag.stop:
+            while not flag.stop and not (pid is not None and _tree_gone(tracer)):
                 tracer.poll()
             return tracer.finish(result)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _tree_gone(tracer: Tracer) -> bool:
+    """attach --pid: the process and every descendant seen so far have exited (pending
+    events are read first, so that a child forked just before its parent's exit counts)."""
+    if any(Path(f"/proc/{t}").exists() for t in tracer.tracker.sessions):
+        return False
+    tracer.kernel.poll(0)
+    if any(Path(f"/proc/{t}").exists() for t in tracer.tracker.sessions):
+        return False
+    progress.note("the traced process and its descendants have exited; detaching")
+    return True
 
 
 def _processes_mapping(modules: Iterable[str]) -> list[int]:

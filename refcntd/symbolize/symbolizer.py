@@ -297,8 +297,12 @@ class Symbolizer:
             return Frame("", 0, raw=raw)
         path, vaddr = placed
         mod = self.module(path)
-        function, offset = mod.lookup(vaddr) if mod else ("", 0)
-        file, line = self.source_line(path, vaddr - 1 if return_address else vaddr)
+        # A return address is looked up at the call (-1): after a call to a noreturn
+        # function (a forked worker's loop ending in _exit) it is past its caller's end.
+        back = 1 if return_address else 0
+        function, offset = mod.lookup(vaddr - back) if mod else ("", 0)
+        offset += back if function else 0
+        file, line = self.source_line(path, vaddr - back)
         return Frame(self.index.display_name(path), vaddr, function, offset, file, line)
 
     @staticmethod

@@ -147,3 +147,21 @@ def test_bad_semantics_name_file_line_and_key(tmp_path, old, new, key, problem):
         load_spec(path)
     assert info.value.key == key, info.value.message
     assert problem in info.value.problem
+
+
+@pytest.mark.parametrize(("old", "new", "line", "key", "other"), [
+    ("put: {functions: [foo_unref, foo_release]", "put: {functions: [foo_unref, foo_ref]",
+     6, "roles.put.functions[1]", "get"),
+    ("get: {functions: [foo_ref]", "get: {functions: [foo_new]", 5, "roles.get.functions[0]",
+     "init"),
+])
+def test_one_function_in_two_roles_is_rejected(tmp_path, old, new, line, key, other):
+    with pytest.raises(ConfigError) as err:
+        load_spec(write(tmp_path, VALID.replace(old, new)))
+    assert (err.value.lineno, err.value.key) == (line, key)
+    assert f"is already the {other} function" in err.value.problem
+
+
+def test_same_function_name_in_two_libraries_is_two_functions(tmp_path):
+    text = VALID.replace("get: {functions: [foo_ref]", "get: {functions: [foo_new], library: b")
+    assert load_spec(write(tmp_path, text)).roles["get"][0].functions == ("foo_new",)

@@ -203,3 +203,21 @@ def test_perf_map_of_a_process_in_a_pid_namespace(tmp_path):
     assert paths[0] == proc / "4242" / "root" / "tmp" / "perf-7.map"
     pm = load_perf_map(4242, proc)
     assert pm is not None and pm.lookup(0x1004) == ("in_container", 4)
+
+
+def test_return_address_after_a_noreturn_call_is_its_caller(tmp_path):
+    """A call to a noreturn function can be a function's last instruction: its return
+    address is the first byte after the caller (forked workers ending in _exit)."""
+    from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
+    src = tmp_path / "nr.c"
+    src.write_text("__attribute__((noreturn, noinline)) void die(int c) { for (;;) "
+                   "__builtin_trap(); }\nint main(int argc, char **argv) { if (argc > 1) "
+                   "return 0; die(argc); }\n")
+    exe = tmp_path / "nr"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
+    sym = Symbolizer(BuildIdIndex())
+    mod = sym.module(str(exe))
+    (start, size) = [(s, z) for n, s, z in mod.names if n == "main"][0]
+    end = start + size  # where a call as main's last instruction returns to
+    assert sym.frame((str(exe), end), "", True).function == "main"
+    assert sym.frame((str(exe), end), "", True).offset == size

@@ -1,0 +1,79 @@
+"""The one validator for numeric options: range (and shape) checked by argparse.
+
+Why here: a value outside what the kernel side accepts (a map of 0 entries,
+an exit status of 256 that wraps to 0) must be a usage error before any
+analysis or BPF compile, never raw compiler output or a silently wrong exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Ranged:
+    """An argparse `type=`: an int (or float) in [low, high], optionally a power of two."""
+
+    low: float
+    high: float
+    real: bool = False  # float instead of int
+    power_of_two: bool = False
+
+    @property
+    def __name__(self) -> str:  # argparse names the type in "invalid ... value"
+        return "number" if self.real else "integer"
+
+    def describe(self) -> str:
+        shape = "a power of two" if self.power_of_two else ("a number" if self.real
+                                                              else "an integer")
+        return f"{shape} in {_show(self.low)}..{_show(self.high)}"
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value: int | float = float(text) if self.real else int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {self.describe()}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {self.describe()}")
+        bad_shape = self.power_of_two and int(value) & (int(value) - 1)
+        if not self.low <= value <= self.high or bad_shape:
+            raise argparse.ArgumentTypeError(f"{text}: must be {self.describe()}")
+        return value
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+# The allowed ranges, documented in the README's option table.
+PID = Ranged(1, 4194304)                       # the kernel's PID_MAX_LIMIT
+EXIT_STATUS = Ranged(0, 255)                   # what exit() can carry without wrapping
+MAX_OBJECTS = Ranged(1, 1 << 22)               # BPF hash map entries (buckets are allocated)
+MAX_STACKS = Ranged(1, 1 << 18)
+HISTORY_DEPTH = Ranged(4, 256, power_of_two=True)
+WAIT_SECONDS = Ranged(0, 86400, real=True)
+
+
+def output_path(text: str) -> str:
+    """An argparse `type=` for files refcntd writes: checked at parse time, so that a typo
+    in a path fails in a second instead of after CMD ran for an hour."""
+    path = Path(text)
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: is a directory, not a file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist")
+    if path.exists():  # a regular file must be writable; /dev/stdout, a FIFO: as given
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text}: not writable")
+        return text
+    try:  # access() says yes to root on /proc or a read-only mount: really create it
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        path.unlink()
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"{text}: cannot create ({err.strerror})") from None
+    return text

@@ -1,0 +1,90 @@
+"""Every input file goes through inputs/files.py: one line naming it, exit 2, no hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.cli.main import main
+from refcntd.outputs import report
+
+BAD_KINDS = {
+    "latin1": ("not UTF-8 text (byte 0xe9 at offset 6)",
+               lambda p: p.write_bytes(b"name: \xe9t\xe9\n")),
+    "fifo": ("is a FIFO", lambda p: os.mkfifo(p)),
+    "directory": ("is a directory", lambda p: p.mkdir()),
+    "missing": ("no such file", lambda p: None),
+    "garbage": ("", lambda p: p.write_text("{[ not : valid\n\x00")),
+}
+
+
+def saved_run(path: Path) -> Path:
+    report.write_json(RunResult("run", "perf-stubs", "x", [ProcessReport(1, "x", [], "exited")]),
+                      str(path))
+    return path
+
+
+def slots(tmp: Path, bad: Path) -> dict[str, list[str]]:
+    """Each input-file slot of every command, with the bad file in it."""
+    good = str(saved_run(tmp / "good.json"))
+    return {
+        "check --spec": ["check", "--binary", "/bin/true", "--spec", f"{bad}.yaml"],
+        "check --binary": ["check", "--binary", str(bad)],
+        "run --spec": ["run", "--spec", f"{bad}.yaml", "--", "/bin/true"],
+        "run --suppressions": ["run", "--suppressions", str(bad), "--", "/bin/true"],
+        "run --baseline": ["run", "--baseline", str(bad), "--", "/bin/true"],
+        "report RUN.json": ["report", str(bad)],
+        "report --baseline": ["report", good, "--baseline", str(bad)],
+        "report --suppressions": ["report", good, "--suppressions", str(bad)],
+        "serve --config": ["serve", "--check", "--config", str(bad)],
+        "attach --spec": ["attach", "--binary", "/bin/true", "--spec", f"{bad}.yaml"],
+    }
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """A FIFO read that blocks would hang the suite: fail it after 10 s instead."""
+    def fire(*_: object) -> None:
+        raise TimeoutError("blocked on an input file")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_KINDS))
+def test_bad_input_file_one_line(kind: str, tmp_path: Path, alarm: None,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    needle, make = BAD_KINDS[kind]
+    bad = tmp_path / "input"
+    for slot, argv in slots(tmp_path, bad).items():
+        target = Path(argv[argv.index(f"{bad}.yaml")]) if f"{bad}.yaml" in argv else bad
+        make(target)
+        assert main(argv) == 2, slot
+        err = capsys.readouterr().err
+        lines = err.splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, (slot, err)
+        binary_text = slot == "check --binary" and "not an ELF file" in lines[0]
+        assert target.name in lines[0] and (needle in lines[0] or binary_text), (slot, lines[0])
+        _remove(target)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        path.rmdir()
+    elif path.exists() or path.is_fifo():
+        path.unlink()
+
+
+def test_too_big_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: nothing is written
+    assert main(["check", "--binary", "/bin/true", "--spec", str(big)]) == 2
+    assert "too big" in capsys.readouterr().err
