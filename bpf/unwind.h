@@ -130,6 +130,11 @@ static __always_inline void put_frame(struct stack_rec *rec, __u32 i, __u64 pc, 
 		return;
 	rec->nr = i + 1;
 	rec->ip[i] = pc;
+	if (!mod && !file->ino && !file->dev) {  /* anonymous executable memory: JIT code */
+		rec->frame[i].offset = pc;  /* named from /tmp/perf-PID.map, by address */
+		rec->frame[i].status = BPF_STACK_BUILD_ID_IP;
+		return;
+	}
 	rec->frame[i].offset = off;
 	/* no table yet (a library dlopen'ed just now): the file identifies it */
 	__u64 id[3] = {file->ino, file->dev, 0};
@@ -290,7 +295,9 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	if (!(args->prot & 4) || (int)args->fd < 0 || !tracked(id >> 32))  /* PROT_EXEC */
+	/* PROT_EXEC, of a file or anonymous (MAP_ANONYMOUS: JIT code) */
+	if (!(args->prot & 4) || ((int)args->fd < 0 && !(args->flags & 0x20)) ||
+	    !tracked(id >> 32))
 		return 0;
 	struct mmap_args a = {.len = args->len, .off = args->off, .fd = args->fd};
 	__u32 tid = (__u32)id;
@@ -309,11 +316,29 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	pending_mmap.delete(&tid);
 	if (args->ret < 0 || (__u64)args->ret >= (__u64)-4096)
 		return 0;
-	__u64 files = kread(bpf_get_current_task() + OFF_TASK_FILES);
-	__u64 fds = kread(kread(files + OFF_FILES_FDT) + OFF_FDT_FD);
-	struct file_key file = {};
-	file_identity(kread(fds + 8 * (__u64)(__u32)saved.fd), &file);
-	add_map(id >> 32, args->ret, args->ret + saved.len, saved.off, &file);
+	struct file_key file = {};  /* all zero: anonymous */
+	if (saved.fd >= 0) {
+		__u64 files = kread(bpf_get_current_task() + OFF_TASK_FILES);
+		__u64 fds = kread(kread(files + OFF_FILES_FDT) + OFF_FDT_FD);
+		file_identity(kread(fds + 8 * (__u64)(__u32)saved.fd), &file);
+	}
+	add_map(id >> 32, args->ret, args->ret + saved.len, saved.fd >= 0 ? saved.off : 0, &file);
+	return 0;
+}
+
+/* W^X JITs write code, then mprotect it executable: followed like an anonymous
+ * mmap(PROT_EXEC), unless a mapping already covers it (a file's text). */
+TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!(args->prot & 4) || !tracked(tgid))
+		return 0;
+	struct exec_maps *maps = exec_maps.lookup(&tgid);
+	struct exec_map seen = {};
+	if (maps && find_map(maps, args->start, &seen))
+		return 0;
+	struct file_key anon = {};
+	add_map(tgid, args->start, args->start + args->len, 0, &anon);
 	return 0;
 }
 

@@ -129,15 +129,15 @@ def test_debug_file_found_through_debuginfod(bpf, stripped, debuginfod_server, t
     assert (tmp_path / "cache" / "debuginfod" / build_id / "debuginfo").is_file()
 
 
-def test_jit_frame_named_through_perf_map(bpf, build, tmp_path):
-    """A frame in anonymous executable memory is named from /tmp/perf-PID.map.
-
-    With the frame-pointer walk (REFCNTD_UNWIND=fp): the BPF CFI unwinder does
-    not follow anonymous executable mappings yet and ends the stack there
-    (README, Limits); the perf-map symbolization is the same either way."""
+@pytest.mark.parametrize("unwind,how", [("cfi", "rwx"), ("cfi", "wx"), ("fp", "rwx")])
+def test_jit_frame_named_through_perf_map(bpf, build, tmp_path, unwind, how):
+    """A frame in anonymous executable memory is named from /tmp/perf-PID.map, and the
+    walk goes on past it to main: with the CFI unwinder (the default; stepped by frame
+    pointers there), for a buffer mmap'ed executable and for one mprotect'ed executable
+    after it was written (W^X JITs), and with the kernel's walk (REFCNTD_UNWIND=fp)."""
     exe = build.program("jitmap", [FIXTURES / "jitmap.c"], "O2")
-    result = refcntd(["run", "--", str(exe)], tmp_path / "r.json",
-                     env=dict(os.environ, REFCNTD_UNWIND="fp"))
+    env = dict(os.environ, **({"REFCNTD_UNWIND": "fp"} if unwind == "fp" else {}))
+    result = refcntd(["run", "--", str(exe), how], tmp_path / "r.json", env=env)
     (process,) = result.report["processes"]
     Path(f"/tmp/perf-{process['pid']}.map").unlink()
     assert result.returncode == 23, result.stderr
