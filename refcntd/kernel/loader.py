@@ -28,6 +28,7 @@ from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
 from refcntd.kernel.perf_uprobe import MultiRefusal
 from refcntd.kernel.records import (
     STAGE_LINK,
+    STAGE_MULTI,
     STAGE_OPEN,
     AnomalyRecord,
     HistoryEvent,
@@ -143,11 +144,17 @@ class Kernel:
     (privileges, tracefs, BCC_KERNEL_SOURCE).
     """
 
-    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None
-                 ) -> None:
-        """`program`: bpf/refcntd.c already compiled for `opts` (compile_program)."""
+    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None,
+                 multi: bool = True) -> None:
+        """`program`: bpf/refcntd.c already compiled for `opts` (compile_program).
+
+        `multi`: attach through BPF_TRACE_UPROBE_MULTI links; False: one perf event per
+        site (the programs are then loaded as plain kprobe programs: the kernel links
+        a multi-typed program to nothing else).
+        """
         bcc = prepare()
         self._bcc = bcc
+        self.multi = multi
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
         self._perf_fds: list[int] = []
@@ -182,11 +189,13 @@ class Kernel:
 
         The kernel lets programs share a prog array only when their
         expected_attach_type agrees (bpf_prog_map_compatible), so the whole
-        chain gets the multi-link type; Linux 6.18 also accepts such a
-        program on a per-site perf event (measured: tests/bpf/test_multilink.py).
+        chain gets one type; a multi-typed program cannot be linked to a perf
+        event (EINVAL, measured on 6.18), so per-site mode loads plain ones.
         """
-        return self.bpf.load_func(name, self._bcc.BPF.KPROBE,
-                                  attach_type=perf_uprobe.BPF_TRACE_UPROBE_MULTI)
+        return self.bpf.load_func(name, self._bcc.BPF.KPROBE, attach_type=self._attach_type())
+
+    def _attach_type(self) -> int:
+        return perf_uprobe.BPF_TRACE_UPROBE_MULTI if self.multi else -1
 
     def __enter__(self) -> Kernel:
         return self
@@ -202,36 +211,47 @@ class Kernel:
     def set_fixed_type(self, type_id: int, name: str) -> None:
         self.bpf["types"][ctypes.c_uint32(type_id)] = abi.TypeName(name.encode()[:31])
 
-    def attach_all(self, multi: bool = True) -> None:
+    def attach_all(self) -> None:
         """Install every planned probe; a failure is recorded, not hidden.
 
-        All probes of one file (function, call-site and USDT probes with their
-        semaphores) share one multi-uprobe link per direction: one syscall for
-        thousands of sites, and one fd to close at detach.  What a multi link
-        refused gets one perf event per site, and `multi_refused` says why.
-        multi=False: one perf event per site (the benchmark compares both).
+        Multi mode: all probes of one file (function, call-site and USDT probes with
+        their semaphores) share one multi-uprobe link per direction: one syscall for
+        thousands of sites, and one fd to close at detach.  A group the kernel
+        refuses is retried one site per link, so the refused site is named, and
+        `multi_refused` says why.  Otherwise one perf event and link per site.
         """
-        groups = _multi_groups(self.sites)
-        single = [] if multi else [i for g in groups.values() for i in g]
-        for (module, ret), indexes in groups.items() if multi else ():
+        if not self.multi:
+            for index, site in enumerate(self.sites):
+                self._attach_one(index, site)
+            return
+        for (module, ret), indexes in _multi_groups(self.sites).items():
             if not self._attach_multi(module, ret, indexes):
-                single += indexes
-        for index in sorted(single):
-            self._attach_one(index, self.sites[index])
+                for index in indexes:
+                    self._attach_multi_one(index)
 
     def _attach_multi(self, module: str, retprobe: bool, indexes: list[int]) -> bool:
-        sites = [self.sites[i] for i in indexes]
         try:
-            self._links.append(perf_uprobe.link_uprobe_multi(
-                self._prog.fd, module, [s.file_offset for s in sites], indexes, retprobe,
-                [s.ref_ctr_offset for s in sites]))
+            self._link_multi(module, retprobe, indexes)
         except perf_uprobe.UprobeError as err:
             self.multi_refused.append(MultiRefusal(module, retprobe, len(indexes),
                                                    err.errno or 0, err.strerror or str(err)))
-            return False  # older kernel, or a site it refuses: per-site events say which
+            return False
         self.multi_links += 1
         self.multi_sites += len(indexes)
         return True
+
+    def _attach_multi_one(self, index: int) -> None:
+        site = self.sites[index]
+        try:
+            self._link_multi(site.module, site.uretprobe, [index])
+        except perf_uprobe.UprobeError as err:
+            self._failed(index, STAGE_MULTI, err)
+
+    def _link_multi(self, module: str, retprobe: bool, indexes: list[int]) -> None:
+        sites = [self.sites[i] for i in indexes]
+        self._links.append(perf_uprobe.link_uprobe_multi(
+            self._prog.fd, module, [s.file_offset for s in sites], indexes, retprobe,
+            [s.ref_ctr_offset for s in sites]))
 
     def multi_notes(self) -> list[str]:
         """How probes were attached, for the report: a multi-link refusal is never silent."""
@@ -262,31 +282,21 @@ class Kernel:
                                                err.strerror or str(err)))
 
     def attach_loader(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
-        """Probe ld.so's calls to _dl_debug_state (one multi-uprobe link); why not, if not."""
+        """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
         cookies = [delta & 0xFFFFFFFFFFFFFFFF for _, delta in sites]  # two's complement
         try:
             prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE,
-                                      attach_type=perf_uprobe.BPF_TRACE_UPROBE_MULTI)
-            self._links.append(perf_uprobe.link_uprobe_multi(
-                prog.fd, path, [offset for offset, _ in sites], cookies))
-        except perf_uprobe.UprobeError as err:
-            self.multi_refused.append(MultiRefusal(path, False, len(sites), err.errno or 0,
-                                                   err.strerror or str(err)))
-            return self._attach_loader_per_site(prog.fd, path, sites, cookies)
-        except Exception as err:  # bcc's bare Exception from load_func
-            return str(err)
-        self.loader_links += 1
-        return None
-
-    def _attach_loader_per_site(self, prog_fd: int, path: str,
-                                sites: tuple[tuple[int, int], ...], cookies: list[int]
-                                ) -> str | None:
-        try:
+                                      attach_type=self._attach_type())
+            if self.multi:
+                self._links.append(perf_uprobe.link_uprobe_multi(
+                    prog.fd, path, [offset for offset, _ in sites], cookies))
+                self.loader_links += 1
+                return None
             for (file_offset, _), cookie in zip(sites, cookies, strict=True):
                 perf_fd = perf_uprobe.open_uprobe(path, file_offset)
                 self._perf_fds.append(perf_fd)
-                self._links.append(perf_uprobe.link_bpf(prog_fd, perf_fd, cookie))
-        except perf_uprobe.UprobeError as err:
+                self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, cookie))
+        except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
             return str(err)
         return None
 
