@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from run import EXAMPLES, machine, sh  # noqa: E402
 from refcntd.binary.plan import build_plan  # noqa: E402
 from refcntd.inputs.spec import load_spec  # noqa: E402
 from refcntd.kernel.loader import Kernel, KernelOptions  # noqa: E402
+from refcntd.kernel.perf_uprobe import held_fds  # noqa: E402
 from refcntd.kernel.setup import prepare  # noqa: E402
 
 
@@ -47,27 +47,15 @@ def target(n: int, out: Path) -> Path:
     return exe
 
 
-def own_fds() -> dict[str, int]:
-    kinds = {"bpf_link": 0, "[perf_event]": 0}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        for kind in kinds:
-            kinds[kind] += link == f"anon_inode:{kind}"
-    return kinds
-
-
 def measure(exe: Path, multi: bool) -> dict[str, Any]:
     plan = build_plan(load_spec("perf-stubs"), str(exe), {"*": "callsites"})
     kernel = Kernel(KernelOptions(filtered=True, has_delete=True), plan.sites, multi=multi)
-    before = own_fds()
+    before = held_fds()
     try:
         t0 = time.monotonic()
         kernel.attach_all()
         attach_s = time.monotonic() - t0
-        held = {k: v - before[k] for k, v in own_fds().items()}
+        held = {k: v - before[k] for k, v in held_fds().items()}
         assert not kernel.failed_probes, kernel.failed_probes[:3]
         assert not multi or not kernel.multi_refused, kernel.multi_refused
     finally:

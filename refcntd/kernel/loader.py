@@ -259,7 +259,7 @@ class Kernel:
                  "multi-uprobe link(s)"] if self.multi_links else []
         if self.loader_links:
             notes.append("ld.so's r_debug updates probed through one multi-uprobe link")
-        return notes + [f"{r.sites} probe(s) in {r.module} fell back to one perf event each: "
+        return notes + [f"{r.sites} probe(s) in {r.module} fell back to one link per site: "
                         f"the multi-uprobe link was refused: {r.message}"
                         for r in self.multi_refused]
 

@@ -55,7 +55,7 @@ class _UprobeMultiAttr(ctypes.Structure):
 
 @dataclass(frozen=True)
 class MultiRefusal:
-    """A multi-uprobe link the kernel refused: its sites fell back to one perf event each."""
+    """A multi-uprobe link the kernel refused: its sites were retried one link per site."""
 
     module: str
     retprobe: bool
@@ -136,6 +136,19 @@ def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list
 MULTI_EINVAL = ("invalid argument (EINVAL): a program not loaded for BPF_TRACE_UPROBE_MULTI "
                 "(or sharing a prog array with one that is not), or a site with another "
                 "USDT semaphore offset")
+
+
+def held_fds(pid: int | str = "self") -> dict[str, int]:
+    """BPF links and perf events a process holds (/proc/PID/fd): what detach must close."""
+    kinds = {"bpf_link": 0, "[perf_event]": 0}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        for kind in kinds:
+            kinds[kind] += target == f"anon_inode:{kind}"
+    return kinds
 
 
 def explain_errno(err: int) -> str:

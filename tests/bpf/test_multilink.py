@@ -13,6 +13,8 @@ from pathlib import Path
 from conftest import EXAMPLES, REFCNTD, ROOT, cc, leak_summary, refcntd
 from test_callsites import GETS_PUTS, TRUTH, build_fixture
 
+from refcntd.kernel.perf_uprobe import held_fds
+
 SITES = 600  # call sites of the -O2 get stub in the many-site target
 MULTI_NOTE = re.compile(r"(\d+) probe\(s\) attached through (\d+) multi-uprobe link\(s\)")
 
@@ -73,19 +75,6 @@ def many_sites(build_dir: Path) -> Path:
     return cc(build_dir / "many", [src, stubs], ["-O2"])
 
 
-def fd_kinds(pid: int) -> dict[str, int]:
-    """Open bpf links and perf events of a process, from /proc/PID/fd."""
-    kinds = {"bpf_link": 0, "[perf_event]": 0}
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        for kind in kinds:
-            kinds[kind] += target == f"anon_inode:{kind}"
-    return kinds
-
-
 def test_many_call_sites_one_link_no_perf_events(bpf, tmp_path):
     exe = many_sites(tmp_path / "build")
     fifo = tmp_path / "go"
@@ -95,7 +84,7 @@ def test_many_call_sites_one_link_no_perf_events(bpf, tmp_path):
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-        kinds = fd_kinds(proc.pid)
+        kinds = held_fds(proc.pid)
     finally:
         with open(fifo, "w"):
             pass

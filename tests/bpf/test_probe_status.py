@@ -91,6 +91,9 @@ def test_run_with_a_refused_probe_exits_incomplete(bpf, build, tmp_path, monkeyp
            "invalid argument" in result.stderr
     probes = result.report["tracing"]["probes"]
     assert [p["installed"] for p in probes] == [i != 0 for i in range(len(probes))]
+    notes = result.report["tracing"]["notes"]
+    assert f" probe(s) in {exe} fell back to one link per site: the " \
+           "multi-uprobe link was refused: invalid argument (EINVAL)" in "\n".join(notes)
 
 
 def test_glob_target_reports_carry_their_own_binary_status(bpf, build, tmp_path, monkeypatch):
