@@ -120,7 +120,8 @@ def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list
     encoded = ctypes.create_string_buffer(os.fsencode(path))
     offs = (ctypes.c_uint64 * n)(*offsets)
     cooks = (ctypes.c_uint64 * n)(*cookies)
-    refs = (ctypes.c_uint64 * n)(*ref_ctr_offsets) if any(ref_ctr_offsets or ()) else None
+    semaphores = ref_ctr_offsets or []
+    refs = (ctypes.c_uint64 * n)(*semaphores) if any(semaphores) else None
     attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI,
                             path=ctypes.addressof(encoded), offsets=ctypes.addressof(offs),
                             cookies=ctypes.addressof(cooks), cnt=n,
