@@ -259,10 +259,11 @@ def attach_sites(n: int, out: Path) -> dict:
     # Closing a per-site perf event unregisters its uprobe alone (~0.15 s each here):
     # 10 000 of them would take half an hour, so per-site is measured up to 100 sites.
     for multi in (True, False) if n <= PER_SITE_MAX else (True,):
-        kernel = Kernel(KernelOptions(filtered=True, has_delete=True), plan.sites)
+        kernel = Kernel(KernelOptions(filtered=True, has_delete=True), plan.sites,
+                        multi=multi)
         try:
             t0 = time.monotonic()
-            kernel.attach_all(multi=multi)
+            kernel.attach_all()
             timings[multi] = time.monotonic() - t0
             assert not kernel.failed_probes, kernel.failed_probes[:3]
         finally:

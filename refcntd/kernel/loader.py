@@ -25,8 +25,10 @@ from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
 from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
+from refcntd.kernel.perf_uprobe import MultiRefusal
 from refcntd.kernel.records import (
     STAGE_LINK,
+    STAGE_MULTI,
     STAGE_OPEN,
     AnomalyRecord,
     HistoryEvent,
@@ -143,17 +145,25 @@ class Kernel:
     (privileges, tracefs, BCC_KERNEL_SOURCE).
     """
 
-    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None
-                 ) -> None:
-        """`program`: bpf/refcntd.c already compiled for `opts` (compile_program)."""
+    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None,
+                 multi: bool = True) -> None:
+        """`program`: bpf/refcntd.c already compiled for `opts` (compile_program).
+
+        `multi`: attach through BPF_TRACE_UPROBE_MULTI links; False: one perf event per
+        site (the programs are then loaded as plain kprobe programs: the kernel links
+        a multi-typed program to nothing else).
+        """
         bcc = prepare()
         self._bcc = bcc
+        self.multi = multi
         self.opts, self.sites = opts, sites
         self._links: list[int] = []
         self._perf_fds: list[int] = []
-        self._multi_fd: int | None = None
         self.multi_links = 0  # how many multi-uprobe links attach_all made
         self.pruned_names: dict[int, str] = {}  # type names moved out of the kernel's table
+        self.multi_sites = 0  # how many sites they carry
+        self.loader_links = 0  # ld.so's _dl_debug_state call sites, one multi link
+        self.multi_refused: list[MultiRefusal] = []  # groups that fell back, and why
         self.failed_probes: list[ProbeFailure] = []
         self.stacks_freed_early = 0  # counted in the report: never silent
         self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
@@ -162,20 +172,32 @@ class Kernel:
         try:
             self.bpf = program if program is not None else compile_program(opts, len(sites))
             self.layout_checked = _check_layout(self.bpf, opts)
-            self._prog = self.bpf.load_func("on_probe", bcc.BPF.KPROBE)
-            self._load_tail_calls(bcc)
+            self._prog = self._load_chain("on_probe")
+            self._load_tail_calls()
         except EnvironmentProblem:
             raise
         except Exception as err:  # bcc raises bare Exception for compile/load errors
             raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                      "check kernel headers (BCC_KERNEL_SOURCE)") from None
 
-    def _load_tail_calls(self, bcc: Any) -> None:
+    def _load_tail_calls(self) -> None:
         """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
         progs = self.bpf["probe_progs"]
         for index, name in enumerate(("on_unwind", "on_body", "on_unwind_more")):
-            fn = self.bpf.load_func(name, bcc.BPF.KPROBE)
-            progs[ctypes.c_int(index)] = ctypes.c_int(fn.fd)
+            progs[ctypes.c_int(index)] = ctypes.c_int(self._load_chain(name).fd)
+
+    def _load_chain(self, name: str) -> Any:
+        """A program of the tail-call chain, typed for BPF_TRACE_UPROBE_MULTI links.
+
+        The kernel lets programs share a prog array only when their
+        expected_attach_type agrees (bpf_prog_map_compatible), so the whole
+        chain gets one type; a multi-typed program cannot be linked to a perf
+        event (EINVAL, measured on 6.18), so per-site mode loads plain ones.
+        """
+        return self.bpf.load_func(name, self._bcc.BPF.KPROBE, attach_type=self._attach_type())
+
+    def _attach_type(self) -> int:
+        return perf_uprobe.BPF_TRACE_UPROBE_MULTI if self.multi else -1
 
     def __enter__(self) -> Kernel:
         return self
@@ -191,45 +213,57 @@ class Kernel:
     def set_fixed_type(self, type_id: int, name: str) -> None:
         self.bpf["types"][ctypes.c_uint32(type_id)] = abi.TypeName(name.encode()[:31])
 
-    def attach_all(self, multi: bool = True) -> None:
+    def attach_all(self) -> None:
         """Install every planned probe; a failure is recorded, not hidden.
 
-        Plain function and call-site probes of one file share one multi-uprobe
-        link (one syscall for thousands of sites); USDT probes (semaphores) and
-        anything a multi link refused get one perf event each.  multi=False:
-        one perf event per site (the benchmark compares both).
+        Multi mode: all probes of one file (function, call-site and USDT probes with
+        their semaphores) share one multi-uprobe link per direction: one syscall for
+        thousands of sites, and one fd to close at detach.  A group the kernel
+        refuses is retried one site per link, so the refused site is named, and
+        `multi_refused` says why.  Otherwise one perf event and link per site.
         """
-        groups = _multi_groups(self.sites)
-        single = [] if multi else [i for g in groups.values() for i in g]
-        for (module, ret), indexes in groups.items() if multi else ():
+        if not self.multi:
+            for index, site in enumerate(self.sites):
+                self._attach_one(index, site)
+            return
+        for (module, ret), indexes in _multi_groups(self.sites).items():
             if not self._attach_multi(module, ret, indexes):
-                single += indexes
-        single += [i for i, s in enumerate(self.sites) if s.ref_ctr_offset]
-        for index in sorted(single):
-            self._attach_one(index, self.sites[index])
+                for index in indexes:
+                    self._attach_multi_one(index)
 
     def _attach_multi(self, module: str, retprobe: bool, indexes: list[int]) -> bool:
         try:
-            fd = self._multi_prog_fd()
-            self._links.append(perf_uprobe.link_uprobe_multi(
-                fd, module, [self.sites[i].file_offset for i in indexes], indexes, retprobe))
-        except (perf_uprobe.UprobeError, Exception):  # noqa: BLE001 - bcc raises bare Exception
-            return False  # older kernel, or a site it refuses: per-site events say which
+            self._link_multi(module, retprobe, indexes)
+        except perf_uprobe.UprobeError as err:
+            self.multi_refused.append(MultiRefusal(module, retprobe, len(indexes),
+                                                   err.errno or 0, err.strerror or str(err)))
+            return False
         self.multi_links += 1
+        self.multi_sites += len(indexes)
         return True
 
-    def _multi_prog_fd(self) -> int:
-        """on_probe loaded again for multi-uprobe links (bcc caches one load per name)."""
-        if self._multi_fd is None:
-            saved = self.bpf.funcs.pop(b"on_probe", None)
-            try:
-                fn = self.bpf.load_func("on_probe", self._bcc.BPF.KPROBE,
-                                        attach_type=perf_uprobe.BPF_TRACE_UPROBE_MULTI)
-                self._multi_fd = fn.fd
-            finally:
-                if saved is not None:
-                    self.bpf.funcs[b"on_probe"] = saved
-        return self._multi_fd
+    def _attach_multi_one(self, index: int) -> None:
+        site = self.sites[index]
+        try:
+            self._link_multi(site.module, site.uretprobe, [index])
+        except perf_uprobe.UprobeError as err:
+            self._failed(index, STAGE_MULTI, err)
+
+    def _link_multi(self, module: str, retprobe: bool, indexes: list[int]) -> None:
+        sites = [self.sites[i] for i in indexes]
+        self._links.append(perf_uprobe.link_uprobe_multi(
+            self._prog.fd, module, [s.file_offset for s in sites], indexes, retprobe,
+            [s.ref_ctr_offset for s in sites]))
+
+    def multi_notes(self) -> list[str]:
+        """How probes were attached, for the report: a multi-link refusal is never silent."""
+        notes = [f"{self.multi_sites} probe(s) attached through {self.multi_links} "
+                 "multi-uprobe link(s)"] if self.multi_links else []
+        if self.loader_links:
+            notes.append("ld.so's r_debug updates probed through one multi-uprobe link")
+        return notes + [f"{r.sites} probe(s) in {r.module} fell back to one link per site: "
+                        f"the multi-uprobe link was refused: {r.message}"
+                        for r in self.multi_refused]
 
     def _attach_one(self, index: int, site: ProbeSite) -> None:
         try:
@@ -251,12 +285,18 @@ class Kernel:
 
     def attach_loader(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
+        cookies = [delta & 0xFFFFFFFFFFFFFFFF for _, delta in sites]  # two's complement
         try:
-            prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE)
-            for file_offset, delta in sites:
+            prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE,
+                                      attach_type=self._attach_type())
+            if self.multi:
+                self._links.append(perf_uprobe.link_uprobe_multi(
+                    prog.fd, path, [offset for offset, _ in sites], cookies))
+                self.loader_links += 1
+                return None
+            for (file_offset, _), cookie in zip(sites, cookies, strict=True):
                 perf_fd = perf_uprobe.open_uprobe(path, file_offset)
                 self._perf_fds.append(perf_fd)
-                cookie = delta & 0xFFFFFFFFFFFFFFFF  # two's complement in the u64 cookie
                 self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, cookie))
         except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
             return str(err)
@@ -274,10 +314,6 @@ class Kernel:
         for fds in (self._links, self._perf_fds):
             _close_all(fds)
         self._links, self._perf_fds = [], []
-        if self._multi_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._multi_fd)
-            self._multi_fd = None
         bpf = getattr(self, "bpf", None)
         if bpf is not None:
             bpf.cleanup()
@@ -609,8 +645,7 @@ def _multi_groups(sites: list[ProbeSite]) -> dict[tuple[str, bool], list[int]]:
     """Site indexes per (file, uretprobe) that a multi-uprobe link can carry."""
     groups: dict[tuple[str, bool], list[int]] = {}
     for index, site in enumerate(sites):
-        if not site.ref_ctr_offset:
-            groups.setdefault((site.module, site.uretprobe), []).append(index)
+        groups.setdefault((site.module, site.uretprobe), []).append(index)
     return groups
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 NR_PERF_EVENT_OPEN = 298
@@ -50,6 +51,17 @@ class _UprobeMultiAttr(ctypes.Structure):
                 ("ref_ctr_offsets", ctypes.c_uint64), ("cookies", ctypes.c_uint64),
                 ("cnt", ctypes.c_uint32), ("multi_flags", ctypes.c_uint32),
                 ("pid", ctypes.c_uint32), ("reserved", ctypes.c_uint8 * 28)]
+
+
+@dataclass(frozen=True)
+class MultiRefusal:
+    """A multi-uprobe link the kernel refused: its sites were retried one link per site."""
+
+    module: str
+    retprobe: bool
+    sites: int
+    errno: int
+    message: str
 
 
 class UprobeError(OSError):
@@ -95,26 +107,49 @@ def link_bpf(prog_fd: int, perf_fd: int, cookie: int) -> int:
 
 
 def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int],
-                      retprobe: bool = False) -> int:
+                      retprobe: bool = False, ref_ctr_offsets: list[int] | None = None
+                      ) -> int:
     """One BPF link for many uprobes in one file (BPF_TRACE_UPROBE_MULTI).
 
     Per-site perf events cost a perf_event_open and a link each; this is one
     syscall for thousands of call sites.  `prog_fd` must have been loaded
-    with expected_attach_type BPF_TRACE_UPROBE_MULTI.
+    with expected_attach_type BPF_TRACE_UPROBE_MULTI.  `ref_ctr_offsets`:
+    USDT semaphores (file offsets, 0 for none), one per site.
     """
     n = len(offsets)
     encoded = ctypes.create_string_buffer(os.fsencode(path))
     offs = (ctypes.c_uint64 * n)(*offsets)
     cooks = (ctypes.c_uint64 * n)(*cookies)
+    semaphores = ref_ctr_offsets or []
+    refs = (ctypes.c_uint64 * n)(*semaphores) if any(semaphores) else None
     attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI,
                             path=ctypes.addressof(encoded), offsets=ctypes.addressof(offs),
                             cookies=ctypes.addressof(cooks), cnt=n,
+                            ref_ctr_offsets=ctypes.addressof(refs) if refs else 0,
                             multi_flags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0)
     fd = int(_libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr)))
     if fd < 0:
         err = ctypes.get_errno()
-        raise UprobeError(err, explain_errno(err))
+        raise UprobeError(err, MULTI_EINVAL if err == errno.EINVAL else explain_errno(err))
     return fd
+
+
+MULTI_EINVAL = ("invalid argument (EINVAL): a program not loaded for BPF_TRACE_UPROBE_MULTI "
+                "(or sharing a prog array with one that is not), or a site with another "
+                "USDT semaphore offset")
+
+
+def held_fds(pid: int | str = "self") -> dict[str, int]:
+    """BPF links and perf events a process holds (/proc/PID/fd): what detach must close."""
+    kinds = {"bpf_link": 0, "[perf_event]": 0}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        for kind in kinds:
+            kinds[kind] += target == f"anon_inode:{kind}"
+    return kinds
 
 
 def explain_errno(err: int) -> str:

@@ -126,10 +126,11 @@ class ProbeFailure:
     which step, and the kernel's errno, so no one has to parse a message."""
 
     site_index: int
-    stage: str  # STAGE_OPEN or STAGE_LINK
+    stage: str  # STAGE_OPEN, STAGE_LINK or STAGE_MULTI
     errno: int
     message: str
 
 
 STAGE_OPEN = "perf_event_open"  # the uprobe itself was refused
 STAGE_LINK = "bpf link"  # the uprobe exists but the BPF program could not be linked to it
+STAGE_MULTI = "uprobe_multi link"  # a one-site multi link: the kernel refused the uprobe

@@ -260,6 +260,7 @@ class Tracer:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
+        notes += self.kernel.multi_notes()
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
                   for p in self.kernel.tables_not_loaded]

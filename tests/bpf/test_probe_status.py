@@ -57,12 +57,12 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
     setup.prepare()
     env = dict(os.environ)
     with Kernel(KernelOptions(filtered=True, has_delete=plan.spec.has_delete),
-                plan.sites) as kernel:
+                plan.sites, multi=False) as kernel:
         assert dict(os.environ) == env  # construction changes nothing outside
         saved = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (one_free_fd_limit(), saved[1]))
         try:
-            kernel.attach_all(multi=False)  # one perf event and one link per site
+            kernel.attach_all()  # multi=False: one perf event and one link per site
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, saved)
         failures = list(kernel.failed_probes)
@@ -85,10 +85,15 @@ def test_run_with_a_refused_probe_exits_incomplete(bpf, build, tmp_path, monkeyp
     finally:
         os.close(fd)
     assert result.returncode == 24, result.stderr
-    assert f"probe not installed: init {function} in {exe}: perf_event_open failed: " \
+    # the file's multi-uprobe link is refused, then each site gets its own: only the
+    # conflicting one fails
+    assert f"probe not installed: init {function} in {exe}: uprobe_multi link failed: " \
            "invalid argument" in result.stderr
     probes = result.report["tracing"]["probes"]
     assert [p["installed"] for p in probes] == [i != 0 for i in range(len(probes))]
+    notes = result.report["tracing"]["notes"]
+    assert f" probe(s) in {exe} fell back to one link per site: the " \
+           "multi-uprobe link was refused: invalid argument (EINVAL)" in "\n".join(notes)
 
 
 def test_glob_target_reports_carry_their_own_binary_status(bpf, build, tmp_path, monkeypatch):
