@@ -1,27 +1,35 @@
 """Culprits on ordinary patterns (issue 15): ownership between objects, direct and
 indirect leaks, cycles, hand-overs, caches, hundreds of paths, honest ties.
 
-Real BPF on C fixtures built -O2 -fomit-frame-pointer (the CFI unwinder walks
-them); one refcntd run per fixture, several independent scenarios per run.
+Real BPF on culprits.c built -O2 -fomit-frame-pointer (the CFI unwinder walks
+it): one refcntd run for all scenarios, each with its own types and functions.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import FIXTURES, Build, refcntd
 
 Group = dict[str, Any]
 
 
-def run(build: Build, tmp_path: Path, name: str, *args: str) -> tuple[dict[str, Any], str]:
-    exe = build.program(name, [FIXTURES / f"{name}.c"], "O2", flags=["-fomit-frame-pointer"])
-    result = refcntd(["run", "--history", "--", str(exe), *args], tmp_path / "r.json")
+@pytest.fixture(scope="module")
+def culprits(bpf: None, build: Build, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[dict[str, list[Group]], dict[str, Any], str]:
+    """One refcntd run of culprits.c: its groups by type, the process, the text."""
+    exe = build.program("culprits", [FIXTURES / "culprits.c"], "O2",
+                        flags=["-fomit-frame-pointer", "-Wall", "-Werror"])
+    result = refcntd(["run", "--history", "--", str(exe)],
+                     tmp_path_factory.mktemp("culprits") / "r.json", timeout=300)
     assert result.returncode == 23, result.stderr
     assert "nothing lost" in result.stderr, result.stderr
     (process,) = result.report["processes"]
-    return process, result.stderr
+    return by_type(process), process, result.stderr
+
+
+Run = tuple[dict[str, list[Group]], dict[str, Any], str]
 
 
 def by_type(process: dict[str, Any]) -> dict[str, list[Group]]:
@@ -36,13 +44,17 @@ def top(group: Group) -> tuple[str, str]:
     return first["kind"], first["function"]
 
 
-def test_owners_shared_and_wide(bpf: None, build: Build, tmp_path: Path) -> None:
-    """(a) owner holding a child, (d) one object held by two leaked owners,
-    (f) one unpaired get among 210 balanced get/put paths."""
-    process, text = run(build, tmp_path, "owners")
-    groups = by_type(process)
-    assert sorted(groups) == ["child", "holder", "owner", "shared", "wide"]
-    # (a) the owner is a direct leak: main's scenario forgot owner_put
+def test_every_scenario_leaks_what_it_should(culprits: Run) -> None:
+    groups, process, _ = culprits
+    assert sorted(groups) == ["a", "b", "child", "entry", "holder", "msg", "note", "owner",
+                              "shared", "wide"]
+    assert [len(gs) for gs in groups.values()].count(1) == 9  # two groups of holders
+
+
+def test_owner_holds_child(culprits: Run) -> None:
+    """(a) the owner is a direct leak (scenario_owner forgot owner_put); the child
+    is indirect: held only by the owner, and its culprit is the owner's."""
+    groups, _, text = culprits
     (owner,) = groups["owner"]
     assert owner["verdict"]["status"] == "culprit"
     assert top(owner) == ("missing put", "scenario_owner")
@@ -56,7 +68,13 @@ def test_owners_shared_and_wide(bpf: None, build: Build, tmp_path: Path) -> None
     assert child["verdict"]["status"] == "indirect"
     assert top(child) == ("missing put", "scenario_owner")
     assert child["culprits"][0]["holder"].startswith("owner 0x")
-    # (d) two direct holders, one shared object held by both
+    assert "Indirectly leaked 1 object of type 'child'" in text
+    assert "fixing this leak fixes them" in text
+
+
+def test_object_held_by_two_owners(culprits: Run) -> None:
+    """(d) two direct holders, one shared object held by both."""
+    groups, _, _ = culprits
     assert [top(g) for g in groups["holder"]] == [("missing put", "scenario_shared")] * 2
     assert all(i["leak"] == "direct" for g in groups["holder"] for i in g["instances"])
     (shared,) = groups["shared"]
@@ -64,7 +82,11 @@ def test_owners_shared_and_wide(bpf: None, build: Build, tmp_path: Path) -> None
     assert (inst["count"], inst["leak"]) == (2, "indirect")
     holders = {h["address"] for h in inst["held_by"]}
     assert holders == {g["instances"][0]["address"] for g in groups["holder"]}
-    # (f) exact among many paths
+
+
+def test_one_unpaired_among_many_paths(culprits: Run) -> None:
+    """(f) exact per-path counts: one unpaired get among 210 balanced paths."""
+    groups, _, _ = culprits
     (wide,) = groups["wide"]
     (inst,) = wide["instances"]
     assert (inst["count"], inst["gets"], inst["puts"]) == (1, 211, 211)
@@ -73,49 +95,46 @@ def test_owners_shared_and_wide(bpf: None, build: Build, tmp_path: Path) -> None
     assert wide["verdict"]["status"] == "culprit"
     assert top(wide) == ("missing put", "use_bad")
     assert [f["function"] for f in wide["culprits"][0]["stack"]] == ["wide_get", "use_bad"]
-    assert process["cycles"] == []
-    assert "Indirectly leaked 1 object of type 'child'" in text
-    assert "fixing this leak fixes them" in text
 
 
-def test_handover_consumer_path(bpf: None, build: Build, tmp_path: Path) -> None:
-    """(b) produce() gets, consume() puts; finish_slow() forgets."""
-    process, text = run(build, tmp_path, "handover")
-    (msg,) = process["groups"]
+def test_handover_consumer_path(culprits: Run) -> None:
+    """(b) produce() gets, consume() puts; msg_finish_slow() forgets."""
+    groups, _, text = culprits
+    (msg,) = groups["msg"]
     assert msg["verdict"]["status"] == "culprit"
-    assert top(msg) == ("missing put", "finish_slow")
+    assert top(msg) == ("missing put", "msg_finish_slow")
     assert [f["function"] for f in msg["culprits"][0]["expected_stack"][:2]] == \
-        ["msg_put", "finish_fast"]
-    assert "Likely culprit: missing put in finish_slow" in text
+        ["msg_put", "msg_finish_fast"]
+    assert "Likely culprit: missing put in msg_finish_slow" in text
 
 
-def test_ambiguous_is_a_tie(bpf: None, build: Build, tmp_path: Path) -> None:
-    """(g) main hands message 5 to two peekers that both return: no evidence tells
-    which of them (or main) should have put it: a tie, never one confident name."""
-    process, text = run(build, tmp_path, "handover", "peek")
-    (msg,) = process["groups"]
-    assert msg["verdict"]["status"] == "tie"
-    assert sorted(c["function"] for c in msg["culprits"]) == ["peek_x", "peek_y"]
-    assert all(sorted(c["tie"]) == ["peek_x", "peek_y"] for c in msg["culprits"])
-    assert "Culprit tie: 2 functions have the same evidence: peek_x, peek_y" in text
-    assert "Likely culprit" not in text
+def test_ambiguous_is_a_tie(culprits: Run) -> None:
+    """(g) note 5 is handed to two peekers that both return: no evidence tells
+    which of them (or their caller) should have put it: a tie, never one name."""
+    groups, _, text = culprits
+    (note,) = groups["note"]
+    assert note["verdict"]["status"] == "tie"
+    peekers = ["note_peek_x", "note_peek_y"]
+    assert sorted(c["function"] for c in note["culprits"]) == peekers
+    assert all(sorted(c["tie"]) == peekers for c in note["culprits"])
+    assert "Culprit tie: 2 functions have the same evidence: note_peek_x, note_peek_y" in text
+    assert "Likely culprit: missing put in note_peek" not in text
 
 
-def test_cache_eviction_path(bpf: None, build: Build, tmp_path: Path) -> None:
+def test_cache_eviction_path(culprits: Run) -> None:
     """(c) insert and lookup each take a reference; evict_full() forgets its put."""
-    process, _ = run(build, tmp_path, "cache")
-    (entry,) = process["groups"]
+    groups, _, _ = culprits
+    (entry,) = groups["entry"]
     assert [i["count"] for i in entry["instances"]] == [1]
     assert top(entry) == ("missing put", "evict_full")
     assert [f["function"] for f in entry["culprits"][0]["stack"][:2]] == \
         ["entry_get", "cache_insert"]
 
 
-def test_cycle_of_two(bpf: None, build: Build, tmp_path: Path) -> None:
+def test_cycle_of_two(culprits: Run) -> None:
     """(e) a holds b, b's constructor took a reference to a: one cycle."""
-    process, text = run(build, tmp_path, "cycle")
-    groups = by_type(process)
-    assert sorted(groups) == ["a", "b"]
+    all_groups, process, text = culprits
+    groups = {t: all_groups[t] for t in ("a", "b")}
     addrs = sorted(g["instances"][0]["address"] for gs in groups.values() for g in gs)
     assert process["cycles"] == [addrs]
     for (g,) in groups.values():
