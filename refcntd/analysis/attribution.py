@@ -104,10 +104,13 @@ def reference_sinks(released: Iterable[PathOp]) -> set[FuncKey]:
 
 
 def put_wrappers(released: list[PathOp]) -> set[FuncKey]:
-    """Sinks that never see a get: put wrappers (release()), not consumers that
-    also look at the object before they put it."""
+    """Sinks that call put themselves and never see a get: put wrappers
+    (release()), not consumers that look at the object before they put it, nor
+    consumers that hand it to a put wrapper (they are where the reference ends)."""
     on_gets = {func for op in released if is_get(op.op) for func in op.path}
-    return reference_sinks(released) - on_gets
+    callers = {op.path[0] for op in released if op.op == Role.PUT and op.path}
+    deeper = {func for op in released for func in op.path[1:]}
+    return (reference_sinks(released) & callers) - on_gets - deeper
 
 
 def put_owner(put: PathOp, sinks: set[FuncKey]) -> FuncKey | None:

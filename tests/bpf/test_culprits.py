@@ -7,10 +7,14 @@ it): one refcntd run for all scenarios, each with its own types and functions.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, Build, refcntd
+from conftest import FIXTURES, ROOT, Build, refcntd
 
 Group = dict[str, Any]
 
@@ -142,3 +146,15 @@ def test_cycle_of_two(culprits: Run) -> None:
         assert g["instances"][0]["leak"] == "cycle"
         assert g["instances"][0]["cycle"] == addrs
     assert "Leak cycle: they hold each other" in text
+
+
+def test_accuracy_benchmark_smoke(bpf: None, tmp_path: Path) -> None:
+    """benchmarks/culprits.py --smoke: one generated scenario of each pattern, one run."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/culprits.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "culprits.json").read_text())
+    assert data["scenarios"] == 4
+    assert data["outcomes"] == {"right": 4, "wrong": 0, "honest": 0, "missed": 0}, data
+    assert "| all | 4 | 4 (100.0 %)" in proc.stdout
