@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
@@ -50,7 +51,7 @@ class PathOp:
     first_ns: int = 0  # when it first / last happened at this path (0: not known)
     last_ns: int = 0
 
-    @property
+    @cached_property  # pairing compares paths of every get with every put
     def path(self) -> tuple[FuncKey, ...]:
         return tuple(func_key(f) for f in self.frames)
 
