@@ -65,10 +65,19 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
         group = by_key[key]
         addrs = {e.address for e in evs if not e.gap}
         free = {a: own.free[a] for a in addrs}
-        group.verdict = _with_gaps(judge(paired[key], free), evs, own, addrs)
+        verdict = _with_gaps(judge(paired[key], free), evs, own, addrs)
+        group.verdict = _without_history(verdict, len(group.objects) - len(evs))
         group.culprits = group.verdict.culprits
         group.objects = [_annotated(o, own, types) for o in group.objects]
     _point_to_holders(groups, own)
+
+
+def _without_history(verdict: Verdict, missing: int) -> Verdict:
+    """Objects of the group that have no history at all (history map full)."""
+    if missing <= 0:
+        return verdict
+    note = f"{missing} object(s) of this group have no history (see the losses)"
+    return dataclasses.replace(verdict, notes=(*verdict.notes, note))
 
 
 def _with_gaps(verdict: Verdict, evs: list[Evidence], own: Ownership, addrs: set[int]

@@ -4,8 +4,9 @@ test on real programs is tests/bpf/test_culprits.py)."""
 from __future__ import annotations
 
 from refcntd.analysis.attribution import PairedGroup, PathOp, put_wrappers
+from refcntd.analysis.model import LeakedObject, LeakGroup
 from refcntd.analysis.ownership import CYCLE, DIRECT, INDIRECT, Leaked, ownership
-from refcntd.analysis.verdicts import evidence_gap
+from refcntd.analysis.verdicts import Evidence, evidence_gap, judge_process
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 
@@ -81,3 +82,18 @@ def test_evidence_gap_says_what_does_not_add_up() -> None:
     assert evidence_gap(4, 2, ops, 0, 0) == "recorded paths hold 3 of 4 gets and 2 of 2 puts"
     assert "5 operations not counted (path map full)" in evidence_gap(3, 2, ops, 5, 0)
     assert "without a stack" in evidence_gap(3, 2, ops, 0, 1)
+
+
+def test_a_group_without_usable_evidence_says_why() -> None:
+    """Never a silent gap: one object's paths do not add up, the other has no
+    history at all: the verdict is unknown, with both reasons and counts."""
+    group = LeakGroup("t", (Frame("/bin/prog", 1, "t_new"),),
+                      [LeakedObject(1, 1, 4, 3, 0), LeakedObject(2, 1, 0, 0, 0)])
+    ops = [op(INIT, "t_new main"), op(GET, "t_get f main", 3), op(PUT, "t_put f main", 3)]
+    gap = evidence_gap(4, 3, ops, 0, 0)
+    judge_process([group], {group.key(): [Evidence(1, "t", 0, ops, gap)]}, {})
+    assert group.verdict is not None and group.verdict.status == "unknown"
+    assert group.culprits == []
+    assert "1 of 1 objects not attributed: recorded paths hold 3 of 4 gets" in \
+        group.verdict.reason
+    assert "1 object(s) of this group have no history (see the losses)" in group.verdict.notes
