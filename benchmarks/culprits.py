@@ -22,12 +22,15 @@ verdict at all).  Usage: benchmarks/culprits.py [--scenarios N] [--batch K]
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
+import os
 import platform
 import random
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,6 +272,30 @@ def table(results: list[tuple[Scenario, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def machine() -> dict[str, Any]:
+    mem = Path("/proc/meminfo").read_text().split()[1]
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())
+    return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
+            "memory_gib": round(int(mem) / 2**20, 1), "python": platform.python_version(),
+            "date": datetime.date.today().isoformat()}
+
+
+def markdown(summary: dict[str, Any], text: str) -> str:
+    lines = ["# Culprit accuracy on generated programs", "",
+             f"Machine: {summary['machine']}", "",
+             f"`benchmarks/culprits.py --scenarios {summary['scenarios']} --batch "
+             f"{summary['batch']} --seed {summary['seed']}`: {summary['scenarios']} generated "
+             f"scenarios, {summary['batch']} per program and refcntd run, "
+             f"{summary['seconds']} s in all.", "", text, ""]
+    wrong = summary["not_right"]
+    lines += ["Not top-1 right:" if wrong else "Every scenario was top-1 right.", ""]
+    lines += [f"* s{w['scenario']} ({w['pattern']}): {w['outcome']}: expected "
+              f"{w['expected']}; reported {w['reported']}" for w in wrong]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", type=int, default=200)
@@ -281,6 +308,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     scenarios = [MAKERS[PATTERNS[i % len(PATTERNS)]](i, rng) for i in range(n)]
     args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     results: list[tuple[Scenario, str, str]] = []
     for b in range(0, n, args.batch):
         batch = scenarios[b:b + args.batch]
@@ -291,15 +319,15 @@ def main() -> int:
     for s, outcome, said in results:
         if outcome != "right":
             print(f"s{s.index} {s.pattern}: {outcome}: expected {s.expected}; {said}")
-    summary = {"machine": f"{platform.node()} {platform.machine()} {platform.release()}",
-               "seed": args.seed, "scenarios": n, "batch": args.batch,
+    summary = {"machine": machine(), "seed": args.seed, "scenarios": n, "batch": args.batch,
+               "seconds": round(time.monotonic() - started),
                "outcomes": {k: sum(r[1] == k for r in results)
                             for k in ("right", "wrong", "honest", "missed")},
                "not_right": [{"scenario": s.index, "pattern": s.pattern, "outcome": o,
                               "expected": s.expected, "reported": said}
                              for s, o, said in results if o != "right"]}
     (args.out / "culprits.json").write_text(json.dumps(summary, indent=1))
-    (args.out / "culprits-table.md").write_text(text + "\n")
+    (args.out / "culprits.md").write_text(markdown(summary, text))
     return 0
 
 
