@@ -203,10 +203,15 @@ MAKERS = {"handover": handover, "extra get": extra_get, "leaked owner": leaked_o
           "cache": cache}
 
 
-def program(scenarios: list[Scenario]) -> str:
+def program(scenarios: list[Scenario], tail_calls: bool = False) -> str:
+    """One program running every scenario.  tail_calls: without the work after
+    each function's last call, so the compiler turns those calls into jumps."""
     runs = "".join(f"\ts{s.index}_run();\n" for s in scenarios)
-    return (HEADER + "\n".join(s.code for s in scenarios)
-            + f"\nint main(void)\n{{\n{runs}\treturn 0;\n}}\n")
+    code = "\n".join(s.code for s in scenarios)
+    if tail_calls:
+        code = code.replace("sink++; return o; }", "return o; }").replace("sink++; }", "}")
+        code = code.replace("\tsink++;\n}", "}")
+    return HEADER + code + f"\nint main(void)\n{{\n{runs}\treturn 0;\n}}\n"
 
 
 def build(work: Path, name: str, source: str) -> Path:
@@ -286,8 +291,10 @@ def markdown(summary: dict[str, Any], text: str) -> str:
     lines = ["# Culprit accuracy on generated programs", "",
              f"Machine: {summary['machine']}", "",
              f"`benchmarks/culprits.py --scenarios {summary['scenarios']} --batch "
-             f"{summary['batch']} --seed {summary['seed']}`: {summary['scenarios']} generated "
-             f"scenarios, {summary['batch']} per program and refcntd run, "
+             f"{summary['batch']} --seed {summary['seed']}"
+             f"{' --tail-calls' if summary['tail_calls'] else ''}`: "
+             f"{summary['scenarios']} generated scenarios, {summary['batch']} per program "
+             "and refcntd run, "
              f"{summary['seconds']} s in all.", "", text, ""]
     wrong = summary["not_right"]
     lines += ["Not top-1 right:" if wrong else "Every scenario was top-1 right.", ""]
@@ -302,6 +309,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=50, help="scenarios per program / run")
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--smoke", action="store_true", help="one of each pattern, one run")
+    ap.add_argument("--tail-calls", action="store_true",
+                    help="let the compiler turn last calls into jumps (frames vanish)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/refcntd-culprits"))
     args = ap.parse_args()
     n = len(PATTERNS) if args.smoke else args.scenarios
@@ -312,7 +321,8 @@ def main() -> int:
     results: list[tuple[Scenario, str, str]] = []
     for b in range(0, n, args.batch):
         batch = scenarios[b:b + args.batch]
-        groups = by_type(trace(build(args.out, f"batch{b // args.batch}", program(batch))))
+        groups = by_type(trace(build(args.out, f"batch{b // args.batch}",
+                                  program(batch, args.tail_calls))))
         results += [(s, *score(s, groups)) for s in batch]
     text = table(results)
     print(text)
@@ -320,6 +330,7 @@ def main() -> int:
         if outcome != "right":
             print(f"s{s.index} {s.pattern}: {outcome}: expected {s.expected}; {said}")
     summary = {"machine": machine(), "seed": args.seed, "scenarios": n, "batch": args.batch,
+               "tail_calls": args.tail_calls,
                "seconds": round(time.monotonic() - started),
                "outcomes": {k: sum(r[1] == k for r in results)
                             for k in ("right", "wrong", "honest", "missed")},
