@@ -18,6 +18,7 @@ from refcntd.analysis.model import (
     LeakKey,
     StackUnwind,
 )
+from refcntd.analysis.tailcalls import with_tail_calls
 from refcntd.analysis.verdicts import Evidence, evidence_gap, judge_process
 from refcntd.kernel.abi import TRUNCATION_TEXT, UNWINDMETHOD_TEXT, Role, Truncation
 from refcntd.kernel.columns import ObjectColumns
@@ -186,7 +187,8 @@ class LeakedObjects(Sequence[LeakedObject]):
 def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
                stubs: frozenset[str]) -> tuple[Frame, ...]:
     frames = symbolize_stack(ref, stacks, sym, mods)[0]
-    return frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+    frames = frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+    return with_tail_calls(frames, sym)
 
 
 def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
