@@ -105,13 +105,10 @@ def reference_sinks(released: Iterable[PathOp]) -> set[FuncKey]:
 
 
 def put_wrappers(released: list[PathOp]) -> set[FuncKey]:
-    """Sinks that call put themselves and never see a get: put wrappers
-    (release()), not consumers that look at the object before they put it, nor
-    consumers that hand it to a put wrapper (they are where the reference ends)."""
+    """Sinks that never see a get: put wrappers (release()), not consumers that
+    also look at the object before they put it."""
     on_gets = {func for op in released if is_get(op.op) for func in op.path}
-    callers = {op.path[0] for op in released if op.op == Role.PUT and op.path}
-    deeper = {func for op in released for func in op.path[1:]}
-    return (reference_sinks(released) & callers) - on_gets - deeper
+    return reference_sinks(released) - on_gets
 
 
 def put_owner(put: PathOp, sinks: set[FuncKey]) -> FuncKey | None:
@@ -174,16 +171,21 @@ def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathO
 
 
 def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey],
-                sinks: frozenset[FuncKey] | set[FuncKey]) -> tuple[int, bool, bool, int]:
+                sinks: frozenset[FuncKey] | set[FuncKey]) -> tuple[int, bool, int, bool, int]:
     """Deepest shared caller first.  Then: a put made by that caller itself drops
     its initial reference first (a put one call below it counts as its own: a
     put wrapper); a put made deeper (a consumer it handed the object to)
-    balances a reference got from a getter first."""
+    balances a reference got from a getter first.  Among such puts the initial
+    reference takes the one nearest the shared caller, a got one the farthest
+    (the consumer calling a put wrapper, not the caller's own put)."""
     depth = common_depth(get.path, put.path)
     common = put.path[len(put.path) - depth] if depth else None
-    own_put = put_owner(put, set(sinks)) == common or len(put.path) - depth == 1
+    below = len(put.path) - depth
+    own_put = put_owner(put, set(sinks)) == common or below == 1
     via_source = bool(get.path) and get.path[0] in sources
-    return (depth, (get.op == Role.INIT) == own_put, via_source, len(get.frames))
+    is_init = get.op == Role.INIT
+    return (depth, is_init == own_put, -below if is_init else below, via_source,
+            len(get.frames))
 
 
 def culprit_of(get: PathOp, ops: list[PathOp], sources: set[FuncKey], sinks: set[FuncKey]

@@ -3,7 +3,7 @@ test on real programs is tests/bpf/test_culprits.py)."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import PairedGroup, PathOp, put_wrappers
+from refcntd.analysis.attribution import PairedGroup, PathOp, pair, put_wrappers
 from refcntd.analysis.model import LeakedObject, LeakGroup
 from refcntd.analysis.ownership import CYCLE, DIRECT, INDIRECT, Leaked, ownership
 from refcntd.analysis.verdicts import Evidence, evidence_gap, judge_process
@@ -68,12 +68,15 @@ def test_siblings_from_one_constructor_do_not_hold_each_other() -> None:
     assert own.holdings == []
 
 
-def test_put_wrappers_are_only_functions_that_call_put_themselves() -> None:
-    """consume() hands the object to obj_put(): it is where the reference ends, not
-    a wrapper (else the pool's own put would be paired with the producer's get)."""
+def test_initial_reference_pairs_with_the_callers_own_put() -> None:
+    """run() puts its pool's reference itself; consume() hands a produced one to
+    obj_put(): the init pairs with run's put, the produced get with consume's."""
     released = [op(INIT, "obj_alloc run main"), op(GET, "obj_get produce run main"),
                 op(PUT, "obj_put consume run main"), op(PUT, "obj_put run main")]
-    assert put_wrappers(released) == {("prog", "obj_put")}
+    left, matches = pair(released, set(), put_wrappers(released))
+    assert left == []
+    assert {(g.frames[1].function, p.frames[1].function) for g, p, _ in matches} == \
+        {("run", "run"), ("produce", "consume")}
 
 
 def test_evidence_gap_says_what_does_not_add_up() -> None:
