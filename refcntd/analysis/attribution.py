@@ -111,6 +111,15 @@ def put_wrappers(released: list[PathOp]) -> set[FuncKey]:
     return reference_sinks(released) - on_gets
 
 
+def put_callers(released: list[PathOp]) -> set[FuncKey]:
+    """The put wrappers that call put themselves (path[0] of puts, never deeper):
+    whose caller owns the put.  A consumer that hands the object to such a
+    wrapper is where a handed-over reference ends, not a wrapper."""
+    deeper = {func for op in released for func in op.path[1:]}
+    return {op.path[0] for op in released if op.op == Role.PUT and op.path} \
+        & put_wrappers(released) - deeper
+
+
 def put_owner(put: PathOp, sinks: set[FuncKey]) -> FuncKey | None:
     return next((func for func in put.path if func not in sinks), None)
 
@@ -219,6 +228,7 @@ class Baseline:
     wrappers: set[FuncKey]  # sinks that never see a get: release()-style put wrappers
     expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]]  # get path -> puts
     suffixes: set[tuple[FuncKey, ...]]  # every outer part of a released path
+    callers: set[FuncKey] = field(default_factory=set)  # put_callers(): who owns a put
 
     @classmethod
     def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
@@ -229,7 +239,8 @@ class Baseline:
         for get, put, n in pair(released, src, put_wrappers(released))[1]:
             expected.setdefault(get.path, []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
-        return cls(released, src, snk, put_wrappers(released), expected, suffixes)
+        return cls(released, src, snk, put_wrappers(released), expected, suffixes,
+                   put_callers(released))
 
 
 def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool) -> int | None:
@@ -257,7 +268,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
     expected = base.expected.get(get.path, [])
     name = _name(get.frames[i])
     if not expected:
-        if any(op.op == Role.PUT and put_owner(op, base.wrappers) == holder for op in ops):
+        if any(op.op == Role.PUT and put_owner(op, base.callers) == holder for op in ops):
             return [Culprit(EXTRA_GET, get.frames[i], frames, why=(
                 f"{name} puts this object, but got this reference as well; no released "
                 "object got a reference at this path"))]
@@ -266,7 +277,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
             "reference to its caller; no released object got a reference at this path"))]
     put, n = max(expected, key=lambda e: e[1])
     where = _short(put.frames)
-    if any(put_owner(p, base.wrappers) == holder for p, _ in expected):
+    if any(put_owner(p, base.callers) == holder for p, _ in expected):
         return [Culprit(MISSING_PUT, get.frames[i], frames, expected=put.frames, why=(
             f"released objects got {n} such reference(s) here and {name} put them at "
             f"{where}; in this object it never did"))]
