@@ -13,7 +13,7 @@
  *   CGROUP_ID    when set: only processes in that cgroup v2 (system-wide)
  *   UNWIND       1: CFI unwinding with tables from user space (see unwind.h)
  *   HISTORY      1: keep get/put history of objects whose type is in
- *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES
+ *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES, MAX_PATHS
  */
 #include <uapi/linux/ptrace.h>
 
@@ -60,6 +60,7 @@ BPF_F_TABLE("hash", struct obj_key, struct hist_val, history, MAX_HISTORY, BPF_F
  * inlined by LLVM (it aborts the whole process at --history-depth >= 32). */
 BPF_ARRAY(hist_zero, struct hist_val, 1);
 BPF_HASH(released_sites, struct site_key, __u64, MAX_SITES);
+BPF_F_TABLE("hash", struct path_key, struct path_val, hist_paths, MAX_PATHS, BPF_F_NO_PREALLOC);
 BPF_HASH(history_types, __u32, __u32, 256);
 #endif
 #ifndef RINGBUF_PAGES
@@ -237,7 +238,7 @@ static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg
 }
 
 #if HISTORY
-static __always_inline void start_history(struct obj_key *key, __u32 type_id)
+static __always_inline void start_history(struct obj_key *key, __u32 type_id, __u64 serial)
 {
 	__u32 zero = 0;
 	if (!HISTORY_ALL && type_id && !history_types.lookup(&type_id))
@@ -245,46 +246,74 @@ static __always_inline void start_history(struct obj_key *key, __u32 type_id)
 	struct hist_val *blank = hist_zero.lookup(&zero);  /* never written: all zero */
 	if (!blank)
 		return;
-	if (history.update(key, blank) != 0)
+	if (history.update(key, blank) != 0) {
 		count_stat(ST_HISTORY_MAP_FULL);
+		return;
+	}
+	struct hist_val *h = history.lookup(key);
+	if (h)
+		h->serial = serial;
 }
 
-static __always_inline void count_site(struct hist_val *h, __u32 op, struct hist_entry *e)
+/* Exact count of this object's operations at this path, in hist_paths. */
+static __always_inline void count_path(struct hist_val *h, struct obj_key *key, __u32 op,
+				       struct hist_entry *e)
 {
-#pragma unroll
-	for (int i = 0; i < HISTORY_SITES; i++) {
-		struct hist_site *s = &h->site[i];
-		if (s->count && s->op == op && s->stack_id == e->stack_id &&
-		    s->caller_ip == e->caller_ip) {
-			__sync_fetch_and_add(&s->count, 1);
+	struct path_key k = {.tgid = key->tgid, .op = op, .addr = key->addr, .serial = h->serial,
+			     .stack_id = e->stack_id, .caller_ip = e->caller_ip};
+	struct path_val *v = hist_paths.lookup(&k);
+	if (!v) {
+		struct path_val first = {.count = 1, .first_ns = e->ts, .last_ns = e->ts};
+		if (hist_paths.insert(&k, &first) == 0) {
+			__u64 i = __sync_fetch_and_add(&h->npaths, 1);
+			if (i < HISTORY_SITES) {
+				struct hist_path p = {.op = op, .stack_id = e->stack_id,
+						      .caller_ip = e->caller_ip};
+				h->path[i & (HISTORY_SITES - 1)] = p;
+			}
 			return;
 		}
-		if (!s->count) {
-			s->op = op;
-			s->stack_id = e->stack_id;
-			s->caller_ip = e->caller_ip;
-			__sync_fetch_and_add(&s->count, 1);
+		v = hist_paths.lookup(&k);  /* another CPU inserted it first */
+		if (!v) {
+			count_stat(ST_PATHS_MAP_FULL);
+			__sync_fetch_and_add(&h->paths_lost, 1);
 			return;
 		}
 	}
-	__sync_fetch_and_add(&h->site_overflow, 1);
+	__sync_fetch_and_add(&v->count, 1);
+	v->last_ns = e->ts;
+}
+
+/* Every operation at this path of this process's objects of this type. */
+static __always_inline void count_type_path(struct obj_key *key, __u32 type_id, __u32 op,
+					    struct hist_entry *e)
+{
+	struct site_key k = {.tgid = key->tgid, .type_id = type_id, .op = op,
+			     .stack_id = e->stack_id, .caller_ip = e->caller_ip};
+	__u64 zero = 0;
+	__u64 *total = released_sites.lookup_or_try_init(&k, &zero);
+	if (total)
+		__sync_fetch_and_add(total, 1);
+	else
+		count_stat(ST_SITES_MAP_FULL);
 }
 
 static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
-				   struct obj_key *key, __u32 op, __s64 count_after)
+				   struct obj_key *key, __u32 type_id, __u32 op, __s64 count_after)
 {
 	struct hist_val *h = history.lookup(key);
 	if (!h)
 		return;
 	struct hist_entry e = {.op = op, .count_after = count_after, .ts = bpf_ktime_get_ns()};
 	capture_stacks(ctx, cfg, &e.stack_id, &e.caller_ip);
-	count_site(h, op, &e);
+	count_path(h, key, op, &e);
+	count_type_path(key, type_id, op, &e);
 	__u64 i = __sync_fetch_and_add(&h->n, 1);
 	if (i < HISTORY_DEPTH)
 		h->e[i & (HISTORY_DEPTH - 1)] = e;
 }
 
-/* A released object's sites go to the per-process baseline of balanced paths. */
+/* A released object's paths are dropped: released_sites already counted them. */
 static __always_inline void fold_history(struct obj_key *key, __u32 type_id)
 {
 	struct hist_val *h = history.lookup(key);
@@ -292,24 +321,23 @@ static __always_inline void fold_history(struct obj_key *key, __u32 type_id)
 		return;
 #pragma unroll
 	for (int i = 0; i < HISTORY_SITES; i++) {
-		struct hist_site *s = &h->site[i];
-		if (!s->count)
+		if (i >= h->npaths)
 			break;
-		struct site_key k = {.tgid = key->tgid, .type_id = type_id, .op = s->op,
-				     .stack_id = s->stack_id, .caller_ip = s->caller_ip};
-		__u64 zero = 0;
-		__u64 *total = released_sites.lookup_or_try_init(&k, &zero);
-		if (total)
-			__sync_fetch_and_add(total, s->count);
-		else
-			count_stat(ST_SITES_MAP_FULL);
+		struct hist_path *p = &h->path[i];
+		struct path_key k = {.tgid = key->tgid, .op = p->op, .addr = key->addr,
+				     .serial = h->serial, .stack_id = p->stack_id,
+				     .caller_ip = p->caller_ip};
+		hist_paths.delete(&k);
 	}
+	if (h->npaths > HISTORY_SITES)
+		count_stat(ST_PATHS_STALE);
 	history.delete(key);
 }
 #else
-static __always_inline void start_history(struct obj_key *key, __u32 type_id) {}
+static __always_inline void start_history(struct obj_key *key, __u32 type_id, __u64 serial) {}
 static __always_inline void record(struct pt_regs *ctx, struct probe_cfg *cfg,
-				   struct obj_key *key, __u32 op, __s64 count_after) {}
+				   struct obj_key *key, __u32 type_id, __u32 op,
+				   __s64 count_after) {}
 static __always_inline void fold_history(struct obj_key *key, __u32 type_id) {}
 #endif
 
@@ -576,8 +604,8 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	}
 	if (HISTORY) {
-		start_history(&key, val.type_id);
-		record(ctx, cfg, &key, ROLE_INIT, val.count);
+		start_history(&key, val.type_id, val.init_ns);
+		record(ctx, cfg, &key, val.type_id, ROLE_INIT, val.count);
 	}
 	return 0;
 }
@@ -662,7 +690,7 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 	__s64 before = __sync_fetch_and_add(&o->count, 1);
 	__sync_fetch_and_add(&o->gets, 1);
 	if (HISTORY)
-		record(ctx, cfg, &key, ROLE_GET, before + 1);
+		record(ctx, cfg, &key, o->type_id, ROLE_GET, before + 1);
 	return 0;
 }
 
@@ -686,7 +714,7 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 	__sync_fetch_and_add(&o->puts, 1);
 	__s64 before = __sync_fetch_and_add(&o->count, -1);
 	if (HISTORY)
-		record(ctx, cfg, &key, ROLE_PUT, before - 1);
+		record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
 	if (before <= 0) {
 		count_stat(ST_PUT_BELOW_ZERO);
 		struct grave_val g = describe(o, 0);
@@ -726,7 +754,7 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 		report_anomaly(ctx, cfg, AN_DELETE_LIVE, &key, o->count, &g);
 	}
 	if (HISTORY)
-		record(ctx, cfg, &key, ROLE_DELETE, o->count);
+		record(ctx, cfg, &key, o->type_id, ROLE_DELETE, o->count);
 	release(&key, o);
 	return 0;
 }

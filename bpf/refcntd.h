@@ -64,6 +64,8 @@ enum refcntd_stat {
 	ST_TRUNC_BAD_RULE,      /* note: stacks cut at an unwind rule the BPF unwinder does not follow */
 	ST_EXEC_MAPS_FULL,      /* note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced */
 	ST_PROC_STATS_FULL,     /* loss: counts not kept per process: per-process table full (process reports may miss their own counts; the totals are exact) */
+	ST_PATHS_MAP_FULL,      /* loss: get/put operations of objects with history not counted per path: path map full (their culprits are reported unknown) */
+	ST_PATHS_STALE,         /* note: per-path counts of released objects with more than 8 paths kept until their process is reported */
 	ST_COUNT
 };
 
@@ -134,20 +136,39 @@ struct hist_entry {
 	__u64 ts;
 };
 
-/* A distinct place an object was got, put, initialised or deleted, counted. */
-struct hist_site {
+/* A path an object with history created in hist_paths: the first
+ * HISTORY_SITES of them, so its release can delete them. */
+struct hist_path {
 	__u32 op;
 	__u32 pad;
 	__u64 stack_id;
 	__u64 caller_ip;
-	__u64 count;
 };
 
 struct hist_val {
 	__u64 n;             /* operations seen; entries beyond HISTORY_DEPTH were dropped */
-	__u64 site_overflow; /* operations at sites beyond HISTORY_SITES */
-	struct hist_site site[HISTORY_SITES];
+	__u64 serial;        /* the object's init time: tells its paths from a predecessor's */
+	__u64 npaths;        /* distinct paths it created in hist_paths */
+	__u64 paths_lost;    /* operations whose path could not be counted (hist_paths full) */
+	struct hist_path path[HISTORY_SITES];
 	struct hist_entry e[HISTORY_DEPTH];
+};
+
+/* Exact count of one object's operations at one path (--history): aggregated
+ * in the kernel, so hundreds of distinct get/put paths stay exact. */
+struct path_key {
+	__u32 tgid;
+	__u32 op;
+	__u64 addr;
+	__u64 serial;
+	__u64 stack_id;
+	__u64 caller_ip;
+};
+
+struct path_val {
+	__u64 count;
+	__u64 first_ns;
+	__u64 last_ns;
 };
 
 /* Stacks a process created, so all of them (released objects' too) are
@@ -158,7 +179,8 @@ struct proc_stack {
 	__u64 stack_id;
 };
 
-/* Per process, what released objects did where: attribution's baseline. */
+/* Per process and type, every operation of objects with history at each path;
+ * minus the leaked objects' own paths this is the released objects' baseline. */
 struct site_key {
 	__u32 tgid;
 	__u32 type_id;

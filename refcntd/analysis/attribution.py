@@ -27,13 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
 
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 
 FuncKey = tuple[str, str]  # (module file name, function or raw address)
+CulpritKey = tuple[str, FuncKey, tuple[FuncKey, ...]]
 
+START_FUNCTIONS = frozenset({"main", "_start", "__libc_start_main", "__libc_start_call_main",
+                             "start_thread"})
 MISSING_PUT = "missing put"
 EXTRA_GET = "extra get"
 
@@ -45,8 +48,10 @@ class PathOp:
     op: Role
     frames: tuple[Frame, ...]  # from the refcount call outward, stub frames dropped
     count: int
+    first_ns: int = 0  # when it first / last happened at this path (0: not known)
+    last_ns: int = 0
 
-    @property
+    @cached_property  # pairing compares paths of every get with every put
     def path(self) -> tuple[FuncKey, ...]:
         return tuple(func_key(f) for f in self.frames)
 
@@ -60,9 +65,13 @@ class Culprit:
     references: int = 0  # unmatched references in those objects
     released_uses: int = 0  # gets through the same path in objects released correctly
     leaked_objects: set[int] = field(default_factory=set, repr=False)
+    expected: tuple[Frame, ...] = ()  # where released objects put such a reference
+    why: str = ""  # why this function and not another
+    tie: tuple[str, ...] = ()  # functions with the same evidence, this one included
+    holder: str = ""  # indirect leaks: the leaked object whose culprit this is
 
-    def key(self) -> tuple[str, tuple[FuncKey, ...]]:
-        return (self.kind, tuple(func_key(f) for f in self.frames))
+    def key(self) -> CulpritKey:
+        return (self.kind, func_key(self.function), tuple(func_key(f) for f in self.frames))
 
 
 def func_key(frame: Frame) -> FuncKey:
@@ -95,6 +104,22 @@ def reference_sinks(released: Iterable[PathOp]) -> set[FuncKey]:
     return {func for func, value in _balances(released).items() if value < 0}
 
 
+def put_wrappers(released: list[PathOp]) -> set[FuncKey]:
+    """Sinks that never see a get: put wrappers (release()), not consumers that
+    also look at the object before they put it."""
+    on_gets = {func for op in released if is_get(op.op) for func in op.path}
+    return reference_sinks(released) - on_gets
+
+
+def put_callers(released: list[PathOp]) -> set[FuncKey]:
+    """The put wrappers that call put themselves (path[0] of puts, never deeper):
+    whose caller owns the put.  A consumer that hands the object to such a
+    wrapper is where a handed-over reference ends, not a wrapper."""
+    deeper = {func for op in released for func in op.path[1:]}
+    return {op.path[0] for op in released if op.op == Role.PUT and op.path} \
+        & put_wrappers(released) - deeper
+
+
 def put_owner(put: PathOp, sinks: set[FuncKey]) -> FuncKey | None:
     return next((func for func in put.path if func not in sinks), None)
 
@@ -109,72 +134,277 @@ def common_depth(a: tuple[FuncKey, ...], b: tuple[FuncKey, ...]) -> int:
     return depth
 
 
-def pair_puts(ops: list[PathOp], sources: set[FuncKey]
-              ) -> tuple[list[tuple[PathOp, int]], set[FuncKey]]:
-    """Pair every put of one object with a get.
+Match = tuple[PathOp, PathOp, int]  # (get, put, references)
 
-    Returns the gets left over, and the functions that handed a matched
-    reference up to where it was put (sources, by this object's evidence).
+
+def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | set[FuncKey]
+         = frozenset()) -> tuple[list[tuple[PathOp, int]], list[Match]]:
+    """Pair every put of one object (or of a baseline) with a get.
+
+    Returns the gets left over and the matches.  The pairs sharing the most
+    of their paths are made first (references nest like brackets: a temporary
+    get and its put share the deepest caller).
     """
-    gets: list[list[Any]] = [[op, op.count] for op in ops if is_get(op.op)]  # [get, refs left]
-    puts = sorted((op for op in ops if op.op == Role.PUT), key=lambda o: -len(o.frames))
+    gets = [op for op in ops if is_get(op.op)]
+    puts = [op for op in ops if op.op == Role.PUT]
+    left_g, left_p = [op.count for op in gets], [op.count for op in puts]
+    ranked = sorted(((_match_rank(g, p, sources, sinks), gi, pi)
+                     for gi, g in enumerate(gets) for pi, p in enumerate(puts)),
+                    key=lambda r: r[0], reverse=True)
+    matches: list[Match] = []
+    for _, gi, pi in ranked:
+        n = min(left_g[gi], left_p[pi])
+        if n:
+            left_g[gi] -= n
+            left_p[pi] -= n
+            matches.append((gets[gi], puts[pi], n))
+    return [(op, n) for op, n in zip(gets, left_g, strict=True) if n > 0], matches
+
+
+def pair_puts(ops: list[PathOp], sources: set[FuncKey],
+              sinks: frozenset[FuncKey] | set[FuncKey] = frozenset()
+              ) -> tuple[list[tuple[PathOp, int]], set[FuncKey]]:
+    """The gets left over, and the functions that handed a matched reference
+    up to where it was put (sources, by this object's evidence)."""
+    unmatched, matches = pair(ops, sources, sinks)
     handed_up: set[FuncKey] = set()
-    for put in puts:
-        for _ in range(put.count):
-            open_gets = [g for g in gets if g[1] > 0]
-            if not open_gets:
-                break
-            best = max(open_gets, key=lambda g: _match_rank(g[0], put, sources))
-            best[1] -= 1
-            path = best[0].path
-            handed_up.update(path[:len(path) - common_depth(path, put.path)])
-    return [(op, left) for op, left in gets if left > 0], handed_up
+    for get, put, _ in matches:
+        path = get.path
+        handed_up.update(path[:len(path) - common_depth(path, put.path)])
+    return unmatched, handed_up
 
 
 def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathOp, int]]:
     """The gets of one object left over after pairing every put with a get."""
-    return pair_puts(ops, sources)[0]
+    return pair(ops, sources)[0]
 
 
-def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey]) -> tuple[int, bool, bool, int]:
+def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey],
+                sinks: frozenset[FuncKey] | set[FuncKey]) -> tuple[int, bool, int, bool, int]:
+    """Deepest shared caller first.  Then: a put made by that caller itself drops
+    its initial reference first (a put one call below it counts as its own: a
+    put wrapper); a put made deeper (a consumer it handed the object to)
+    balances a reference got from a getter first.  Among such puts the initial
+    reference takes the one nearest the shared caller, a got one the farthest
+    (the consumer calling a put wrapper, not the caller's own put)."""
+    depth = common_depth(get.path, put.path)
+    common = put.path[len(put.path) - depth] if depth else None
+    below = len(put.path) - depth
+    own_put = put_owner(put, set(sinks)) == common or below == 1
     via_source = bool(get.path) and get.path[0] in sources
-    return (common_depth(get.path, put.path), get.op == Role.INIT, via_source, len(get.frames))
+    is_init = get.op == Role.INIT
+    return (depth, is_init == own_put, -below if is_init else below, via_source,
+            len(get.frames))
 
 
 def culprit_of(get: PathOp, ops: list[PathOp], sources: set[FuncKey], sinks: set[FuncKey]
                ) -> Culprit | None:
-    """The first non-source function on the get's path, and whether it owns a put."""
-    for i, func in enumerate(get.path):
-        if func in sources:
-            continue
-        puts_here = any(op.op == Role.PUT and put_owner(op, sinks) == func for op in ops)
-        return Culprit(EXTRA_GET if puts_here else MISSING_PUT, get.frames[i],
-                       get.frames[:i + 1])
-    return None
+    """The first non-source function on the get's path, and whether it owns a put
+    (the rule without a baseline; see verdict() for the full one)."""
+    found = verdict(get, ops, Baseline.of([], sources, sinks))
+    return found[0] if isinstance(found, list) else None
 
 
 def attribute(objects: list[tuple[int, list[PathOp]]], released: list[PathOp]) -> list[Culprit]:
     """Culprits of a leak group: `objects` are (address, operations) of its leaked objects."""
-    sources, sinks = reference_sources(released), reference_sinks(released)
-    paired = [(address, ops, *pair_puts(ops, sources)) for address, ops in objects]
-    for _, _, _, handed_up in paired:
-        sources |= handed_up
-    found: dict[tuple[str, tuple[FuncKey, ...]], Culprit] = {}
-    for address, ops, unmatched, _ in paired:
-        for get, left in unmatched:
-            culprit = culprit_of(get, ops, sources, sinks)
-            if culprit is None:
+    group = PairedGroup.of(objects, released)
+    return judge(group, {addr: unmatched for addr, _, unmatched in group.objects}).culprits
+
+
+# ---- the verdict: one culprit, a tie, or unknown with the reason -------------------
+UNKNOWN = "unknown"
+TIE = "tie"
+FOUND = "culprit"
+
+
+@dataclass
+class Baseline:
+    """What objects of the type that were released correctly did: the evidence
+    a leaked object is compared with."""
+
+    released: list[PathOp]
+    sources: set[FuncKey]
+    sinks: set[FuncKey]
+    wrappers: set[FuncKey]  # sinks that never see a get: release()-style put wrappers
+    expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]]  # get path -> puts
+    suffixes: set[tuple[FuncKey, ...]]  # every outer part of a released path
+    callers: set[FuncKey] = field(default_factory=set)  # put_callers(): who owns a put
+
+    @classmethod
+    def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
+           sinks: set[FuncKey] | None = None) -> Baseline:
+        src = reference_sources(released) if sources is None else sources
+        snk = reference_sinks(released) if sinks is None else sinks
+        expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]] = {}
+        for get, put, n in pair(released, src, put_wrappers(released))[1]:
+            expected.setdefault(get.path, []).append((put, n))
+        suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
+        return cls(released, src, snk, put_wrappers(released), expected, suffixes,
+                   put_callers(released))
+
+
+def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool) -> int | None:
+    """Index of the first function on the get's path that keeps the reference.
+
+    ctor_rule (no released object to learn from): the function that called
+    init is taken to return its new object, when it has a caller.
+    """
+    for i, func in enumerate(get.path):
+        if func in sources or (ctor_rule and i == 0 and get.op == Role.INIT
+                               and len(get.path) > 1 and func[1] not in START_FUNCTIONS):
+            continue
+        return i
+    return None
+
+
+def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
+    """Culprit(s) of one unmatched get (several: a tie), or why none can be named."""
+    i = reference_holder(get, base.sources, not base.released)
+    if i is None:
+        return (f"every function on the path of the unmatched {get.op.name.lower()} "
+                f"({len(get.path)} frames) hands references up to its caller: "
+                "the stack is likely truncated")
+    holder, frames = get.path[i], get.frames[:i + 1]
+    expected = base.expected.get(get.path, [])
+    name = _name(get.frames[i])
+    if not expected:
+        if any(op.op == Role.PUT and put_owner(op, base.callers) == holder for op in ops):
+            return [Culprit(EXTRA_GET, get.frames[i], frames, why=(
+                f"{name} puts this object, but got this reference as well; no released "
+                "object got a reference at this path"))]
+        return [Culprit(MISSING_PUT, get.frames[i], frames, why=(
+            f"{name} is the first function on the get's path that does not hand the "
+            "reference to its caller; no released object got a reference at this path"))]
+    put, n = max(expected, key=lambda e: e[1])
+    where = _short(put.frames)
+    if any(put_owner(p, base.callers) == holder for p, _ in expected):
+        return [Culprit(MISSING_PUT, get.frames[i], frames, expected=put.frames, why=(
+            f"released objects got {n} such reference(s) here and {name} put them at "
+            f"{where}; in this object it never did"))]
+    return _handover(get, ops, base, i, put, n)
+
+
+def _handover(get: PathOp, ops: list[PathOp], base: Baseline, i: int, put: PathOp,
+              n: int) -> list[Culprit]:
+    """Released objects had the reference put below its holder (handed over by
+    design): blame the callee this object was handed to instead, if it is clear."""
+    holder_frame, where = get.frames[i], _short(put.frames)
+    candidates = handover_candidates(get, ops, base, put.path, len(get.path) - i)
+    if not candidates:
+        return [Culprit(MISSING_PUT, holder_frame, get.frames[:i + 1], expected=put.frames,
+                        why=(f"released objects had {n} such reference(s) put at {where}; "
+                             f"this one stayed in {_name(holder_frame)}, which never handed "
+                             "it on nor put it"))]
+    names = tuple(sorted(_name(f) for f, _ in candidates.values()))
+    out = []
+    for frame, op in candidates.values():
+        why = (f"released objects had {n} such reference(s) put at {where}; this one was "
+               f"handed to {_name(frame)} instead (its operations at {_short(op.frames)}), "
+               "a path no released object took, and it never put it")
+        out.append(Culprit(MISSING_PUT, frame, get.frames[:i + 1], expected=put.frames,
+                           why=why, tie=names if len(names) > 1 else ()))
+    return out
+
+
+def handover_candidates(get: PathOp, ops: list[PathOp], base: Baseline,
+                        expected: tuple[FuncKey, ...], min_depth: int
+                        ) -> dict[FuncKey, tuple[Frame, PathOp]]:
+    """Callees that saw this object where released objects had their put: the
+    functions just inside the deepest outer part shared with the expected put's
+    path, on paths no released object took."""
+    best, found = min_depth, {}  # type: int, dict[FuncKey, tuple[Frame, PathOp]]
+    for op in ops:
+        depth = common_depth(op.path, expected)
+        if op is get or depth < best or depth >= len(op.path):
+            continue
+        k = len(op.path) - depth - 1
+        if op.path[k:] in base.suffixes:
+            continue
+        if depth > best:
+            best, found = depth, {}
+        found.setdefault(op.path[k], (op.frames[k], op))
+    return found
+
+
+def _name(frame: Frame) -> str:
+    return frame.function or f"0x{frame.vaddr:x}"
+
+
+def _short(frames: tuple[Frame, ...], limit: int = 4) -> str:
+    names = [_name(f) for f in frames[:limit]]
+    return " < ".join(names) + (" < ..." if len(frames) > limit else "")
+
+
+# ---- a leak group ---------------------------------------------------------------
+@dataclass
+class PairedGroup:
+    """A leak group's objects with their puts paired, and its baseline."""
+
+    base: Baseline
+    objects: list[tuple[int, list[PathOp], list[tuple[PathOp, int]]]]  # addr, ops, unmatched
+
+    @classmethod
+    def of(cls, objects: list[tuple[int, list[PathOp]]], released: list[PathOp]
+           ) -> PairedGroup:
+        base = Baseline.of(released)
+        paired = [(addr, ops, *pair_puts(ops, base.sources, base.wrappers))
+                  for addr, ops in objects]
+        for *_, handed_up in paired:
+            base.sources |= handed_up
+        return cls(base, [(addr, ops, unmatched) for addr, ops, unmatched, _ in paired])
+
+
+@dataclass
+class Verdict:
+    """A group's answer: FOUND, TIE or UNKNOWN (or, set by the ownership pass,
+    indirect / cycle), why, and the culprits ranked."""
+
+    status: str
+    reason: str = ""
+    culprits: list[Culprit] = field(default_factory=list)
+    notes: tuple[str, ...] = ()  # what was left out, with counts
+
+
+def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verdict:
+    """Culprits of the unmatched gets in `free` (per object: those no leaked object holds)."""
+    found: dict[CulpritKey, Culprit] = {}
+    unknown: dict[str, int] = {}
+    for addr, ops, _ in group.objects:
+        for get, left in free.get(addr, []):
+            result = verdict(get, ops, group.base)
+            if isinstance(result, str):
+                unknown[result] = unknown.get(result, 0) + left
                 continue
-            culprit = found.setdefault(culprit.key(), culprit)
-            culprit.leaked_objects.add(address)
-            culprit.references += left
-    for culprit in found.values():
+            for culprit in result:
+                culprit = found.setdefault(culprit.key(), culprit)
+                culprit.leaked_objects.add(addr)
+                culprit.references += left
+    culprits = _ranked(found.values(), group.base.released)
+    return _verdict(culprits, unknown)
+
+
+def _ranked(found: Iterable[Culprit], released: list[PathOp]) -> list[Culprit]:
+    for culprit in found:
         culprit.objects = len(culprit.leaked_objects)
-        culprit.released_uses = _released_uses(culprit, released)
-    return sorted(found.values(), key=lambda c: (-c.objects, -c.references, c.released_uses))
+        prefix = tuple(func_key(f) for f in culprit.frames)
+        culprit.released_uses = sum(op.count for op in released
+                                    if is_get(op.op) and op.path[:len(prefix)] == prefix)
+    return sorted(found, key=lambda c: (-c.objects, -c.references, c.released_uses,
+                                        c.function.function))
 
 
-def _released_uses(culprit: Culprit, released: list[PathOp]) -> int:
-    prefix = tuple(func_key(f) for f in culprit.frames)
-    return sum(op.count for op in released
-               if is_get(op.op) and op.path[:len(prefix)] == prefix)
+def _verdict(culprits: list[Culprit], unknown: dict[str, int]) -> Verdict:
+    gaps = tuple(f"{n} unmatched reference(s) not attributed: {why}"
+                 for why, n in unknown.items())
+    if not culprits:
+        if gaps:
+            return Verdict(UNKNOWN, "; ".join(gaps))
+        return Verdict(UNKNOWN, "no get was left without a put in the recorded history")
+    top = culprits[0]
+    rank = (top.objects, top.references, top.released_uses)
+    level = [c for c in culprits if (c.objects, c.references, c.released_uses) == rank]
+    if top.tie or len(level) > 1:
+        names = sorted({_name(c.function) for c in level} | set(top.tie))
+        return Verdict(TIE, f"{len(names)} functions have the same evidence: "
+                       f"{', '.join(names)}", culprits, gaps)
+    return Verdict(FOUND, top.why, culprits, gaps)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
-from refcntd.analysis.attribution import PathOp, attribute
+from refcntd.analysis.attribution import PathOp
 from refcntd.analysis.model import (
     AnomalyFinding,
     AnomalyKey,
@@ -18,7 +18,9 @@ from refcntd.analysis.model import (
     LeakKey,
     StackUnwind,
 )
-from refcntd.kernel.abi import TRUNCATION_TEXT, UNWINDMETHOD_TEXT, Truncation
+from refcntd.analysis.tailcalls import with_tail_calls
+from refcntd.analysis.verdicts import Evidence, evidence_gap, judge_process
+from refcntd.kernel.abi import TRUNCATION_TEXT, UNWINDMETHOD_TEXT, Role, Truncation
 from refcntd.kernel.columns import ObjectColumns
 from refcntd.kernel.records import (
     AnomalyRecord,
@@ -65,7 +67,7 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
     # cheap key first: objects share few stacks
     by_ref: dict[tuple[str, int, StackRef], LeakGroup] = {}
     groups: dict[LeakKey, LeakGroup] = {}
-    paths: dict[LeakKey, list[tuple[int, list[PathOp]]]] = {}
+    paths: dict[LeakKey, list[Evidence]] = {}
     for rec in records:
         ref = (rec.type_name, rec.name_ptr, _alloc_ref(rec))
         if ref not in by_ref:  # the stack first: it teaches the biases the name may need
@@ -80,11 +82,15 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
         group.objects.append(LeakedObject(rec.addr, rec.count, rec.gets, rec.puts,
                                           max(0, now_ns - rec.init_ns), steps,
                                           rec.history.total_ops if rec.history else 0))
-        if ops:
-            paths.setdefault(group.key(), []).append((rec.addr, ops))
-    for key, objects in paths.items():
-        released = _released_paths(groups[key].type_name, stacks, sym, mods, history)
-        groups[key].culprits = attribute(objects, released)
+        if rec.history is not None and history is not None:
+            paths.setdefault(group.key(), []).append(_evidence(rec, group.type_name, ops))
+    if paths and history is not None:
+        leaked = _leaked_sites(records)
+        names = {group.key(): rec.type_name for rec in records
+                 for group in [by_ref[(rec.type_name, rec.name_ptr, _alloc_ref(rec))]]}
+        released = {key: _released_paths(names[key], stacks, sym, mods, history, leaked)
+                    for key in paths}
+        judge_process(list(groups.values()), paths, released)
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)
     return sorted(groups.values(), key=LeakGroup.order)
@@ -181,7 +187,8 @@ class LeakedObjects(Sequence[LeakedObject]):
 def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
                stubs: frozenset[str]) -> tuple[Frame, ...]:
     frames = symbolize_stack(ref, stacks, sym, mods)[0]
-    return frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+    frames = frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+    return with_tail_calls(frames, sym)
 
 
 def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
@@ -193,18 +200,45 @@ def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: Proc
                               _op_frames(e.where, stacks, sym, mods, stubs),
                               max(0, e.ts - rec.init_ns), stack_unwind(e.where, stacks))
                   for e in rec.history.events)
-    ops = [PathOp(s.op, _op_frames(s.where, stacks, sym, mods, stubs), s.count)
-           for s in rec.history.sites]
+    ops = [PathOp(s.op, _op_frames(s.where, stacks, sym, mods, stubs), s.count,
+                  s.first_ns, s.last_ns) for s in rec.history.sites]
     return steps, ops
 
 
+def _evidence(rec: ObjectRecord, type_name: str, ops: list[PathOp]) -> Evidence:
+    assert rec.history is not None
+    unwalked = sum(s.count for s in rec.history.sites if s.where.stack_id == 0)
+    gap = evidence_gap(rec.gets, rec.puts, ops, rec.history.site_overflow, unwalked)
+    return Evidence(rec.addr, type_name, rec.init_ns, ops, gap)
+
+
+SiteKey = tuple[str, Role, StackRef]
+
+
+def _leaked_sites(records: list[ObjectRecord]) -> dict[SiteKey, int]:
+    """(type name, op, path) -> operations of the drained objects themselves."""
+    out: dict[SiteKey, int] = {}
+    for rec in records:
+        for site in rec.history.sites if rec.history else ():
+            key = (rec.type_name, site.op, site.where)
+            out[key] = out.get(key, 0) + site.count
+    return out
+
+
 def _released_paths(type_name: str, stacks: StackSource, sym: Symbolizer,
-                    mods: ProcessModules, ctx: HistoryContext | None) -> list[PathOp]:
-    if ctx is None:
-        return []
-    return [PathOp(r.site.op, _op_frames(r.site.where, stacks, sym, mods, ctx.stub_names),
-                   r.site.count)
-            for r in ctx.released if r.type_name in (type_name, "")]
+                    mods: ProcessModules, ctx: HistoryContext,
+                    leaked: dict[SiteKey, int]) -> list[PathOp]:
+    """The baseline: the kernel counts every object's operations at each path;
+    minus the leaked objects' own, what remains is what released objects did."""
+    out = []
+    for r in ctx.released:
+        if r.type_name != type_name:
+            continue
+        count = r.site.count - leaked.get((r.type_name, r.site.op, r.site.where), 0)
+        if count > 0:
+            out.append(PathOp(r.site.op, _op_frames(r.site.where, stacks, sym, mods,
+                                                    ctx.stub_names), count))
+    return out
 
 
 def _alloc_ref(rec: ObjectRecord) -> StackRef:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.attribution import Culprit, Verdict
 from refcntd.kernel.abi import Stat
 from refcntd.symbolize.symbolizer import Frame
 
@@ -41,6 +41,16 @@ class HistoryStep:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """A leaked object that holds references of another (--history)."""
+
+    address: int
+    type_name: str
+    references: int
+    frames: tuple[Frame, ...]  # where the held reference was got
+
+
+@dataclass(frozen=True)
 class LeakedObject:
     address: int
     count: int
@@ -49,6 +59,9 @@ class LeakedObject:
     age_ns: int
     history: tuple[HistoryStep, ...] = ()
     history_total: int = 0  # operations seen; those beyond len(history) were dropped
+    leak: str = ""  # with --history: "direct", "indirect" or "cycle"
+    held_by: tuple[Holder, ...] = ()  # leaked objects holding its outstanding references
+    cycle: tuple[int, ...] = ()  # the objects of its cycle (leak == "cycle")
 
 
 @dataclass
@@ -61,6 +74,7 @@ class LeakGroup:
     stack_truncated: bool = False
     culprits: list[Culprit] = field(default_factory=list)
     unwind: StackUnwind = field(default_factory=StackUnwind)
+    verdict: Verdict | None = None  # with --history: culprit, tie, unknown, indirect, cycle
 
     def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))
@@ -136,6 +150,11 @@ class ProcessReport:
     @property
     def leaked_types(self) -> int:
         return len({g.type_name for g in self.groups})
+
+    @property
+    def cycles(self) -> list[tuple[int, ...]]:
+        """Leaked objects that hold each other, each cycle once."""
+        return sorted({o.cycle for g in self.groups for o in g.objects if o.cycle})
 
 
 @dataclass

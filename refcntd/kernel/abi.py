@@ -79,6 +79,8 @@ class Stat(IntEnum):
     TRUNC_BAD_RULE = 25
     EXEC_MAPS_FULL = 26
     PROC_STATS_FULL = 27
+    PATHS_MAP_FULL = 28
+    PATHS_STALE = 29
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -110,6 +112,8 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.TRUNC_BAD_RULE: 'note: stacks cut at an unwind rule the BPF unwinder does not follow',
     Stat.EXEC_MAPS_FULL: 'note: executable mappings not remembered (more than MAX_EXEC_MAPS in a process): frames there stay unplaced',
     Stat.PROC_STATS_FULL: 'loss: counts not kept per process: per-process table full (process reports may miss their own counts; the totals are exact)',
+    Stat.PATHS_MAP_FULL: 'loss: get/put operations of objects with history not counted per path: path map full (their culprits are reported unknown)',
+    Stat.PATHS_STALE: 'note: per-path counts of released objects with more than 8 paths kept until their process is reported',
 }
 
 
@@ -256,13 +260,12 @@ class HistEntry(C.Structure):
     ]
 
 
-class HistSite(C.Structure):
+class HistPath(C.Structure):
     _fields_ = [
         ("op", C.c_uint32),
         ("pad", C.c_uint32),
         ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
-        ("count", C.c_uint64),
     ]
 
 
@@ -270,10 +273,31 @@ def hist_val_type(history_depth: int = 16) -> type[C.Structure]:
     """struct hist_val with HISTORY_DEPTH chosen at compile time."""
     return type("HistVal", (C.Structure,), {"_fields_": [
         ("n", C.c_uint64),
-        ("site_overflow", C.c_uint64),
-        ("site", (HistSite * HISTORY_SITES)),
+        ("serial", C.c_uint64),
+        ("npaths", C.c_uint64),
+        ("paths_lost", C.c_uint64),
+        ("path", (HistPath * HISTORY_SITES)),
         ("e", (HistEntry * history_depth)),
     ]})
+
+
+class PathKey(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("op", C.c_uint32),
+        ("addr", C.c_uint64),
+        ("serial", C.c_uint64),
+        ("stack_id", C.c_uint64),
+        ("caller_ip", C.c_uint64),
+    ]
+
+
+class PathVal(C.Structure):
+    _fields_ = [
+        ("count", C.c_uint64),
+        ("first_ns", C.c_uint64),
+        ("last_ns", C.c_uint64),
+    ]
 
 
 class ProcStack(C.Structure):
@@ -483,7 +507,9 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "arg_loc": ArgLoc,
     "probe_cfg": ProbeCfg,
     "hist_entry": HistEntry,
-    "hist_site": HistSite,
+    "hist_path": HistPath,
+    "path_key": PathKey,
+    "path_val": PathVal,
     "proc_stack": ProcStack,
     "site_key": SiteKey,
     "init_args": InitArgs,

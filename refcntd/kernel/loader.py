@@ -60,6 +60,7 @@ class KernelOptions:
     history_depth: int = 16  # events kept per object; a power of two
     max_history: int = 65536  # objects with a history at once
     max_sites: int = 16384
+    max_paths: int = 262144  # (object, path) counts of objects with history
     comm_filter: tuple[str, ...] = ()  # system-wide: only these command names
     cgroup_id: int | None = None  # system-wide: only this cgroup v2
     unwind_offsets: dict[str, int] | None = None  # OFF_* for unwind.h; None: frame pointers only
@@ -87,7 +88,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     flags += [f"-DHISTORY={int(opts.history is not None)}",
               f"-DHISTORY_ALL={int(opts.history == ('all',))}",
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
-              f"-DMAX_SITES={opts.max_sites}"]
+              f"-DMAX_SITES={opts.max_sites}", f"-DMAX_PATHS={opts.max_paths}"]
     return flags
 
 
@@ -399,7 +400,7 @@ class Kernel:
         picked = [(k, v) for k, v in _items(objs)
                   if k.tgid == tgid and (gen is None or v.gen == gen)]
         _delete(objs, [k for k, _ in picked])
-        history = self._history([k for k, _ in picked])
+        history = self._history([k for k, _ in picked], tgid)
         return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
 
     def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns:
@@ -499,21 +500,32 @@ class Kernel:
         for type_id in type_ids:
             table[ctypes.c_uint32(type_id)] = ctypes.c_uint32(1)
 
-    def _history(self, keys: list[abi.ObjKey]) -> dict[int, HistoryRecord]:
-        """History of each drained object, removed from the map."""
+    def _history(self, keys: list[abi.ObjKey], tgid: int) -> dict[int, HistoryRecord]:
+        """History of each drained object with its exact per-path counts; removed from
+        the maps (the process's leftover path counts of released objects too)."""
         if self.opts.history is None:
             return {}
-        table, out = self.bpf["history"], {}
+        table, values = self.bpf["history"], {}
         for key in keys:
             value = table.get(key)
-            if value is None:
-                continue
-            out[key.addr] = _decode_history(value, self.opts.history_depth)
-            try:
-                del table[key]
-            except KeyError:
-                pass
-        return out
+            if value is not None:
+                values[key.addr] = value
+        _delete(table, [k for k in keys if k.addr in values])
+        paths = self._drain_paths(tgid)
+        return {addr: _decode_history(v, self.opts.history_depth,
+                                      paths.get((addr, v.serial), ()))
+                for addr, v in values.items()}
+
+    def _drain_paths(self, tgid: int) -> dict[tuple[int, int], tuple[SiteCount, ...]]:
+        """Per (address, serial): the exact path counts of `tgid`'s objects."""
+        table = self.bpf["hist_paths"]
+        picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
+        _delete(table, [k for k, _ in picked])
+        out: dict[tuple[int, int], list[SiteCount]] = {}
+        for k, v in picked:
+            out.setdefault((k.addr, k.serial), []).append(SiteCount(
+                Role(k.op), StackRef(k.stack_id, k.caller_ip), v.count, v.first_ns, v.last_ns))
+        return {key: tuple(sites) for key, sites in out.items()}
 
     def take_process_stats(self, tgid: int) -> dict[Stat, int]:
         """The counters of one reported process; removed from the map."""
@@ -887,11 +899,10 @@ def _decode_object(key: abi.ObjKey, val: abi.ObjVal, names: dict[int, str],
                         val.puts, history)
 
 
-def _decode_history(value: ctypes.Structure, depth: int) -> HistoryRecord:
+def _decode_history(value: ctypes.Structure, depth: int,
+                    sites: tuple[SiteCount, ...]) -> HistoryRecord:
     kept = min(value.n, depth)
     events = tuple(HistoryEvent(Role(e.op), e.count_after,
                                 StackRef(e.stack_id, e.caller_ip), e.ts)
                    for e in value.e[:kept])
-    sites = tuple(SiteCount(Role(s.op), StackRef(s.stack_id, s.caller_ip),
-                            s.count) for s in value.site if s.count)
-    return HistoryRecord(value.n, events, sites, value.site_overflow)
+    return HistoryRecord(value.n, events, sites, value.paths_lost)

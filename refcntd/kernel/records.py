@@ -57,6 +57,8 @@ class SiteCount:
     op: Role
     where: StackRef
     count: int
+    first_ns: int = 0  # when it first / last happened (0 for ReleasedSite)
+    last_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class HistoryRecord:
     total_ops: int  # the first len(events) are kept, the rest dropped
     events: tuple[HistoryEvent, ...]
     sites: tuple[SiteCount, ...]
-    site_overflow: int  # operations at more distinct sites than were kept
+    site_overflow: int  # operations whose path could not be counted (path map full)
 
 
 @dataclass(frozen=True)

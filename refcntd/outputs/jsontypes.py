@@ -26,6 +26,23 @@ class CulpritJson(TypedDict):
     objects: int
     references: int
     released_uses: int
+    expected_stack: NotRequired[list[FrameJson]]  # where released objects put such a reference
+    why: NotRequired[str]  # why this function and not another
+    tie: NotRequired[list[str]]  # functions with the same evidence (this one included)
+    holder: NotRequired[str]  # indirect leaks: "type 0xADDR" of the leaked holder
+
+
+class HolderJson(TypedDict):
+    address: str
+    type: str
+    references: int
+    stack: list[FrameJson]
+
+
+class VerdictJson(TypedDict):
+    status: str  # culprit, tie, unknown, indirect, cycle
+    reason: str
+    notes: list[str]
 
 
 class HistoryStepJson(TypedDict):
@@ -42,6 +59,9 @@ class InstanceJson(TypedDict):
     gets: int
     puts: int
     age_ns: int
+    leak: NotRequired[str]  # --history: direct, indirect or cycle
+    held_by: NotRequired[list[HolderJson]]
+    cycle: NotRequired[list[str]]
     history_total: NotRequired[int]
     history_dropped: NotRequired[int]
     history: NotRequired[list[HistoryStepJson]]
@@ -63,6 +83,7 @@ class GroupJson(TypedDict):
     culprits: list[CulpritJson]
     unwind: NotRequired[UnwindJson]
     instances: NotRequired[list[InstanceJson]]  # absent only inside stream_json
+    verdict: NotRequired[VerdictJson]  # --history only
 
 
 class AnomalyJson(TypedDict):
@@ -91,6 +112,7 @@ class ProcessJson(TypedDict):
     anomalies: list[AnomalyJson]
     groups: list[GroupJson]
     kept_by_library: NotRequired[dict[str, int]]  # spec rules: reason -> objects set aside
+    cycles: NotRequired[list[list[str]]]  # --history: leaked objects holding each other
 
 
 class ProbeJson(TypedDict):

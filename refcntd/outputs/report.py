@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 from refcntd import __version__
+from refcntd.analysis.attribution import Culprit
 from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
@@ -22,6 +23,7 @@ from refcntd.analysis.model import (
 )
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
+    CulpritJson,
     FrameJson,
     GroupJson,
     InstanceJson,
@@ -62,13 +64,51 @@ def render_process(p: ProcessReport) -> str:
     for finding in p.anomalies:
         lines += ["", *render_anomaly(finding)]
     word = "live" if p.state == STATE_LIVE_AT_DETACH else "leaked"
-    for group in p.groups:
+    held = _held_objects(p)
+    for group in _owners_first(p.groups):
         lines += ["", *render_group(group, word)]
+        lines += render_held(group, held.get(id(group), []))
     if p.kept:
         lines += ["", *(f"kept by the library on purpose (spec default, not a leak): "
                         f"{_plural(n, 'object')}: {reason}" for reason, n in p.kept.items())]
     lines += ["", summary_line(p)]
     return "\n".join(visible(line) for line in lines) + "\n"
+
+
+def _held_objects(p: ProcessReport) -> dict[int, list[tuple[LeakGroup, int]]]:
+    """id(group) -> (group, address) of the objects its objects hold."""
+    group_of = {o.address: g for g in p.groups for o in g.objects}
+    out: dict[int, list[tuple[LeakGroup, int]]] = {}
+    for g in p.groups:
+        for o in g.objects:
+            for holder in {h.address for h in o.held_by}:
+                if holder in group_of:
+                    out.setdefault(id(group_of[holder]), []).append((g, o.address))
+    return out
+
+
+def _owners_first(groups: list[LeakGroup]) -> list[LeakGroup]:
+    """Each indirect group right after the group of its first holder."""
+    group_of = {o.address: g for g in groups for o in g.objects}
+    after: dict[int, list[LeakGroup]] = {}
+    top = []
+    for g in groups:
+        holders = [h.address for o in g.objects for h in o.held_by if h.address in group_of]
+        owner = group_of.get(holders[0]) if holders else None
+        if g.verdict is not None and g.verdict.status == "indirect" and owner is not None \
+                and owner is not g:
+            after.setdefault(id(owner), []).append(g)
+        else:
+            top.append(g)
+    out: list[LeakGroup] = []
+    todo = list(reversed(top))
+    while todo:
+        g = todo.pop()
+        if g in out:
+            continue
+        out.append(g)
+        todo += reversed(after.get(id(g), []))
+    return out + [g for g in groups if g not in out]
 
 
 def render_anomaly(a: AnomalyFinding) -> list[str]:
@@ -96,7 +136,9 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     counts = g.objects.counts() if hasattr(g.objects, "counts") else \
         sorted({o.count for o in g.objects})  # drained as columns: without an object each
     count_text = ", ".join(str(c) for c in counts)
-    lines = [f"{word.capitalize()} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
+    kind = "Indirectly leaked" if g.verdict and g.verdict.status == "indirect" else \
+        word.capitalize()
+    lines = [f"{kind} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
              f"(final count {count_text}) allocated at:"]
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
     lines += truncation_line(g.unwind)
@@ -126,15 +168,47 @@ def short_path(frames: tuple[Frame, ...], limit: int = 4) -> str:
 
 def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
     """`word`: "live" for objects still live at detach: not (yet) leaks."""
+    v = g.verdict
     lines = []
+    if v is not None and v.status == "unknown":
+        return [f"  Culprit unknown: {v.reason}", *(f"    note: {n}" for n in v.notes)]
+    if v is not None and v.status in ("indirect", "cycle"):
+        label = "Indirect leak" if v.status == "indirect" else "Leak cycle"
+        lines.append(f"  {label}: {v.reason}")
+        lines += [f"    held by {h.type_name or '?'} 0x{h.address:x}: "
+                  f"{_plural(h.references, 'reference')} got at {short_path(h.frames)}"
+                  for o in g.objects[:MAX_LISTED_OBJECTS] for h in o.held_by]
+        lines += [f"    culprit of {c.holder}: {c.kind} in {c.function.function or '??'}: "
+                  f"the reference got at {short_path(c.frames, 8)} is never put"
+                  for c in g.culprits]
+        return lines
+    if v is not None and v.status == "tie":
+        lines.append(f"  Culprit tie: {v.reason}")
     for rank, c in enumerate(g.culprits):
-        label = "Likely culprit" if rank == 0 else "Also"
+        label = "Candidate" if c.tie else "Likely culprit" if rank == 0 else "Also"
+        handed = "" if c.function in c.frames else \
+            f", handed to {c.function.function or '??'},"
         lines.append(f"  {label}: {c.kind} in {c.function.function or '??'}: the reference "
-                     f"got at {short_path(c.frames, 8)} is never put")
+                     f"got at {short_path(c.frames, 8)}{handed} is never put")
+        if c.why:
+            lines.append(f"    why: {c.why}")
+        if c.expected:
+            lines.append(f"    expected put: {short_path(c.expected, 8)}")
         lines.append(f"    unmatched in {c.objects} of {len(g.objects)} {word} objects "
                      f"({_plural(c.references, 'reference')}); the same path got "
                      f"{_plural(c.released_uses, 'reference')} in objects released correctly")
+    lines += [f"    note: {note}" for note in (v.notes if v else ())]
     return lines
+
+
+def render_held(g: LeakGroup, held: list[tuple[LeakGroup, int]]) -> list[str]:
+    """A direct leak's group lists the leaked objects only it keeps alive."""
+    if not held:
+        return []
+    text = ", ".join(f"'{h.type_name}' 0x{a:x}" for h, a in held[:MAX_LISTED_OBJECTS])
+    more = f" and {len(held) - MAX_LISTED_OBJECTS} more" if len(held) > MAX_LISTED_OBJECTS else ""
+    return [f"  Holds {_plural(len(held), 'leaked object')} (indirect leaks: fixing this "
+            f"leak fixes them): {text}{more}"]
 
 
 def render_history(obj: LeakedObject) -> list[str]:
@@ -219,14 +293,22 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
         "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
         "unwind": unwind_json(g.unwind),
         "stack": [frame_json(f) for f in g.frames],
-        "culprits": [{"kind": c.kind, "function": c.function.function,
-                      "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
-                      "references": c.references, "released_uses": c.released_uses}
-                     for c in g.culprits],
+        "culprits": [culprit_json(c) for c in g.culprits],
     }
     if instances:
         out["instances"] = [instance_json(o) for o in g.objects]
+    if g.verdict is not None:
+        out["verdict"] = {"status": g.verdict.status, "reason": g.verdict.reason,
+                          "notes": list(g.verdict.notes)}
     return out
+
+
+def culprit_json(c: Culprit) -> CulpritJson:
+    return {"kind": c.kind, "function": c.function.function,
+            "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
+            "references": c.references, "released_uses": c.released_uses,
+            "expected_stack": [frame_json(f) for f in c.expected], "why": c.why,
+            "tie": list(c.tie), "holder": c.holder}
 
 
 def unwind_json(u: StackUnwind) -> UnwindJson:
@@ -241,6 +323,12 @@ def unwind_json(u: StackUnwind) -> UnwindJson:
 def instance_json(o: LeakedObject) -> InstanceJson:
     out: InstanceJson = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets,
                          "puts": o.puts, "age_ns": o.age_ns}
+    if o.leak:
+        out["leak"] = o.leak
+        out["held_by"] = [{"address": f"0x{h.address:x}", "type": h.type_name,
+                           "references": h.references, "stack": [frame_json(f) for f in h.frames]}
+                          for h in o.held_by]
+        out["cycle"] = [f"0x{a:x}" for a in o.cycle]
     if o.history_total:
         out["history_total"] = o.history_total
         out["history_dropped"] = o.history_total - len(o.history)
@@ -265,7 +353,8 @@ def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
             "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
             "anomalies": [anomaly_json(a) for a in p.anomalies],
             "groups": [group_json(g, instances) for g in p.groups],
-            "kept_by_library": dict(p.kept)}
+            "kept_by_library": dict(p.kept),
+            "cycles": [[f"0x{a:x}" for a in c] for c in p.cycles]}
 
 
 def tracing_json(t: TracingStatus) -> TracingJson:

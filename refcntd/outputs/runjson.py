@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import cast
 
-from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.attribution import Culprit, Verdict
 from refcntd.analysis.model import (
     AnomalyFinding,
     HistoryStep,
+    Holder,
     LeakedObject,
     LeakGroup,
     ProbeStatus,
@@ -22,6 +23,7 @@ from refcntd.errors import UsageError
 from refcntd.inputs.files import REPORT_LIMIT, read_text
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
+    CulpritJson,
     FrameJson,
     GroupJson,
     InstanceJson,
@@ -75,12 +77,21 @@ def _process(p: ProcessJson) -> ProcessReport:
                          dict(p.get("kept_by_library", {})))
 
 
+def _culprit(c: CulpritJson) -> Culprit:
+    frames = _frames(c["stack"])
+    function = next((f for f in frames if f.function == c["function"]),
+                    Frame("", 0, c["function"]))
+    return Culprit(c["kind"], function, frames, c["objects"], c["references"],
+                   c["released_uses"], expected=_frames(c.get("expected_stack", [])),
+                   why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""))
+
+
 def _group(g: GroupJson) -> LeakGroup:
-    culprits = [Culprit(c["kind"], _frames(c["stack"])[-1] if c["stack"] else Frame("", 0),
-                        _frames(c["stack"]), c["objects"], c["references"], c["released_uses"])
-                for c in g.get("culprits", [])]
+    culprits = [_culprit(c) for c in g.get("culprits", [])]
+    v = g.get("verdict")
+    verdict = Verdict(v["status"], v["reason"], culprits, tuple(v["notes"])) if v else None
     return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g.get("instances", [])],
-                     g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")))
+                     g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")), verdict)
 
 
 def _unwind(u: UnwindJson | None) -> StackUnwind:
@@ -94,8 +105,11 @@ def _object(i: InstanceJson) -> LeakedObject:
     history = tuple(HistoryStep(s["op"], s["count_after"], _frames(s["stack"]), s["at_ns"],
                                 _unwind(s.get("unwind")))
                     for s in i.get("history", []))
+    held = tuple(Holder(int(h["address"], 16), h["type"], h["references"], _frames(h["stack"]))
+                 for h in i.get("held_by", []))
     return LeakedObject(int(i["address"], 16), i["count"], i["gets"], i["puts"], i["age_ns"],
-                        history, i.get("history_total", 0))
+                        history, i.get("history_total", 0), i.get("leak", ""), held,
+                        tuple(int(a, 16) for a in i.get("cycle", [])))
 
 
 def _anomaly(a: AnomalyJson) -> AnomalyFinding:

@@ -1,0 +1,187 @@
+"""Who holds each outstanding reference of a leaked object, and LSan's
+direct / indirect split on refcounts.
+
+The evidence is the get/put history alone (no memory scan): a reference
+left unmatched in a leaked child C is *held by* a leaked object O when the
+function that kept it (the first on the get's path that does not hand
+references up) is O's constructor, or a function that handed O's own
+reference up to its caller, on the very same outer path as O's init:
+
+    owner_new(c) { o = alloc(); init(o); o->child = child_get(c); return o; }
+
+Among several such leaked objects the one initialised nearest in time to
+the get is taken (the same call of owner_new).  A leaked object with a
+reference nobody of them holds is a *direct* leak; one whose references are
+all held by leaked objects is *indirect* (fixing its holders' leak fixes it);
+objects that only hold each other form a *cycle*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from refcntd.analysis.attribution import (
+    START_FUNCTIONS,
+    FuncKey,
+    PairedGroup,
+    PathOp,
+    reference_holder,
+)
+from refcntd.kernel.abi import Role
+
+DIRECT, INDIRECT, CYCLE = "direct", "indirect", "cycle"
+
+
+@dataclass
+class Leaked:
+    """One leaked object with history, as the ownership pass sees it."""
+
+    address: int
+    type_name: str
+    init_ns: int
+    group: PairedGroup
+    ops: list[PathOp]
+    unmatched: list[tuple[PathOp, int]]
+
+    @property
+    def init_path(self) -> tuple[FuncKey, ...]:
+        return next((op.path for op in self.ops if op.op == Role.INIT), ())
+
+
+@dataclass(frozen=True)
+class Holding:
+    holder: int  # address of the leaked object that holds the reference
+    held: int
+    get: PathOp  # where the held reference was got
+    references: int
+
+
+@dataclass
+class Ownership:
+    holdings: list[Holding] = field(default_factory=list)
+    free: dict[int, list[tuple[PathOp, int]]] = field(default_factory=dict)  # not held
+    leak: dict[int, str] = field(default_factory=dict)  # address -> DIRECT/INDIRECT/CYCLE
+    roots: dict[int, set[int]] = field(default_factory=dict)  # indirect -> direct holders
+    cycles: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def ownership(objs: list[Leaked]) -> Ownership:
+    out = Ownership()
+    by_init: dict[tuple[FuncKey, ...], list[Leaked]] = {}
+    for obj in objs:
+        by_init.setdefault(obj.init_path, []).append(obj)
+    for obj in objs:
+        out.free[obj.address] = []
+        wanted = [(get, left, _candidates(obj, get, by_init)) for get, left in obj.unmatched]
+        held = _assign(obj, wanted)
+        out.holdings += held
+        for get, left, _ in wanted:
+            rest = left - sum(h.references for h in held if h.get is get)
+            if rest:
+                out.free[obj.address].append((get, rest))
+    _classify(objs, out)
+    return out
+
+
+def _candidates(obj: Leaked, get: PathOp, by_init: dict[tuple[FuncKey, ...], list[Leaked]]
+                ) -> list[Leaked]:
+    """The leaked objects built where the reference went: for the first function on
+    the get's path, up to the one that kept it, that constructed leaked objects."""
+    i = reference_holder(get, obj.group.base.sources, not obj.group.base.released)
+    last = len(get.path) - 1 if i is None else i
+    for k in range(1 if get.op == Role.INIT else 0, last + 1):  # init's caller built it
+        tail = get.path[k:]
+        found = [o for path, objs in by_init.items()
+                 if len(path) >= len(tail) and path[len(path) - len(tail):] == tail
+                 for o in objs if o is not obj and _built_in(o, tail)
+                 and not (get.op == Role.INIT and o.init_path == obj.init_path)]
+        if found:
+            return found
+    return []
+
+
+def _assign(obj: Leaked, wanted: list[tuple[PathOp, int, list[Leaked]]]) -> list[Holding]:
+    """Each held reference to one holder, the call of the constructor that got it:
+    the holder initialised last before the get (else first after it), distinct
+    holders first; references beyond the holders go to the nearest one."""
+    pairs = sorted(((_distance(o.init_ns, get), n, o) for n, (get, _, cands) in enumerate(wanted)
+                    for o in cands), key=lambda p: (p[0], p[2].address))
+    left = [w[1] for w in wanted]
+    shares: dict[tuple[int, int], int] = {}
+    used: set[int] = set()
+    for rounds in (0, 1):
+        for _, n, o in pairs:
+            if left[n] and (rounds or o.address not in used):
+                take = 1 if not rounds else left[n]
+                shares[(n, o.address)] = shares.get((n, o.address), 0) + take
+                left[n] -= take
+                used.add(o.address)
+    return [Holding(addr, obj.address, wanted[n][0], refs) for (n, addr), refs in shares.items()]
+
+
+def _distance(init_ns: int, get: PathOp) -> tuple[bool, int]:
+    when = get.first_ns or get.last_ns
+    return (init_ns > when, abs(init_ns - when))
+
+
+def _built_in(owner: Leaked, tail: tuple[FuncKey, ...]) -> bool:
+    """Whether the function tail[0] (with its outer path tail) created `owner` and
+    handed it up: its constructor, or a function returning what one made."""
+    path = owner.init_path
+    j = len(path) - len(tail)
+    if j < 0 or path[j:] != tail:
+        return False
+    func = tail[0]
+    sources = owner.group.base.sources
+    if j == 0:
+        return func[1] not in START_FUNCTIONS
+    return func in sources
+
+
+def _classify(objs: list[Leaked], out: Ownership) -> None:
+    holds: dict[int, set[int]] = {}
+    for h in out.holdings:
+        holds.setdefault(h.holder, set()).add(h.held)
+    direct = [o.address for o in objs if out.free[o.address]]
+    for addr in direct:
+        out.leak[addr] = DIRECT
+    for root in direct:
+        for addr in _reachable(root, holds):
+            if out.leak.get(addr) != DIRECT:
+                out.leak[addr] = INDIRECT
+                out.roots.setdefault(addr, set()).add(root)
+    rest = {o.address for o in objs if o.address not in out.leak}
+    for scc in _cycles(rest, holds):
+        out.cycles.append(tuple(sorted(scc)))
+        for addr in scc:
+            out.leak[addr] = CYCLE
+        for addr in set().union(*(_reachable(a, holds) for a in scc)) - set(scc):
+            if addr not in out.leak:
+                out.leak[addr] = INDIRECT
+                out.roots.setdefault(addr, set()).update(scc)
+
+
+def _reachable(root: int, holds: dict[int, set[int]]) -> set[int]:
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        for nxt in holds.get(todo.pop(), ()):
+            if nxt not in seen and nxt != root:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _cycles(nodes: set[int], holds: dict[int, set[int]]) -> list[set[int]]:
+    """Strongly connected sets of objects holding each other (size 2 or more)."""
+    out: list[set[int]] = []
+    done: set[int] = set()
+    for node in sorted(nodes):
+        if node in done:
+            continue
+        reach = _reachable(node, holds) & nodes
+        scc = {node} | {n for n in reach if node in _reachable(n, holds)}
+        done |= scc
+        if len(scc) > 1:
+            out.append(scc)
+    return out
