@@ -49,6 +49,9 @@ class TargetRuntime:
     attached_at: dict[str, float] = field(default_factory=dict)  # binary path -> time.time()
     identity: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # (dev, inode)
     failed: dict[str, str] = field(default_factory=dict)  # binary path -> why
+    # (dev, inode, size, mtime) of the file that failed: a file seen half-copied is
+    # retried once its writer is done, even at the same inode
+    failed_stamp: dict[str, tuple[int, ...] | None] = field(default_factory=dict)
 
 
 class Daemon:
@@ -200,7 +203,7 @@ class Daemon:
         for path, ident in sorted(present.items()):
             if ident is None or path in runtime.tracers:
                 continue
-            if path in runtime.failed and runtime.identity.get(path) == ident:
+            if path in runtime.failed and runtime.failed_stamp.get(path) == _stamp(path):
                 continue  # failed on this very file: retry only when it changes
             runtime.failed.pop(path, None)
             log.info("target=%s binary=%s appeared: attaching", name, path)
@@ -267,6 +270,7 @@ class Daemon:
         except RefcntdError as err:
             runtime.failed[path] = err.message
             runtime.identity[path] = _identity(path)
+            runtime.failed_stamp[path] = _stamp(path)
             runtime.stats.attach_errors = len(runtime.failed)
             log.error("target=%s binary=%s cannot attach: %s", target.name, path, err.message)
             if self.strict:
@@ -297,8 +301,11 @@ class Daemon:
             for runtime in self.targets.values():
                 if exe in runtime.identity and runtime.identity[exe] != _identity(exe):
                     self._follow(runtime)  # replaced since attached: don't wait for the timer
-                if exe not in runtime.tracers and exe not in runtime.failed and \
+                retry = exe not in runtime.failed or \
+                    runtime.failed_stamp.get(exe) != _stamp(exe)
+                if exe not in runtime.tracers and retry and \
                         fnmatch.fnmatch(exe, runtime.target.path):
+                    runtime.failed.pop(exe, None)
                     log.info("target=%s new binary %s (pid %d)", runtime.target.name, exe, tgid)
                     self._attach_binary(runtime, exe)
 
@@ -419,6 +426,15 @@ def _identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _stamp(path: str) -> tuple[int, ...] | None:
+    """(device, inode, size, mtime) of the file at `path`: changes when it is rewritten."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _with_since(runtime: TargetRuntime) -> dict[str, tuple[Tracer, float]]:

@@ -58,15 +58,17 @@ def test_every_kernel_counter_is_in_the_report_and_the_metrics(bpf, build, tmp_p
     with Serve(tmp_path, target_yaml("waiter", exe)) as serve:
         proc = subprocess.Popen([str(exe), "hold"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE)
-        assert proc.stdout.readline() == b"ready\n"
-        proc.stdin.write(b"go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline() == b"holding\n"  # its refcount work is done
-        maps = map_ids(serve.proc.pid)
-        own = {stat: 1000 + 7 * stat.value for stat in Stat}
-        total = {stat: write_stat(maps, proc.pid, stat, n) for stat, n in own.items()}
-        proc.terminate()
-        proc.wait(10)
+        try:
+            assert proc.stdout.readline() == b"ready\n"
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == b"holding\n"  # its refcount work is done
+            maps = map_ids(serve.proc.pid)
+            own = {stat: 1000 + 7 * stat.value for stat in Stat}
+            total = {stat: write_stat(maps, proc.pid, stat, n) for stat, n in own.items()}
+        finally:  # never left holding (pause()) when the test fails
+            proc.terminate()
+            proc.wait(10)
         serve.wait_log(f"target=waiter pid={proc.pid} ", 60)
         samples = serve.scrape()
         assert serve.stop() == 0

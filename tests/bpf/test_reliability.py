@@ -74,6 +74,20 @@ def bpf_objects() -> tuple[set[str], set[str]]:
     return ({p.get("name", "") for p in progs} - {""}, {m.get("name", "") for m in maps} - {""})
 
 
+REFCNTD_PROGS = {"on_probe", "on_unwind", "on_body", "on_unwind_more", "on_loader"}
+
+
+def settled_bpf_objects(timeout: float = 20) -> tuple[set[str], set[str]]:
+    """bpf_objects() once an earlier test's refcntd is gone from the kernel: its programs
+    and maps are freed after it exits (deferred), and must not count as "before"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        objects = bpf_objects()
+        if not objects[0] & REFCNTD_PROGS or time.monotonic() > deadline:
+            return objects
+        time.sleep(0.2)
+
+
 def probe_bytes(pid: int, module: Path, offsets: list[int]) -> list[int]:
     """The byte at each probed file offset, as mapped in a live process (0xcc: a breakpoint)."""
     st = os.stat(module)
@@ -100,7 +114,7 @@ def test_nothing_left_behind(bpf, build, tmp_path, how):
     offsets = [s.file_offset for s in plan.sites]
     original = [Path(lib).read_bytes()[o] for o in offsets]
     events = Path("/sys/kernel/tracing/uprobe_events").read_text()
-    progs_before, maps_before = bpf_objects()
+    progs_before, maps_before = settled_bpf_objects()
     from test_usdt import Holder, all_raised, all_zero, semaphores
     holder = Holder(exe)
     try:
@@ -118,7 +132,7 @@ def test_nothing_left_behind(bpf, build, tmp_path, how):
                 att.proc.send_signal(getattr(signal, how))
                 att.proc.wait(timeout=30)
                 assert (att.proc.returncode == 0) == (how != "SIGKILL")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 20  # multi-uprobe links are freed after an SRCU wait
         while time.monotonic() < deadline and bpf_objects() != (progs_before, maps_before):
             time.sleep(0.1)
         assert probe_bytes(holder.proc.pid, lib, offsets) == original
