@@ -41,6 +41,8 @@ from refcntd.kernel.records import (
     SiteCount,
     StackRecord,
     StackRef,
+    Totals,
+    add_totals,
 )
 from refcntd.paths import BPF_DIR
 
@@ -434,24 +436,20 @@ class Kernel:
             deleting.join()
             self._deleting = None
 
-    def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
+    def released_totals(self) -> dict[str, Totals]:
         """Per type name: (inits, gets, puts, releases) of objects released so far."""
         names = self.type_names()
-        out: dict[str, tuple[int, int, int, int]] = {}
+        out: dict[str, Totals] = {}
         for key, per_cpu in self.bpf["totals"].items():
-            name = names.get(key.value, "") or "unknown"
-            sums = [sum(getattr(c, f) for c in per_cpu)
-                    for f in ("inits", "gets", "puts", "released")]
-            old = out.get(name, (0, 0, 0, 0))
-            out[name] = tuple(a + b for a, b in zip(old, sums, strict=True))
+            add_totals(out, names.get(key.value, "") or "unknown", _cpu_sums(per_cpu))
         return out
 
     def type_count(self) -> int:
         return sum(1 for _ in self.bpf["types"].keys())
 
-    def prune_types(self, keep: set[int]) -> dict[str, tuple[int, int, int, int]]:
-        """Remove type names (and their released totals) no live or recently released
-        object uses, so the fixed-size table keeps room for new types; returns the
+    def prune_types(self, keep: set[int]) -> dict[str, Totals]:
+        """Remove type names (and their released totals) not in `keep` (the live
+        objects' types), so the fixed-size table keeps room for new types; returns the
         totals removed, per name, for the caller to keep counting.  A type in use again
         later is interned again at its next init."""
         names, totals = self._kernel_type_names(), self.bpf["totals"]
@@ -460,16 +458,12 @@ class Kernel:
             self.pruned_names[type_id] = names[type_id]
         while len(self.pruned_names) > MAX_PRUNED_NAMES:
             del self.pruned_names[next(iter(self.pruned_names))]
-        folded: dict[str, tuple[int, int, int, int]] = {}
+        folded: dict[str, Totals] = {}
         for type_id in gone:
             key = totals.Key(type_id)
             per_cpu = totals.get(key)
             if per_cpu is not None:
-                sums = tuple(sum(getattr(c, f) for c in per_cpu)
-                             for f in ("inits", "gets", "puts", "released"))
-                old = folded.get(names[type_id], (0, 0, 0, 0))
-                folded[names[type_id]] = tuple(
-                    a + b for a, b in zip(old, sums, strict=True))
+                add_totals(folded, names[type_id], _cpu_sums(per_cpu))
                 with contextlib.suppress(KeyError):
                     del totals[key]
             with contextlib.suppress(KeyError):
@@ -518,9 +512,7 @@ class Kernel:
 
     def _drain_paths(self, tgid: int) -> dict[tuple[int, int], tuple[SiteCount, ...]]:
         """Per (address, serial): the exact path counts of `tgid`'s objects."""
-        table = self.bpf["hist_paths"]
-        picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
-        _delete(table, [k for k, _ in picked])
+        picked = _take(self.bpf["hist_paths"], tgid)
         out: dict[tuple[int, int], list[SiteCount]] = {}
         for k, v in picked:
             out.setdefault((k.addr, k.serial), []).append(SiteCount(
@@ -529,9 +521,7 @@ class Kernel:
 
     def take_process_stats(self, tgid: int) -> dict[Stat, int]:
         """The counters of one reported process; removed from the map."""
-        table = self.bpf["proc_stats"]
-        picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
-        _delete(table, [k for k, _ in picked])
+        picked = _take(self.bpf["proc_stats"], tgid)
         return {Stat(k.stat): int(getattr(v, "value", v)) for k, v in picked
                 if k.stat < len(Stat)}
 
@@ -547,13 +537,8 @@ class Kernel:
         """What released objects of `tgid` did where (history only); removed from the map."""
         if self.opts.history is None:
             return []
-        table, names = self.bpf["released_sites"], self.type_names()
-        picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
-        for key, _ in picked:
-            try:
-                del table[key]
-            except KeyError:
-                pass
+        names = self.type_names()
+        picked = _take(self.bpf["released_sites"], tgid)
         return [ReleasedSite(names.get(k.type_id, ""), SiteCount(
                     Role(k.op), StackRef(k.stack_id, k.caller_ip),
                     int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
@@ -724,6 +709,20 @@ def _lookup_batches(table: Any) -> Iterator[tuple[ctypes.Array[Any], ctypes.Arra
                 return
             raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
         first = False
+
+
+def _take(table: Any, tgid: int) -> list[tuple[Any, Any]]:
+    """The entries of process `tgid` (keys with a tgid field), removed from the map."""
+    picked = [(k, v) for k, v in _items(table) if k.tgid == tgid]
+    _delete(table, [k for k, _ in picked])
+    return picked
+
+
+def _cpu_sums(per_cpu: Any) -> Totals:
+    """A per-CPU struct type_totals summed over the CPUs."""
+    a, b, c, d = (sum(getattr(cpu, f) for cpu in per_cpu)
+                  for f in ("inits", "gets", "puts", "released"))
+    return (a, b, c, d)
 
 
 def _items(table: Any) -> list[tuple[Any, Any]]:

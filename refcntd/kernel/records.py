@@ -6,6 +6,7 @@ are the boundary.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Truncation, UnwindMethod
@@ -48,6 +49,16 @@ class HistoryEvent:
     count_after: int
     where: StackRef
     ts: int
+
+
+Totals = tuple[int, int, int, int]  # a type's (inits, gets, puts, releases)
+
+
+def add_totals(into: dict[str, Totals], name: str, sums: Iterable[int]) -> None:
+    """into[name] += sums, field by field."""
+    old = into.get(name, (0, 0, 0, 0))
+    a, b, c, d = (x + y for x, y in zip(old, sums, strict=True))
+    into[name] = (a, b, c, d)
 
 
 @dataclass(frozen=True)

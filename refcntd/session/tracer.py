@@ -29,7 +29,13 @@ from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.procctl import die_with_parent
-from refcntd.kernel.records import AnomalyRecord, LifecycleEvent, ProbeFailure
+from refcntd.kernel.records import (
+    AnomalyRecord,
+    LifecycleEvent,
+    ProbeFailure,
+    Totals,
+    add_totals,
+)
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
 from refcntd.session.worker import ReportWorker
@@ -140,7 +146,7 @@ class Tracer:
         sym = Symbolizer(self.index, call_site_frames(plan))
         self.worker = ReportWorker()
         self.types_lock = threading.Lock()  # pruned_totals and the kernel totals change together
-        self.pruned_totals: dict[str, tuple[int, int, int, int]] = {}
+        self.pruned_totals: dict[str, Totals] = {}
         self.types_pruned = 0
         self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
         self._fixed_ids = set(_fixed_type_ids(plan).values())
@@ -221,19 +227,16 @@ class Tracer:
         with self.types_lock:
             folded = self.kernel.prune_types(keep)
             for name, sums in folded.items():
-                old = self.pruned_totals.get(name, (0, 0, 0, 0))
-                self.pruned_totals[name] = tuple(  # type: ignore[assignment]
-                    a + b for a, b in zip(old, sums, strict=True))
+                add_totals(self.pruned_totals, name, sums)
             self.types_pruned += len(folded)
 
-    def released_totals(self) -> dict[str, tuple[int, int, int, int]]:
+    def released_totals(self) -> dict[str, Totals]:
         """Per type name, (inits, gets, puts, releases) of released objects: the kernel's
         totals plus those of types pruned from its table (counters never go down)."""
         with self.types_lock:
             out = dict(self.pruned_totals)
             for name, sums in self.kernel.released_totals().items():
-                old = out.get(name, (0, 0, 0, 0))
-                out[name] = tuple(a + b for a, b in zip(old, sums, strict=True))  # type: ignore[assignment]
+                add_totals(out, name, sums)
         return out
 
     def finish(self, result: RunResult) -> RunResult:
