@@ -7,7 +7,10 @@ asks here, so neither layout is assumed anywhere else.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import tempfile
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -26,3 +29,16 @@ def data_dir(name: str) -> Path:
 BPF_DIR = data_dir("bpf")
 CONFIGS_DIR = data_dir("configs")
 SPEC_DIR = CONFIGS_DIR / "specs"
+
+
+def write_cache_json(path: Path, data: object) -> bool:
+    """Replace a cache file atomically (readers see the old or the new one, never half);
+    False when it cannot be written: a cache that cannot be written is only slower."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+        return True
+    return False

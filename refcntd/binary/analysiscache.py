@@ -9,11 +9,8 @@ trusted.  Binaries without a build-id are not cached: nothing identifies them.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from refcntd import __version__
 from refcntd.binary import dwarfinfo
 from refcntd.binary.elf import ElfImage
 from refcntd.inputs.spec import Spec
-from refcntd.paths import CACHE_DIR
+from refcntd.paths import CACHE_DIR, write_cache_json
 
 FORMAT = 1
 
@@ -95,12 +92,7 @@ class DwarfFacts:
                 "clones": {k: None if r is None else {str(a): v for a, v in r.items()}
                            for k, r in self.clones.items()}}
         entry = {"key": self.key, "body": body, "digest": _digest(body)}
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(entry, f)
-            os.replace(tmp, path)
+        write_cache_json(path, entry)
         self.dirty = False
 
     def _load(self) -> bool:

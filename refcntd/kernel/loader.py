@@ -20,7 +20,7 @@ from typing import Any
 from refcntd.binary.plan import ProbeSite
 from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
-from refcntd.kernel import abi, cfi, perf_uprobe
+from refcntd.kernel import abi, cfi, perf_uprobe, progcache
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
 from refcntd.kernel.cfi import CfiTable
@@ -44,7 +44,7 @@ from refcntd.kernel.records import (
     Totals,
     add_totals,
 )
-from refcntd.paths import BPF_DIR
+from refcntd.paths import BPF_DIR, CACHE_DIR
 
 
 @dataclass(frozen=True)
@@ -121,14 +121,130 @@ def prepare() -> Any:
     return _import_bcc()
 
 
-def compile_program(opts: KernelOptions, probe_count: int) -> Any:
-    """bcc's compile and load of bpf/refcntd.c: about 2 s, so also run ahead in a thread."""
+def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) -> Program:
+    """bpf/refcntd.c ready to load: from the compiled-program cache (~0.3 s), or compiled
+    by bcc (2-4 s; the result is cached).  Also run ahead in a thread (precompile.py)."""
     bcc = prepare()
+    text, cflags = program_text(), bpf_cflags(opts, probe_count)
+    key = progcache.entry_key(text, cflags, _toolchain())
+    entry = progcache.load(CACHE_DIR, key) if cached else None
+    if entry is not None:
+        program = _from_cache(bcc, text, cflags, entry)
+        if program is not None:
+            return program
     try:
-        return bcc.BPF(text=program_text().encode(), cflags=bpf_cflags(opts, probe_count))
+        bpf = bcc.BPF(text=text.encode(), cflags=cflags)
     except Exception as err:  # bcc raises bare Exception for compile/load errors
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None
+    _save(bpf, key)
+    return Program(bpf, None)
+
+
+class Program:
+    """The loaded maps of bpf/refcntd.c and a way to load its programs.
+
+    Compiled now: bcc's module has everything (its tracepoint programs already
+    attached by bcc).  From the cache: `bpf` is a maps-only compile and the
+    programs' instructions come from the entry, with this compile's map fds.
+    """
+
+    def __init__(self, bpf: Any, entry: progcache.Entry | None) -> None:
+        self.bpf, self.entry = bpf, entry
+
+    @property
+    def from_cache(self) -> bool:
+        return self.entry is not None
+
+    def load_func(self, name: str, prog_type: int, attach_type: int = -1) -> Any:
+        if self.entry is None:
+            return self.bpf.load_func(name.encode(), prog_type, attach_type=attach_type)
+        from bcc import BPF  # the loader is the one module that may import bcc
+        from bcc.libbcc import lib
+        raw = name.encode()
+        if raw in self.bpf.funcs:
+            return self.bpf.funcs[raw]
+        fds = {m: self.bpf[m.encode()].map_fd for m in self.entry.maps}
+        code = self.entry.functions[name].relocated(fds)
+        buf = ctypes.create_string_buffer(code, len(code))
+        fd = lib.bcc_func_load(self.bpf.module, prog_type, raw, ctypes.addressof(buf),
+                               len(code), lib.bpf_module_license(self.bpf.module),
+                               lib.bpf_module_kern_version(self.bpf.module),
+                               0, None, 0, None, attach_type)
+        if fd < 0:
+            raise Exception(f"Failed to load BPF program {name}: "  # bcc's kind of error
+                            f"{os.strerror(ctypes.get_errno())}")
+        fn = BPF.Function(self.bpf, raw, fd)
+        self.bpf.funcs[raw] = fn
+        return fn
+
+    def attach_tracepoints(self) -> None:
+        """What bcc does for a compiled module at its start: TRACEPOINT_PROBE programs."""
+        from bcc import BPF  # the loader is the one module that may import bcc
+        assert self.entry is not None
+        for name in sorted(self.entry.functions):
+            if name.startswith("tracepoint__"):
+                self.load_func(name, BPF.TRACEPOINT)
+                tp = name[len("tracepoint__"):].replace("__", ":")
+                self.bpf.attach_tracepoint(tp=tp.encode(), fn_name=name.encode())
+
+    def cleanup(self) -> None:
+        self.bpf.cleanup()
+
+
+def _from_cache(bcc: Any, text: str, cflags: list[str], entry: progcache.Entry) -> Program | None:
+    """The cached programs over a maps-only compile; None (compile fully) if they do not fit."""
+    try:
+        bpf = bcc.BPF(text=progcache.maps_only(text).encode(), cflags=cflags)
+    except Exception:  # noqa: BLE001 - the full compile says what is wrong
+        return None
+    program = Program(bpf, entry)
+    if set(_map_names(bpf)) != set(entry.maps):
+        program.cleanup()
+        return None
+    try:
+        program.attach_tracepoints()
+    except Exception:  # noqa: BLE001 - a refused program: compile it anew
+        program.cleanup()
+        progcache.discard(CACHE_DIR, entry.key)
+        return None
+    return program
+
+
+def _save(bpf: Any, key: str) -> None:
+    """Keep a fresh compile's instructions; a program that refers to anything but maps is not."""
+    from bcc.libbcc import lib  # the loader is the one module that may import bcc
+    maps = tuple(_map_names(bpf))
+    names_by_fd = {bpf[m.encode()].map_fd: m for m in maps}
+    functions = {}
+    try:
+        for i in range(lib.bpf_num_functions(bpf.module)):
+            raw = lib.bpf_function_name(bpf.module, i)
+            code = ctypes.string_at(lib.bpf_function_start(bpf.module, raw),
+                                    lib.bpf_function_size(bpf.module, raw))
+            functions[raw.decode()] = progcache.capture(code, names_by_fd)
+    except progcache.Unrelocatable:
+        return
+    progcache.store(CACHE_DIR, progcache.Entry(key, maps, functions))
+
+
+_VERSION_H = "include/generated/uapi/linux/version.h"
+
+
+def _toolchain() -> dict[str, str]:
+    """What besides the text and flags shapes the instructions: bcc and the kernel headers."""
+    libbcc = next((line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                   if "/libbcc.so" in line), "libbcc: not mapped")
+    headers = os.environ.get("BCC_KERNEL_SOURCE", "")
+    return {"libbcc": progcache.file_identity(libbcc), "bcc": _bcc_version(),
+            "headers": progcache.file_identity(headers),
+            "version.h": progcache.file_identity(Path(headers) / _VERSION_H),
+            "kernel": os.uname().release}
+
+
+def _bcc_version() -> str:
+    import bcc  # the loader is the one module that may import bcc
+    return str(getattr(bcc, "__version__", "?"))
 
 
 def _import_bcc() -> Any:
@@ -148,7 +264,7 @@ class Kernel:
     (privileges, tracefs, BCC_KERNEL_SOURCE).
     """
 
-    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Any = None,
+    def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Program | None = None,
                  multi: bool = True) -> None:
         """`program`: bpf/refcntd.c already compiled for `opts` (compile_program).
 
@@ -172,16 +288,28 @@ class Kernel:
         self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
         self._cfi_rows_used = 0
         self.tables_not_loaded: list[str] = []  # cfi_rows full: shown as a note
-        try:
-            self.bpf = program if program is not None else compile_program(opts, len(sites))
-            self.layout_checked = _check_layout(self.bpf, opts)
-            self._prog = self._load_chain("on_probe")
-            self._load_tail_calls()
-        except EnvironmentProblem:
-            raise
-        except Exception as err:  # bcc raises bare Exception for compile/load errors
-            raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
-                                     "check kernel headers (BCC_KERNEL_SOURCE)") from None
+        self.program = program if program is not None else compile_program(opts, len(sites))
+        self.bpf = self.program.bpf
+        for attempt in (1, 2):
+            try:
+                self._load()
+                break
+            except EnvironmentProblem:
+                raise
+            except Exception as err:  # bcc raises bare Exception for compile/load errors
+                if self.program.entry is None or attempt == 2:
+                    raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
+                                             "check kernel headers (BCC_KERNEL_SOURCE)") from None
+                # A cached program the kernel refused: drop the entry and compile anew.
+                progcache.discard(CACHE_DIR, self.program.entry.key)
+                self.program.cleanup()
+                self.program = compile_program(opts, len(sites), cached=False)
+                self.bpf = self.program.bpf
+
+    def _load(self) -> None:
+        self.layout_checked = _check_layout(self.bpf, self.opts)
+        self._prog = self._load_chain("on_probe")
+        self._load_tail_calls()
 
     def _load_tail_calls(self) -> None:
         """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
@@ -197,7 +325,7 @@ class Kernel:
         chain gets one type; a multi-typed program cannot be linked to a perf
         event (EINVAL, measured on 6.18), so per-site mode loads plain ones.
         """
-        return self.bpf.load_func(name, self._bcc.BPF.KPROBE, attach_type=self._attach_type())
+        return self.program.load_func(name, self._bcc.BPF.KPROBE, self._attach_type())
 
     def _attach_type(self) -> int:
         return perf_uprobe.BPF_TRACE_UPROBE_MULTI if self.multi else -1
@@ -290,8 +418,7 @@ class Kernel:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
         cookies = [delta & 0xFFFFFFFFFFFFFFFF for _, delta in sites]  # two's complement
         try:
-            prog = self.bpf.load_func("on_loader", self._bcc.BPF.KPROBE,
-                                      attach_type=self._attach_type())
+            prog = self.program.load_func("on_loader", self._bcc.BPF.KPROBE, self._attach_type())
             if self.multi:
                 self._links.append(perf_uprobe.link_uprobe_multi(
                     prog.fd, path, [offset for offset, _ in sites], cookies))

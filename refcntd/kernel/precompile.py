@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from refcntd.kernel import loader
-from refcntd.kernel.loader import KernelOptions
+from refcntd.kernel.loader import KernelOptions, Program
 
 
 class BackgroundCompile:
     def __init__(self, opts: KernelOptions, probe_guess: int) -> None:
         self.opts, self.slots = opts, loader.probe_slots(probe_guess)
-        self.program: Any = None
+        self.program: Program | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="bpf-compile", daemon=True)
@@ -35,7 +34,7 @@ class BackgroundCompile:
             self.error = err
         self.seconds = time.monotonic() - t0
 
-    def take(self, opts: KernelOptions, probe_count: int) -> tuple[Any, float]:
+    def take(self, opts: KernelOptions, probe_count: int) -> tuple[Program | None, float]:
         """(the program, seconds waited for it) if it fits; (None, waited) if not.
 
         Errors of the early compile (no privileges, no headers) are raised here,

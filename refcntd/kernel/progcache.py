@@ -1,0 +1,181 @@
+"""Compiled BPF programs kept on disk, so an attach does not wait for bcc's compile.
+
+bcc compiles bpf/refcntd.c with clang at every start: 2-4 s here, most of an
+attach.  What the compile produces is the programs' instructions, which refer
+to maps only through the map fds bcc created (ld_imm64 with
+BPF_PSEUDO_MAP_FD).  An entry keeps each program's instructions with those
+references replaced by map names; a warm start compiles only the map
+declarations (`maps_only`, ~0.2 s: bcc still creates the maps and gives
+their key and value types to Python), puts the new fds back in and loads the
+programs.  The kernel's verifier checks every loaded program as always.
+
+Keyed by the program text, the compile flags, the bcc library and the
+kernel headers: any change compiles again.  An entry carries a digest of its
+contents and is ignored when it does not match, or names a map the maps-only
+compile did not create: never trusted blindly.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from refcntd.paths import write_cache_json
+
+FORMAT = 1
+KEEP = 64  # entries kept; the oldest go first (each is a few hundred KiB)
+
+_LD_IMM64 = 0x18
+_PSEUDO_MAP_FD = 1
+_INSN = struct.Struct("<BBhi")
+
+_FUNCTION_START = re.compile(r"^(static\b|int\b|TRACEPOINT_PROBE\(|RAW_TRACEPOINT_PROBE\()")
+
+
+def maps_only(text: str) -> str:
+    """The program without its function definitions: structs, maps and preprocessor lines.
+
+    Relies on bpf/'s layout: every function starts at column 0 with `static`,
+    `int` or TRACEPOINT_PROBE( and ends where its braces balance.  A layout it
+    gets wrong makes the maps-only compile fail or miss a map, and the full
+    compile runs: slower, never wrong.
+    """
+    out: list[str] = []
+    inside, opened, depth = False, False, 0
+    for line in text.splitlines():
+        if not inside and _FUNCTION_START.match(line) and not line.rstrip().endswith(";"):
+            inside, opened, depth = True, False, 0
+        if inside:
+            depth += line.count("{") - line.count("}")
+            opened = opened or "{" in line
+            inside = not (opened and depth == 0)
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def entry_key(text: str, cflags: list[str], toolchain: dict[str, str]) -> str:
+    """What the instructions depend on: source, flags, bcc and the kernel headers."""
+    payload = json.dumps({"format": FORMAT, "text": text, "cflags": cflags,
+                          "toolchain": toolchain}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def file_identity(path: str | Path) -> str:
+    """A file as a key part: its real path, size and mtime (a package upgrade changes them)."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return f"{path}: missing"
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+class Unrelocatable(ValueError):
+    """The instructions refer to something other than a map by fd: not cacheable."""
+
+
+@dataclass(frozen=True)
+class Function:
+    code: bytes  # map references zeroed
+    relocs: tuple[tuple[int, str], ...]  # (instruction index, map name)
+
+    def relocated(self, fds: dict[str, int]) -> bytes:
+        """The instructions with these map fds; KeyError if a map is missing."""
+        code = bytearray(self.code)
+        for index, name in self.relocs:
+            op, regs, off, _ = _INSN.unpack_from(code, index * 8)
+            _INSN.pack_into(code, index * 8, op, regs, off, fds[name])
+        return bytes(code)
+
+
+def capture(code: bytes, names_by_fd: dict[int, str]) -> Function:
+    """One compiled program's instructions with its map fds turned into names."""
+    out, relocs = bytearray(code), []
+    for index in range(len(code) // 8):
+        op, regs, off, imm = _INSN.unpack_from(code, index * 8)
+        if op != _LD_IMM64:
+            continue
+        src = regs >> 4
+        if src == 0:
+            continue
+        if src != _PSEUDO_MAP_FD or imm not in names_by_fd:
+            raise Unrelocatable(f"instruction {index}: ld_imm64 src {src} imm {imm}")
+        relocs.append((index, names_by_fd[imm]))
+        _INSN.pack_into(out, index * 8, op, regs, off, 0)
+    return Function(bytes(out), tuple(relocs))
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    maps: tuple[str, ...]  # every map the program refers to, by name
+    functions: dict[str, Function]
+
+
+def _body(maps: tuple[str, ...], functions: dict[str, Function]) -> dict[str, object]:
+    return {"maps": list(maps),
+            "functions": {name: {"code": base64.b64encode(f.code).decode(),
+                                 "relocs": [list(r) for r in f.relocs]}
+                          for name, f in sorted(functions.items())}}
+
+
+def _digest(body: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def entry_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / "bpf" / f"{key[:32]}.json"
+
+
+def load(cache_dir: Path, key: str) -> Entry | None:
+    """The entry for `key` if present and intact; None otherwise (compile then)."""
+    path = entry_path(cache_dir, key)
+    try:
+        raw = json.loads(path.read_text())
+        body = raw["body"]
+        if raw.get("format") != FORMAT or raw["key"] != key or raw["digest"] != _digest(body):
+            return None
+        functions = {str(name): Function(base64.b64decode(f["code"], validate=True),
+                                         tuple((int(i), str(m)) for i, m in f["relocs"]))
+                     for name, f in body["functions"].items()}
+        maps = tuple(str(m) for m in body["maps"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not functions or any(len(f.code) % 8 or any(m not in maps for _, m in f.relocs)
+                            or any(i * 8 >= len(f.code) for i, _ in f.relocs)
+                            for f in functions.values()):
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: kept by prune()
+    return Entry(key, maps, functions)
+
+
+def store(cache_dir: Path, entry: Entry) -> None:
+    """Write atomically; a cache that cannot be written only makes the next start slower."""
+    body = _body(entry.maps, entry.functions)
+    data = {"format": FORMAT, "key": entry.key, "body": body, "digest": _digest(body)}
+    path = entry_path(cache_dir, entry.key)
+    if write_cache_json(path, data):
+        prune(path.parent)
+
+
+def discard(cache_dir: Path, key: str) -> None:
+    """Drop an entry the kernel refused to load (it would be refused again)."""
+    with contextlib.suppress(OSError):
+        entry_path(cache_dir, key).unlink()
+
+
+def prune(directory: Path, keep: int = KEEP) -> None:
+    """Keep the `keep` most recently used entries: each option set makes one."""
+    with contextlib.suppress(OSError):
+        entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        for old in entries[:-keep] if len(entries) > keep else []:
+            old.unlink()

@@ -1,0 +1,122 @@
+"""The compiled-program cache: what it keeps, and that it never trusts a bad entry."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from refcntd.kernel import loader, progcache
+
+LD_IMM64 = 0x18
+
+
+def insn(op: int, src: int = 0, dst: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", op, (src << 4) | dst, off, imm)
+
+
+def program(fd: int, src: int = 1) -> bytes:
+    """r1 = map[fd]; (second half of ld_imm64); r0 = 0; exit"""
+    return insn(LD_IMM64, src=src, dst=1, imm=fd) + insn(0) + insn(0xb7) + insn(0x95)
+
+
+def test_maps_only_keeps_every_map_and_no_function():
+    text = loader.program_text()
+    stub = progcache.maps_only(text)
+    maps = re.compile(r"^BPF_\w+\(.*\);", re.M)
+    assert maps.findall(stub) == maps.findall(text) and len(maps.findall(text)) > 20
+    for needle in ("int on_probe(", "TRACEPOINT_PROBE(", "static __always_inline", "return 0;"):
+        assert needle in text and needle not in stub, needle
+    # preprocessor structure survives: every #if has its #endif
+    opened = sum(1 for line in stub.splitlines() if re.match(r"#\s*if", line))
+    assert opened == sum(1 for line in stub.splitlines() if re.match(r"#\s*endif", line))
+
+
+def test_multi_line_signatures_and_one_line_bodies():
+    text = ("#if A\nstatic int f(int a,\n             int b) {}\n#endif\n"
+            "BPF_HASH(m, int, int, 4);\nint g(void *ctx)\n{\n\tif (1) {\n\t}\n\treturn 0;\n}\n"
+            "struct s {\n\tint x;\n};\n")
+    assert progcache.maps_only(text) == "#if A\n#endif\nBPF_HASH(m, int, int, 4);\n" \
+        "struct s {\n\tint x;\n};\n"
+
+
+def test_map_fds_become_names_and_come_back():
+    fn = progcache.capture(program(7), {7: "objs"})
+    assert fn.relocs == ((0, "objs"),)
+    assert struct.unpack_from("<i", fn.code, 4)[0] == 0  # no fd of this process kept
+    assert fn.relocated({"objs": 42}) == program(42)
+    with pytest.raises(KeyError):
+        fn.relocated({})
+
+
+@pytest.mark.parametrize("code,fds", [(program(9), {7: "objs"}), (program(7, src=2), {7: "objs"})],
+                         ids=["unknown-fd", "map-value"])
+def test_other_references_are_not_cached(code, fds):
+    with pytest.raises(progcache.Unrelocatable):
+        progcache.capture(code, fds)
+
+
+def entry() -> progcache.Entry:
+    return progcache.Entry("k" * 64, ("objs", "stats"),
+                           {"on_probe": progcache.capture(program(3), {3: "objs"})})
+
+
+def test_round_trip(tmp_path):
+    progcache.store(tmp_path, entry())
+    assert progcache.load(tmp_path, "k" * 64) == entry()
+    assert progcache.load(tmp_path, "j" * 64) is None
+
+
+def _edit(tmp_path: Path, change) -> None:
+    path = progcache.entry_path(tmp_path, "k" * 64)
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d["body"]["maps"].append("x"),  # digest no longer matches
+    lambda d: d.update(key="j" * 64),  # written for another key
+    lambda d: d.update(format=0),
+    lambda d: d.pop("digest"),
+])
+def test_a_changed_entry_is_not_trusted(tmp_path, change):
+    progcache.store(tmp_path, entry())
+    _edit(tmp_path, change)
+    assert progcache.load(tmp_path, "k" * 64) is None
+
+
+def test_consistent_but_impossible_entries_are_not_trusted(tmp_path):
+    """Even with a matching digest: a relocation outside the code or to an unlisted map."""
+    for fn in (progcache.Function(program(0), ((9, "objs"),)),
+               progcache.Function(program(0), ((0, "other"),)),
+               progcache.Function(program(0)[:-3], ())):
+        progcache.store(tmp_path, progcache.Entry("k" * 64, ("objs",), {"on_probe": fn}))
+        assert progcache.load(tmp_path, "k" * 64) is None
+
+
+def test_truncated_and_garbage_files(tmp_path):
+    progcache.store(tmp_path, entry())
+    path = progcache.entry_path(tmp_path, "k" * 64)
+    path.write_bytes(path.read_bytes()[:100])
+    assert progcache.load(tmp_path, "k" * 64) is None
+    path.write_bytes(b"\xff\x00garbage")
+    assert progcache.load(tmp_path, "k" * 64) is None
+
+
+def test_prune_keeps_the_most_recent(tmp_path):
+    for i in range(5):
+        progcache.store(tmp_path, progcache.Entry(str(i) * 64, ("objs",), entry().functions))
+    progcache.prune(tmp_path / "bpf", keep=2)
+    assert sorted(p.name[:4] for p in (tmp_path / "bpf").glob("*.json")) == ["3333", "4444"]
+    assert progcache.load(tmp_path, "4" * 64) is not None
+
+
+def test_key_covers_text_flags_and_toolchain():
+    base = progcache.entry_key("t", ["-DX=1"], {"bcc": "1"})
+    assert len({base, progcache.entry_key("u", ["-DX=1"], {"bcc": "1"}),
+                progcache.entry_key("t", ["-DX=2"], {"bcc": "1"}),
+                progcache.entry_key("t", ["-DX=1"], {"bcc": "2"})}) == 4
