@@ -58,7 +58,10 @@ def _visit(cu: CompileUnit, die: DIE, found: list[DIE]) -> None:
 
 def drgn_index(image: ElfImage, names: set[str]) -> object:
     """drgn indexes the DWARF in C, but has no API listing inlined instances."""
-    import drgn
+    try:
+        import drgn
+    except ImportError:
+        return {"not installed": "drgn is not a dependency: .venv/bin/pip install drgn"}
     prog = drgn.Program()
     prog.main_module(str(image.path), create=True).try_file(str(image.path))
     out: dict[str, object] = {}

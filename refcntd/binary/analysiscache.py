@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -122,3 +123,46 @@ def _scan_from(data: dict[str, object]) -> dwarfinfo.InlinedScan:
                    for f, n, sites in data["copies"])  # type: ignore[attr-defined]
     return dwarfinfo.InlinedScan(copies, tuple(str(u) for u in data["not_examined"]),  # type: ignore[attr-defined]
                                  str(data["method"]))
+
+
+# ---- how many probes the last plan for a binary had -------------------------------
+_HINTS = "probe-counts.json"
+_HINTS_KEPT = 512
+
+
+def _hint_key(binary: str, spec: Spec) -> str | None:
+    try:
+        st = os.stat(binary)
+    except OSError:
+        return None
+    return f"{os.path.realpath(binary)}|{st.st_size}|{st.st_mtime_ns}|{spec_key(spec)}"
+
+
+def _hints(cache_dir: Path | None) -> dict[str, int]:
+    try:
+        data = json.loads(((cache_dir or CACHE_DIR) / "analysis" / _HINTS).read_text())
+        return {str(k): int(v) for k, v in data.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def probe_count_hint(binary: str, spec: Spec, cache_dir: Path | None = None) -> int:
+    """The probe count of the last plan for this file and spec, 0 if unknown.
+
+    The BPF program is compiled before the analysis, with room for a guessed
+    number of probes; call-site mode can need thousands.  A wrong hint costs
+    only a second (maps-only) compile."""
+    key = _hint_key(binary, spec)
+    return _hints(cache_dir).get(key, 0) if key else 0
+
+
+def remember_probe_count(binary: str, spec: Spec, count: int,
+                         cache_dir: Path | None = None) -> None:
+    key = _hint_key(binary, spec)
+    hints = _hints(cache_dir)
+    if key is None or hints.get(key) == count:
+        return
+    hints.pop(key, None)
+    hints[key] = count  # the newest last: the oldest are dropped first
+    kept = dict(list(hints.items())[-_HINTS_KEPT:])
+    write_cache_json((cache_dir or CACHE_DIR) / "analysis" / _HINTS, kept)

@@ -22,7 +22,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
                         **history_options(args))
     spec = load_spec(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers
-    early = early_compile(spec, args.pid is not None, opts)
+    early = early_compile(spec, args.pid is not None, opts, args.binary)
     plan = analyse(spec, args.binary, parse_modes(args.probe_mode))
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731

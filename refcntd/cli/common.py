@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypedDict
 
 from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.binary.analysiscache import probe_count_hint
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import Spec
 from refcntd.kernel.precompile import BackgroundCompile
@@ -91,11 +92,14 @@ def history_options(args: argparse.Namespace) -> HistoryOptions:
     return {"history": ("all",) if "all" in names else names, "history_depth": depth}
 
 
-def early_compile(spec: Spec, filtered: bool, opts: TraceOptions) -> BackgroundCompile:
+def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
+                  ) -> BackgroundCompile:
     """Start compiling the BPF program before the analysis: it needs only the options and
-    the number of probe slots, guessed from the spec (a miss only costs the old time)."""
+    the number of probe slots, guessed from the spec or remembered from the last plan
+    for this binary (a miss only costs the old time)."""
     guess = sum(max(1, len(r.functions)) * (2 if r.obj.at_return else 1)
                 for r in spec.entries)
+    guess = max(guess, probe_count_hint(binary, spec))
     return BackgroundCompile(kernel_options(spec, True, filtered, opts), guess)
 
 

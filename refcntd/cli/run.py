@@ -35,7 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exe = _resolve_command(command[0])
     spec = load_spec(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers
-    early = early_compile(spec, True, opts)
+    early = early_compile(spec, True, opts, exe)
     plan = analyse(spec, exe, parse_modes(args.probe_mode))
     plan.require_complete()
     result = run_command(plan, command, opts, printer(sys.stderr), early)

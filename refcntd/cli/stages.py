@@ -6,6 +6,7 @@ Apart from cli/common.py so that `check` does not import the tracing stages.
 from __future__ import annotations
 
 from refcntd import progress
+from refcntd.binary.analysiscache import remember_probe_count
 from refcntd.binary.plan import Plan, build_plan
 from refcntd.inputs.spec import Spec
 
@@ -14,6 +15,7 @@ def analyse(spec: Spec, binary: str, modes: dict[str, str] | None = None) -> Pla
     """The binary analysis, as a stage the user sees when it takes long."""
     with progress.stage("ELF/DWARF analysis"):
         plan = build_plan(spec, binary, modes)
+    remember_probe_count(binary, spec, len(plan.sites))  # for the next early compile
     for module, cached in plan.dwarf_cached.items():
         progress.note(f"DWARF answers for {module}: "
                       + ("from the analysis cache" if cached else "computed"))

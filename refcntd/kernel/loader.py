@@ -141,6 +141,9 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
     return Program(bpf, None)
 
 
+CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/unwind.h
+
+
 class Program:
     """The loaded maps of bpf/refcntd.c and a way to load its programs.
 
@@ -151,32 +154,47 @@ class Program:
 
     def __init__(self, bpf: Any, entry: progcache.Entry | None) -> None:
         self.bpf, self.entry = bpf, entry
+        self._loaded: dict[tuple[str, int, int], Any] = {}
 
     @property
     def from_cache(self) -> bool:
         return self.entry is not None
 
     def load_func(self, name: str, prog_type: int, attach_type: int = -1) -> Any:
-        if self.entry is None:
-            return self.bpf.load_func(name.encode(), prog_type, attach_type=attach_type)
+        """Loaded once per (name, type, attach type); bcc's own cache is by name only."""
+        key = (name, prog_type, attach_type)
+        if key not in self._loaded:
+            self._loaded[key] = self._load(name, prog_type, attach_type)
+        return self._loaded[key]
+
+    def preload(self, attach_type: int) -> None:
+        """Load the probe programs now: the verifier's ~0.5 s then overlaps the analysis
+        when this runs in precompile's thread."""
+        from bcc import BPF  # the loader is the one module that may import bcc
+        for name in ("on_probe", *CHAIN):
+            self.load_func(name, BPF.KPROBE, attach_type)
+
+    def _load(self, name: str, prog_type: int, attach_type: int) -> Any:
         from bcc import BPF  # the loader is the one module that may import bcc
         from bcc.libbcc import lib
-        raw = name.encode()
-        if raw in self.bpf.funcs:
-            return self.bpf.funcs[raw]
-        fds = {m: self.bpf[m.encode()].map_fd for m in self.entry.maps}
-        code = self.entry.functions[name].relocated(fds)
-        buf = ctypes.create_string_buffer(code, len(code))
-        fd = lib.bcc_func_load(self.bpf.module, prog_type, raw, ctypes.addressof(buf),
-                               len(code), lib.bpf_module_license(self.bpf.module),
-                               lib.bpf_module_kern_version(self.bpf.module),
+        raw, module = name.encode(), self.bpf.module
+        buf = None
+        if self.entry is None:
+            start, size = lib.bpf_function_start(module, raw), lib.bpf_function_size(module, raw)
+            if not start:
+                raise Exception(f"Unknown program {name}")  # bcc's kind of error
+        else:
+            fds = {m: self.bpf[m.encode()].map_fd for m in self.entry.maps}
+            code = self.entry.functions[name].relocated(fds)
+            buf = ctypes.create_string_buffer(code, len(code))
+            start, size = ctypes.addressof(buf), len(code)
+        fd = lib.bcc_func_load(module, prog_type, raw, start, size,
+                               lib.bpf_module_license(module), lib.bpf_module_kern_version(module),
                                0, None, 0, None, attach_type)
         if fd < 0:
             raise Exception(f"Failed to load BPF program {name}: "  # bcc's kind of error
                             f"{os.strerror(ctypes.get_errno())}")
-        fn = BPF.Function(self.bpf, raw, fd)
-        self.bpf.funcs[raw] = fn
-        return fn
+        return BPF.Function(self.bpf, raw, fd)
 
     def attach_tracepoints(self) -> None:
         """What bcc does for a compiled module at its start: TRACEPOINT_PROBE programs."""
@@ -184,12 +202,18 @@ class Program:
         assert self.entry is not None
         for name in sorted(self.entry.functions):
             if name.startswith("tracepoint__"):
-                self.load_func(name, BPF.TRACEPOINT)
+                self.bpf.funcs[name.encode()] = self.load_func(name, BPF.TRACEPOINT)
                 tp = name[len("tracepoint__"):].replace("__", ":")
                 self.bpf.attach_tracepoint(tp=tp.encode(), fn_name=name.encode())
 
     def cleanup(self) -> None:
+        """bcc closes the programs it knows of (tracepoints); this closes the others."""
+        known = {id(fn) for fn in self.bpf.funcs.values()}
         self.bpf.cleanup()
+        for fn in self._loaded.values():
+            if id(fn) not in known:
+                os.close(fn.fd)
+        self._loaded.clear()
 
 
 def _from_cache(bcc: Any, text: str, cflags: list[str], entry: progcache.Entry) -> Program | None:
@@ -314,7 +338,7 @@ class Kernel:
     def _load_tail_calls(self) -> None:
         """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
         progs = self.bpf["probe_progs"]
-        for index, name in enumerate(("on_unwind", "on_body", "on_unwind_more")):
+        for index, name in enumerate(CHAIN):
             progs[ctypes.c_int(index)] = ctypes.c_int(self._load_chain(name).fd)
 
     def _load_chain(self, name: str) -> Any:
@@ -337,9 +361,10 @@ class Kernel:
         self.detach()
 
     def configure_probes(self, type_ids: Callable[[str], int]) -> None:
-        cfgs = self.bpf["probe_cfgs"]
-        for index, site in enumerate(self.sites):
-            cfgs[ctypes.c_int(index)] = _probe_cfg(site, type_ids)
+        """One entry per site, written in one batch (call-site plans have thousands)."""
+        if self.sites:
+            rows = b"".join(bytes(_probe_cfg(site, type_ids)) for site in self.sites)
+            _update_array(self.bpf["probe_cfgs"], 0, abi.ProbeCfg, rows)
 
     def set_fixed_type(self, type_id: int, name: str) -> None:
         self.bpf["types"][ctypes.c_uint32(type_id)] = abi.TypeName(name.encode()[:31])
@@ -444,9 +469,8 @@ class Kernel:
         for fds in (self._links, self._perf_fds):
             _close_all(fds)
         self._links, self._perf_fds = [], []
-        bpf = getattr(self, "bpf", None)
-        if bpf is not None:
-            bpf.cleanup()
+        if getattr(self, "bpf", None) is not None:
+            self.program.cleanup()
             self.bpf = None
 
     # ---- processes -------------------------------------------------------

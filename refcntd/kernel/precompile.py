@@ -10,10 +10,11 @@ probe), the early program is dropped and the right one compiled as before.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
-from refcntd.kernel import loader
+from refcntd.kernel import loader, perf_uprobe
 from refcntd.kernel.loader import KernelOptions, Program
 
 
@@ -30,6 +31,8 @@ class BackgroundCompile:
         t0 = time.monotonic()
         try:
             self.program = loader.compile_program(self.opts, self.slots)
+            with contextlib.suppress(Exception):  # refused: Kernel loads again and says why
+                self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI)  # Kernel's default
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = err
         self.seconds = time.monotonic() - t0
@@ -38,7 +41,10 @@ class BackgroundCompile:
         """(the program, seconds waited for it) if it fits; (None, waited) if not.
 
         Errors of the early compile (no privileges, no headers) are raised here,
-        after the analysis has had its say about the binary."""
+        after the analysis has had its say about the binary.  Always waits: two
+        bcc compiles at once in one process crash it (clang's state is shared),
+        and a cold early compile fills the program cache for the second one
+        (map sizes are not part of its key)."""
         t0 = time.monotonic()
         self._thread.join()
         waited = time.monotonic() - t0

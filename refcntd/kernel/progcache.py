@@ -62,10 +62,31 @@ def maps_only(text: str) -> str:
 
 
 def entry_key(text: str, cflags: list[str], toolchain: dict[str, str]) -> str:
-    """What the instructions depend on: source, flags, bcc and the kernel headers."""
-    payload = json.dumps({"format": FORMAT, "text": text, "cflags": cflags,
+    """What the instructions depend on: source, flags, bcc and the kernel headers.
+
+    A flag that only sizes maps (MAX_OBJECTS, the probe slots, ...) is left
+    out: the instructions do not contain map sizes, so `--max-objects` or a
+    plan with more probes than guessed reuses the entry (the maps-only
+    compile gets every flag)."""
+    kept = [flag for flag in cflags if not sizes_maps_only(text, flag)]
+    payload = json.dumps({"format": FORMAT, "text": text, "cflags": kept,
                           "toolchain": toolchain}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+
+
+def sizes_maps_only(text: str, flag: str) -> bool:
+    """-DNAME=... whose NAME appears, outside comments, only in map declarations
+    (and its own `#ifndef NAME` / `#define NAME` default)."""
+    match = re.fullmatch(r"-D(\w+)(=.*)?", flag)
+    if match is None:
+        return False
+    word = re.compile(rf"\b{match[1]}\b")
+    default = re.compile(rf"\s*#\s*(ifndef|define)\s+{match[1]}\b")
+    uses = [line for line in _COMMENT.sub("", text).splitlines() if word.search(line)]
+    return bool(uses) and all(line.startswith("BPF_") or default.match(line) for line in uses)
 
 
 def file_identity(path: str | Path) -> str:

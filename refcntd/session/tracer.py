@@ -139,7 +139,8 @@ class Tracer:
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
         self.kernel = _load_kernel(kopts, plan, early)
         self.unwind = UnwindTables(self.kernel)
-        self.unwind.add(plan.modules)
+        with progress.stage("unwind tables"):
+            self.unwind.add(plan.modules)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
@@ -174,7 +175,8 @@ class Tracer:
         ids = _fixed_type_ids(self.plan)
         for name, type_id in ids.items():
             self.kernel.set_fixed_type(type_id, name)
-        self.kernel.configure_probes(lambda name: ids[name])
+        with progress.stage("probe configuration"):
+            self.kernel.configure_probes(lambda name: ids[name])
         self.kernel.open_events(self._on_event)
         with progress.stage("probe creation"):
             self.kernel.attach_all()

@@ -120,3 +120,25 @@ def test_key_covers_text_flags_and_toolchain():
     assert len({base, progcache.entry_key("u", ["-DX=1"], {"bcc": "1"}),
                 progcache.entry_key("t", ["-DX=2"], {"bcc": "1"}),
                 progcache.entry_key("t", ["-DX=1"], {"bcc": "2"})}) == 4
+
+
+def test_flags_that_only_size_maps_are_not_part_of_the_key():
+    text = ("#ifndef MAX_X\n#define MAX_X 4\n#endif\n/* MAX_Y in a comment */\n"
+            "BPF_HASH(m, int, int, MAX_X);\nBPF_ARRAY(a, int, MAX_Y);\n"
+            "int f(void *ctx) { return MAX_Y + DEPTH; }\n")
+    assert progcache.sizes_maps_only(text, "-DMAX_X=8")
+    assert not progcache.sizes_maps_only(text, "-DMAX_Y=8")  # also in code
+    assert not progcache.sizes_maps_only(text, "-DDEPTH=2")
+    assert not progcache.sizes_maps_only(text, "-DABSENT=1")
+    assert not progcache.sizes_maps_only(text, "-I/somewhere")
+    key = progcache.entry_key(text, ["-DMAX_X=8", "-DDEPTH=2"], {})
+    assert key == progcache.entry_key(text, ["-DMAX_X=16", "-DDEPTH=2"], {})
+    assert key != progcache.entry_key(text, ["-DMAX_X=8", "-DDEPTH=3"], {})
+
+
+def test_the_real_program_keys_on_options_not_sizes():
+    opts = loader.KernelOptions(filtered=True, has_delete=True)
+    text = loader.program_text()
+    sized = [f for f in loader.bpf_cflags(opts, 16) if progcache.sizes_maps_only(text, f)]
+    assert {f.split("=")[0] for f in sized} >= {"-DMAX_OBJECTS", "-DMAX_PROBES", "-DMAX_STACKS"}
+    assert not any(f.startswith(("-DFILTERED", "-DHAS_DELETE")) for f in sized)
