@@ -86,6 +86,15 @@ ATTACH_CACHES = ("all cold: empty cache (DWARF scan and full BPF compile)",
                  "warm: both caches")
 
 
+def bcc_baseline() -> dict[str, object]:
+    """Peak RSS of bcc alone (import, compile and load a trivial program): the goal is
+    refcntd's attach <= this + 200 MiB."""
+    code = ("from refcntd.kernel import setup; setup.prepare(); import bcc; "
+            "bcc.BPF(text=b'int f(void *ctx) { return 0; }').cleanup()")
+    run = _reaped([sys.executable, "-c", code])
+    return {"seconds": run["seconds"], "rss_mib": run["rss_mib"], "status": run["status"]}
+
+
 def attach_times(exe: Path) -> list[dict[str, object]]:
     """`refcntd attach` with each cache temperature (ATTACH_CACHES), in one cache dir:
     the second run drops the DWARF answers but keeps the compiled programs."""
@@ -133,6 +142,7 @@ def measure(shape: bigsource.Shape, out: Path, before: Path | None, attach: bool
         data["check"] += check_runs(exe, before, "before")
     if attach and os.geteuid() == 0:
         data["attach"] = attach_times(exe)
+        data["bcc_baseline"] = bcc_baseline()
     return data
 
 
@@ -153,6 +163,10 @@ def render(data: dict[str, object], machine: dict[str, object]) -> str:
               f"{r['rss_mib']} | {r['status']} | {r['inlined']} | {r['incomplete']} | "
               f"{r.get('cached', '-')} |"
               for r in data["check"]]  # type: ignore[attr-defined]
+    if "bcc_baseline" in data:
+        base = data["bcc_baseline"]
+        lines.append(f"\nbcc alone (import, compile and load a trivial program): peak RSS "
+                     f"{base['rss_mib']} MiB, {base['seconds']} s")  # type: ignore[index]
     for r in data.get("attach", []):  # type: ignore[attr-defined]
         lines.append(f"\nattach to probes installed, {r.get('cache', '?')}: {r['seconds']} s, "
                      f"peak RSS {r['rss_mib']} MiB; --verbose said:")

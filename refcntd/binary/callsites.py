@@ -27,6 +27,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.relocation import Relocation, RelocationSection
 from elftools.elf.sections import Section, SymbolTableSection
 
+from refcntd.binary import ehframe
 from refcntd.binary.elf import ElfImage
 
 _RIP_REL = re.compile(r"\[rip ([+-]) (0x[0-9a-f]+|\d+)\]")
@@ -109,6 +110,8 @@ class ModuleScan:
         for addr, size, mnem, ops in md.disasm_lite(code, fn.start):
             decoded = addr + size
             indirect |= mnem.endswith("jmp") and not ops.startswith("0x")
+            if "0x" not in ops and "rip" not in ops:
+                continue  # no address in it: most instructions (the sweep's hot path)
             branch = _branch_target(mnem, ops)
             if branch is not None:
                 targets_seen.add(branch)
@@ -228,6 +231,12 @@ def _overlapping(functions: list[_Function]) -> Iterable[list[_Function]]:
 
 
 def fde_ranges(image: ElfImage) -> list[tuple[int, int]]:
+    fast = ehframe.fde_ranges(image)
+    return fast if fast is not None else slow_fde_ranges(image)
+
+
+def slow_fde_ranges(image: ElfImage) -> list[tuple[int, int]]:
+    """pyelftools' full parse (every FDE's instructions): for encodings ehframe.py lacks."""
     elf = image.elffile()
     if elf.get_section_by_name(".eh_frame") is None:
         return []

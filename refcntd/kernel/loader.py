@@ -167,11 +167,13 @@ class Program:
             self._loaded[key] = self._load(name, prog_type, attach_type)
         return self._loaded[key]
 
-    def preload(self, attach_type: int) -> None:
+    def preload(self, attach_type: int, unwanted: Callable[[], bool] = lambda: False) -> None:
         """Load the probe programs now: the verifier's ~0.5 s then overlaps the analysis
-        when this runs in precompile's thread."""
+        when this runs in precompile's thread (which stops once it is `unwanted`)."""
         from bcc import BPF  # the loader is the one module that may import bcc
         for name in ("on_probe", *CHAIN):
+            if unwanted():
+                return
             self.load_func(name, BPF.KPROBE, attach_type)
 
     def _load(self, name: str, prog_type: int, attach_type: int) -> Any:

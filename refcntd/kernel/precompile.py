@@ -24,6 +24,7 @@ class BackgroundCompile:
         self.program: Program | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self._unwanted = False
         self._thread = threading.Thread(target=self._run, name="bpf-compile", daemon=True)
         self._thread.start()
 
@@ -32,7 +33,8 @@ class BackgroundCompile:
         try:
             self.program = loader.compile_program(self.opts, self.slots)
             with contextlib.suppress(Exception):  # refused: Kernel loads again and says why
-                self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI)  # Kernel's default
+                self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI,  # Kernel's default
+                                     lambda: self._unwanted)
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = err
         self.seconds = time.monotonic() - t0
@@ -45,12 +47,14 @@ class BackgroundCompile:
         bcc compiles at once in one process crash it (clang's state is shared),
         and a cold early compile fills the program cache for the second one
         (map sizes are not part of its key)."""
+        fits = opts == self.opts and loader.probe_slots(probe_count) == self.slots
+        self._unwanted = not fits  # stop verifying programs that will be dropped
         t0 = time.monotonic()
         self._thread.join()
         waited = time.monotonic() - t0
         if self.error is not None:
             raise self.error
-        if opts != self.opts or loader.probe_slots(probe_count) != self.slots:
+        if not fits:
             self.discard()
             return None, waited
         program, self.program = self.program, None
