@@ -17,7 +17,8 @@ DW_FORM_implicit_const = 0x21
 CROSS_UNIT_FORMS = {0x10, 0x20, 0x1C, 0x24, 0x1F20}
 
 
-def _uleb(data: bytes, pos: int) -> tuple[int, int]:
+def uleb128(data: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned LEB128 at `pos`: (value, position after it)."""
     value = shift = 0
     while True:
         byte = data[pos]
@@ -33,21 +34,21 @@ def cross_unit_tables(data: bytes) -> set[int]:
     found: set[int] = set()
     pos, table = 0, 0
     while pos < len(data):
-        code, pos = _uleb(data, pos)
+        code, pos = uleb128(data, pos)
         if code == 0:  # end of a table; the next one starts here
             table = pos
             continue
-        tag, pos = _uleb(data, pos)
+        tag, pos = uleb128(data, pos)
         pos += 1  # children flag
         if tag in (DW_TAG_partial_unit, DW_TAG_imported_unit):
             found.add(table)
         while True:
-            attr, pos = _uleb(data, pos)
-            form, pos = _uleb(data, pos)
+            attr, pos = uleb128(data, pos)
+            form, pos = uleb128(data, pos)
             if attr == 0 and form == 0:
                 break
             if form == DW_FORM_implicit_const:
-                _, pos = _uleb(data, pos)  # an SLEB: same length rules
+                _, pos = uleb128(data, pos)  # an SLEB: same length rules
             if attr == DW_AT_abstract_origin and form in CROSS_UNIT_FORMS:
                 found.add(table)
     return found

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+from refcntd.binary.abbrev import uleb128
 from refcntd.binary.elf import ElfImage
 
 _FORMATS = {0x02: "<H", 0x03: "<I", 0x04: "<Q", 0x0A: "<h", 0x0B: "<i", 0x0C: "<q",
@@ -21,17 +22,6 @@ _PCREL, _ABS = 0x10, 0x00
 
 class _Unsupported(ValueError):
     pass
-
-
-def _uleb(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
 
 
 def _encoded(data: bytes, pos: int, enc: int, vaddr: int) -> tuple[int, int]:
@@ -54,15 +44,15 @@ def _cie_encoding(data: bytes, pos: int, end: int, vaddr: int) -> int:
     pos = nul + 1
     if "eh" in aug:
         raise _Unsupported("eh augmentation")
-    _, pos = _uleb(data, pos)  # code alignment
-    _, pos = _uleb(data, pos)  # data alignment (sleb: only skipped)
+    _, pos = uleb128(data, pos)  # code alignment
+    _, pos = uleb128(data, pos)  # data alignment (sleb: only skipped)
     if version == 1:
         pos += 1
     else:
-        _, pos = _uleb(data, pos)
+        _, pos = uleb128(data, pos)
     if not aug.startswith("z"):
         return _ABS
-    _, pos = _uleb(data, pos)
+    _, pos = uleb128(data, pos)
     for ch in aug[1:]:
         if ch == "R":
             return data[pos]

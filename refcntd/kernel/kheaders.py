@@ -12,6 +12,7 @@ import os
 import platform
 from pathlib import Path
 
+from refcntd import progress
 from refcntd.errors import EnvironmentProblem
 from refcntd.paths import CACHE_DIR
 
@@ -61,8 +62,9 @@ def _merged_tree(common: Path, arch: Path, cache: Path) -> Path:
     if stamp.exists():
         return target
     try:
-        for tree in (common, arch):
-            _link_tree(tree, target)
+        with progress.stage("kernel headers: merging Debian's trees (once per cache)"):
+            for tree in (common, arch):
+                _link_tree(tree, target)
         stamp.write_text(f"{common}\n{arch}\n")
     except OSError as err:
         raise EnvironmentProblem(f"cannot build the merged kernel header tree in {target}: "
