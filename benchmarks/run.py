@@ -177,7 +177,7 @@ def memleak(exe: Path, n: int) -> float:
     out = proc.stdout.read()
     proc.wait()
     tool.send_signal(signal.SIGINT)
-    tool.wait(timeout=30)
+    tool.wait(timeout=120)  # its exit detaches a perf event per uprobe: slow under load
     return ns_of(out)
 
 
