@@ -135,6 +135,8 @@ class LeakedObjects(Sequence[LeakedObject]):
     """A group's objects, read from the drained columns when asked for: the text
     report shows a few, the JSON streams them all without a LeakedObject each."""
 
+    without_ownership = True  # held_by/cycle come with --history, never drained this way
+
     def __init__(self, objs: ObjectColumns, rows: list[int], now_ns: int) -> None:
         self._c, self._rows, self._now = objs.columns, rows, now_ns
         self._sorted = False  # by address: done when all are asked for, not for a few

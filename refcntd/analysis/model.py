@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from refcntd.analysis.attribution import Culprit, Verdict
@@ -154,7 +155,7 @@ class ProcessReport:
     @property
     def cycles(self) -> list[tuple[int, ...]]:
         """Leaked objects that hold each other, each cycle once."""
-        return sorted({o.cycle for g in self.groups for o in g.objects if o.cycle})
+        return sorted({o.cycle for g in self.groups for o in owned_objects(g) if o.cycle})
 
 
 @dataclass
@@ -201,3 +202,9 @@ class RunResult:
     @property
     def anomalies(self) -> int:
         return sum(a.occurrences for p in self.processes for a in p.misuse)
+
+
+def owned_objects(group: LeakGroup) -> Sequence[LeakedObject]:
+    """The objects that may carry ownership (held_by, cycle: from --history); none of a
+    group drained as columns without history, which can hold a million objects."""
+    return () if getattr(group.objects, "without_ownership", False) else group.objects

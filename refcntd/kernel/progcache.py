@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -79,6 +80,23 @@ def entry_key(text: str, cflags: list[str], toolchain: dict[str, str]) -> str:
 
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_WORD = re.compile(r"\b[A-Z_][A-Z0-9_]*\b")
+_DEFAULT = re.compile(r"\s*#\s*(ifndef|define)\s+(\w+)")
+
+
+@functools.lru_cache(maxsize=4)
+def _macro_uses(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(words used in map declarations, words used anywhere else), comments left out;
+    a macro's own `#ifndef NAME` / `#define NAME` default counts as neither."""
+    in_maps: set[str] = set()
+    elsewhere: set[str] = set()
+    for line in _COMMENT.sub("", text).splitlines():
+        words = set(_WORD.findall(line))
+        default = _DEFAULT.match(line)
+        if default:
+            words.discard(default[2])
+        (in_maps if line.startswith("BPF_") else elsewhere).update(words)
+    return frozenset(in_maps), frozenset(elsewhere)
 
 
 def sizes_maps_only(text: str, flag: str) -> bool:
@@ -87,10 +105,8 @@ def sizes_maps_only(text: str, flag: str) -> bool:
     match = re.fullmatch(r"-D(\w+)(=.*)?", flag)
     if match is None:
         return False
-    word = re.compile(rf"\b{match[1]}\b")
-    default = re.compile(rf"\s*#\s*(ifndef|define)\s+{match[1]}\b")
-    uses = [line for line in _COMMENT.sub("", text).splitlines() if word.search(line)]
-    return bool(uses) and all(line.startswith("BPF_") or default.match(line) for line in uses)
+    in_maps, elsewhere = _macro_uses(text)
+    return match[1] in in_maps and match[1] not in elsewhere
 
 
 def file_identity(path: str | Path) -> str:

@@ -20,6 +20,7 @@ from refcntd.analysis.model import (
     RunResult,
     StackUnwind,
     TracingStatus,
+    owned_objects,
 )
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
@@ -77,10 +78,10 @@ def render_process(p: ProcessReport) -> str:
 
 def _held_objects(p: ProcessReport) -> dict[int, list[tuple[LeakGroup, int]]]:
     """id(group) -> (group, address) of the objects its objects hold."""
-    group_of = {o.address: g for g in p.groups for o in g.objects}
+    group_of = {o.address: g for g in p.groups for o in owned_objects(g)}
     out: dict[int, list[tuple[LeakGroup, int]]] = {}
     for g in p.groups:
-        for o in g.objects:
+        for o in owned_objects(g):
             for holder in {h.address for h in o.held_by}:
                 if holder in group_of:
                     out.setdefault(id(group_of[holder]), []).append((g, o.address))
@@ -89,11 +90,12 @@ def _held_objects(p: ProcessReport) -> dict[int, list[tuple[LeakGroup, int]]]:
 
 def _owners_first(groups: list[LeakGroup]) -> list[LeakGroup]:
     """Each indirect group right after the group of its first holder."""
-    group_of = {o.address: g for g in groups for o in g.objects}
+    group_of = {o.address: g for g in groups for o in owned_objects(g)}
     after: dict[int, list[LeakGroup]] = {}
     top = []
     for g in groups:
-        holders = [h.address for o in g.objects for h in o.held_by if h.address in group_of]
+        holders = [h.address for o in owned_objects(g) for h in o.held_by
+                   if h.address in group_of]
         owner = group_of.get(holders[0]) if holders else None
         if g.verdict is not None and g.verdict.status == "indirect" and owner is not None \
                 and owner is not g:

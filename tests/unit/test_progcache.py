@@ -142,3 +142,12 @@ def test_the_real_program_keys_on_options_not_sizes():
     sized = [f for f in loader.bpf_cflags(opts, 16) if progcache.sizes_maps_only(text, f)]
     assert {f.split("=")[0] for f in sized} >= {"-DMAX_OBJECTS", "-DMAX_PROBES", "-DMAX_STACKS"}
     assert not any(f.startswith(("-DFILTERED", "-DHAS_DELETE")) for f in sized)
+
+
+def test_file_identity_changes_with_the_file(tmp_path):
+    f = tmp_path / "libbcc.so"
+    f.write_bytes(b"one")
+    first = progcache.file_identity(f)
+    f.write_bytes(b"three")
+    assert progcache.file_identity(f) != first
+    assert progcache.file_identity(tmp_path / "gone").endswith("missing")
