@@ -12,6 +12,9 @@
  *   FILTER_COMM  1: only processes whose comm is in comm_allow (system-wide)
  *   CGROUP_ID    when set: only processes in that cgroup v2 (system-wide)
  *   UNWIND       1: CFI unwinding with tables from user space (see unwind.h)
+ *   HOLD         1: exported functions are probed at their call sites: a traced
+ *                process that maps a module user space has not scanned is stopped
+ *                until it has (needs UNWIND's mapping hooks)
  *   HISTORY      1: keep get/put history of objects whose type is in
  *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES, MAX_PATHS
  */
@@ -837,7 +840,7 @@ static __always_inline int needs_stack(struct pt_regs *ctx, struct probe_cfg *cf
 {
 	if (cfg->role == ROLE_INIT || HISTORY)
 		return 1;
-	if (cfg->role == ROLE_INIT_ENTRY)
+	if (cfg->role == ROLE_INIT_ENTRY || cfg->role == ROLE_OFF)
 		return 0;
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = fetch(ctx, &cfg->obj)};
@@ -936,6 +939,50 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	emit(ev);
 	return 0;
 }
+
+#if HOLD
+#ifndef MAX_VETTED
+#define MAX_VETTED 65536
+#endif
+BPF_HASH(vetted, struct file_key, __u32, MAX_VETTED);  /* modules user space has scanned */
+BPF_HASH(hold_owners, struct file_key, __u32, 64);      /* modules defining such functions */
+BPF_HASH(held, __u32, struct file_key, MAX_PROCS);      /* stopped, waiting for a scan */
+
+/* An exported function probed at its call sites is only counted exactly if
+ * every module that calls it has its call sites probed before its code runs.
+ * A process that maps (or execs) a module nobody has scanned, while it maps a
+ * module defining such a function, is stopped here, before the mmap or exec
+ * returns; user space scans the module, probes its calls (or moves the
+ * function back to its entry probe) and continues it.  The module that was
+ * mapped first is also caught: the check covers every mapping of the process. */
+static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file)
+{
+	int owner = hold_owners.lookup(file) != 0;
+	int unvetted = (file->ino || file->dev) && !vetted.lookup(file);
+	struct exec_maps *maps = exec_maps.lookup(&tgid);
+	if (maps) {
+		for (__u32 i = 0; i < MAX_EXEC_MAPS; i++) {
+			bounded(i);
+			if (i >= maps->n)
+				break;
+			struct file_key key = maps->m[i].file;
+			if (!key.ino && !key.dev)
+				continue;
+			if (hold_owners.lookup(&key))
+				owner = 1;
+			if (!vetted.lookup(&key))
+				unvetted = 1;
+		}
+	}
+	if (!owner || !unvetted)
+		return;
+	held.update(&tgid, file);
+	struct event *ev = new_event(EV_HOLD, tgid, (__u32)bpf_get_current_pid_tgid(), 0);
+	if (ev)
+		emit(ev);
+	bpf_send_signal(19);  /* SIGSTOP: the whole process, before this syscall returns */
+}
+#endif
 
 #if LOADER_PROBE
 /* ld.so calls _dl_debug_state() after every change to its list of loaded

@@ -23,7 +23,8 @@
 enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 		   ROLE_INIT_ENTRY = 4, /* saves a constructor's arguments for its return probe */
 		   ROLE_SINK = 5, /* ref_sink: a get unless the object's floating flag is set */
-		   ROLE_CHECK = 6 /* changes no count: reads the object's "may be leaked" flag */ };
+		   ROLE_CHECK = 6, /* changes no count: reads the object's "may be leaked" flag */
+		   ROLE_OFF = 7 /* a call site of a function moved back to its entry probe */ };
 
 /* probe_cfg.flags: how a role behaves on this API (see the README's spec reference). */
 #define PF_FREES_AT_ZERO 1  /* put: the put to 0 ends life even when the spec has a delete */
@@ -70,7 +71,8 @@ enum refcntd_stat {
 };
 
 enum refcntd_event { EV_PROC = 1, EV_FORK = 2, EV_EXECVE = 3, EV_EXIT = 4, EV_THREAD_GONE = 5,
-		     EV_LIBRARY = 6, EV_ANOMALY = 7 };
+		     EV_LIBRARY = 6, EV_ANOMALY = 7,
+		     EV_HOLD = 8 /* a process stopped until user space scanned a new module */ };
 
 /* Misuse caught at the offending operation. */
 enum refcntd_anomaly {

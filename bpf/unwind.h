@@ -278,6 +278,13 @@ static __always_inline void add_map(__u32 tgid, __u64 start, __u64 end, __u64 pg
 		maps->n = slot + 1;
 }
 
+#if HOLD
+/* Defined in refcntd.c (it sends an event): see the comment there. */
+static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file);
+#else
+#define hold_if_unvetted(tgid, file) do {} while (0)
+#endif
+
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -289,6 +296,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 	file_identity(kread(mm + OFF_MM_EXE_FILE), &file);
 	add_map(tgid, kread(mm + OFF_MM_START_CODE), kread(mm + OFF_MM_END_CODE), EXE_PGOFF,
 		&file);
+	hold_if_unvetted(tgid, &file);
 	return 0;
 }
 
@@ -323,6 +331,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 		file_identity(kread(fds + 8 * (__u64)(__u32)saved.fd), &file);
 	}
 	add_map(id >> 32, args->ret, args->ret + saved.len, saved.fd >= 0 ? saved.off : 0, &file);
+	if (saved.fd >= 0)
+		hold_if_unvetted(id >> 32, &file);
 	return 0;
 }
 

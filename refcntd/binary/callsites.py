@@ -36,6 +36,7 @@ SHF_ALLOC, SHF_EXECINSTR = 0x2, 0x4
 # Read for what they mean (relocations), not scanned as raw pointers.
 _SEMANTIC_SECTIONS = ("SHT_RELA", "SHT_REL", "SHT_DYNSYM", "SHT_SYMTAB", "SHT_GNU_HASH",
                       "SHT_HASH", "SHT_NOBITS")
+R_X86_64_JUMP_SLOT = 7
 KIND_CALL = "call"
 KIND_JMP = "jmp"  # tail jump: the return address on the stack is the caller's
 
@@ -72,9 +73,13 @@ class _Function:
 class ModuleScan:
     """One sweep of a module's code for a set of target addresses."""
 
-    def __init__(self, image: ElfImage, targets: dict[int, str]) -> None:
+    def __init__(self, image: ElfImage, targets: dict[int, str],
+                 plt_slots: frozenset[int] = frozenset()) -> None:
+        """`plt_slots`: GOT slots of PLT stubs among `targets` (an importer's `F@plt`):
+        their JUMP_SLOT relocations are how the stub reaches F, not a pointer to it."""
         self.image = image
         self.names = targets  # vaddr -> symbol name (for messages)
+        self.plt_slots = plt_slots
         self.results = {t: TargetScan(t) for t in targets}
         self._functions = _functions(image)
         self._sweep()
@@ -188,6 +193,8 @@ class ModuleScan:
                     self._check_relocation(rel, symtab)
 
     def _check_relocation(self, rel: Relocation, symtab: Section) -> None:
+        if rel["r_info_type"] == R_X86_64_JUMP_SLOT and rel["r_offset"] in self.plt_slots:
+            return
         addend: int = rel["r_addend"] if rel.is_RELA() else 0
         sym_index: int = rel["r_info_sym"]
         value = addend
@@ -315,3 +322,59 @@ def imports(image: ElfImage, name: str) -> bool:
     return isinstance(dynsym, SymbolTableSection) and any(
         s.name.split("@", 1)[0] == name and s["st_shndx"] == "SHN_UNDEF"
         for s in dynsym.iter_symbols())
+
+
+def plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
+    """Imported function name -> [(PLT stub address, its GOT slot)].
+
+    A call from this module to another module's F is `call F@plt`, and the
+    stub jumps through the GOT slot ld.so fills with F's address: probing the
+    calls to the stub is probing the calls to F.  Found from the JUMP_SLOT
+    relocations and the stubs' `jmp [rip + slot]` in .plt, .plt.sec, .plt.got.
+    """
+    elf = image.elffile()
+    slot_names: dict[int, str] = {}
+    for section in elf.iter_sections():
+        if isinstance(section, RelocationSection) and section.name.startswith(".rela"):
+            symtab = elf.get_section(section["sh_link"])
+            if not isinstance(symtab, SymbolTableSection):
+                continue
+            for rel in section.iter_relocations():
+                if rel["r_info_type"] == R_X86_64_JUMP_SLOT and rel["r_info_sym"]:
+                    name = symtab.get_symbol(rel["r_info_sym"]).name.split("@", 1)[0]
+                    slot_names[rel["r_offset"]] = name
+    out: dict[str, list[tuple[int, int]]] = {}
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    for section_name in (".plt", ".plt.sec", ".plt.got"):
+        plt = elf.get_section_by_name(section_name)
+        if plt is None or plt["sh_type"] == "SHT_NOBITS":
+            continue
+        previous: tuple[int, str] = (-1, "")
+        for addr, size, mnem, ops in md.disasm_lite(plt.data(), plt["sh_addr"]):
+            if mnem.endswith("jmp") and "[rip" in ops:
+                slot = next(iter(_operand_addresses(addr, size, ops)), None)
+                if slot in slot_names:
+                    start = previous[0] if previous[1] == "endbr64" else addr
+                    out.setdefault(slot_names[slot], []).append((start, slot))
+            previous = (addr, mnem)
+    return out
+
+
+def address_imports(image: ElfImage, name: str) -> list[str]:
+    """Relocations that put the address of the imported `name` in memory (GLOB_DAT:
+    a function pointer or a -fno-plt call through the GOT; R_X86_64_64: a table)."""
+    elf = image.elffile()
+    found = []
+    for section in elf.iter_sections():
+        if not isinstance(section, RelocationSection) or not section.name.startswith(".rela"):
+            continue
+        symtab = elf.get_section(section["sh_link"])
+        if not isinstance(symtab, SymbolTableSection):
+            continue
+        for rel in section.iter_relocations():
+            if rel["r_info_sym"] and rel["r_info_type"] != R_X86_64_JUMP_SLOT and \
+                    symtab.get_symbol(rel["r_info_sym"]).name.split("@", 1)[0] == name:
+                found.append(f"relocation at 0x{rel['r_offset']:x} puts its address in "
+                             "memory (a function pointer, or a call through the GOT)")
+    return found
+

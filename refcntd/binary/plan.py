@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
-from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode, specchecks
+from refcntd.binary import callsites, dwarfinfo, probepoint, sdt, sitemode, specchecks
 from refcntd.binary.analysiscache import DwarfFacts
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.sdt import ArgLoc
@@ -46,6 +46,7 @@ class ProbeSite:
     site_kind: str = ""  # call-site probes: "call", "jmp", "return" (after a call), "save"
     site_length: int = 0  # of the call instruction
     site_cond: int = 0  # a conditional tail jump: 0x10 | x86 condition code (BPF tests it)
+    callee_module: str = ""  # a call site in another module (a PLT caller): the function's
 
     @property
     def uretprobe(self) -> bool:
@@ -93,6 +94,20 @@ class LoaderProbe:
     sites: tuple[tuple[int, int], ...]  # (file offset, _r_debug minus the site's address)
 
 
+@dataclass(frozen=True)
+class CrossModule:
+    """An exported function probed at its call sites: modules mapped later must be
+    scanned for calls to it before they run (session/vetting.py), and where one
+    cannot be, the function goes back to `fallback`, its entry probe."""
+
+    role: RoleSpec
+    function: str
+    module: str  # where it is defined
+    symbol_vaddr: int
+    why_prefix: str
+    fallback: tuple[ProbeSite, ...]  # empty: its entry cannot be probed either
+
+
 @dataclass
 class Plan:
     spec: Spec
@@ -108,6 +123,7 @@ class Plan:
     # DWARF the scan could not examine (tracing incomplete): reason -> units not examined
     scan_gaps: dict[str, int] = field(default_factory=dict)
     dwarf_cached: dict[str, bool] = field(default_factory=dict)  # module -> answers from cache
+    cross: list[CrossModule] = field(default_factory=list)  # exported, in call-site mode
 
     def require_complete(self) -> None:
         if self.problems:
@@ -248,7 +264,7 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     # A return probe reads only the return value; its arguments are saved at entry.
     args = set() if role.obj.at_return else needed_args(role)
     choice = probepoint.choose(code, args, needs_entry_sp=role.obj.at_return)
-    why_entry = _plan_call_sites(plan, role, image, module, sym, choice, why_prefix)
+    why_entry = _plan_call_sites(plan, role, image, module, sym, choice, why_prefix, code)
     if why_entry is None:
         return
     if isinstance(choice, probepoint.Refusal):
@@ -258,23 +274,36 @@ def _plan_symbol(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: 
     plan.decisions.append(sitemode.ModeDecision(role.role, sym.name, module,
                                                 sitemode.MODE_ENTRY, 1, choice.cost,
                                                 why_entry, vaddr=sym.vaddr))
+    kept = f"; {why_entry}" if why_entry.startswith("entry probe kept") else ""
+    sites, problem = _entry_sites(role, image, module, sym, code, choice,
+                                  why_prefix + choice.reason + kept)
+    plan.sites += sites
+    if problem:
+        plan.problems.append(problem)
+
+
+def _entry_sites(role: RoleSpec, image: ElfImage, module: str, sym: Symbol, code: bytes,
+                 choice: probepoint.ProbePoint, reason: str
+                 ) -> tuple[list[ProbeSite], str | None]:
+    """The entry probe of `sym` (and a constructor's argument saver), or a problem."""
     file_offset = image.vaddr_to_offset(sym.vaddr + choice.offset)
     if file_offset is None:
-        plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
-        return
+        return [], f"{role.role}: {sym.name} in {module}: address outside the file"
     caller_sp = -1 if role.obj.at_return else choice.caller_sp_offset
-    kept = f"; {why_entry}" if why_entry.startswith("entry probe kept") else ""
-    plan.sites.append(ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset,
-                                file_offset, choice.cost, why_prefix + choice.reason + kept,
-                                caller_sp, role.obj.at_return, role,
-                                **function_locations(role)))
+    sites = [ProbeSite(role.role, sym.name, module, sym.vaddr, choice.offset, file_offset,
+                       choice.cost, reason, caller_sp, role.obj.at_return, role,
+                       **function_locations(role))]
     if role.obj.at_return and role.role == "init":  # also marks the thread as constructing
-        _plan_argument_saver(plan, role, image, module, sym, code)
+        saver = _argument_saver(role, image, module, sym, code)
+        if isinstance(saver, str):
+            return sites, saver
+        sites.append(saver)
+    return sites, None
 
 
 def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, sym: Symbol,
-                     entry: probepoint.ProbePoint | probepoint.Refusal, why_prefix: str
-                     ) -> str | None:
+                     entry: probepoint.ProbePoint | probepoint.Refusal, why_prefix: str,
+                     code: bytes) -> str | None:
     """Probe the call sites of `sym` instead of its entry; None when done, else why not."""
     requested = sitemode.mode_for(plan.probe_modes, role.role)
     cheap = isinstance(entry, probepoint.ProbePoint) and \
@@ -282,49 +311,71 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
     if requested == sitemode.MODE_ENTRY or (requested == sitemode.MODE_AUTO and cheap):
         return sitemode.decide(requested, entry, sitemode.CallSitePlan())[1]
     names = [f for r in plan.spec.entries for f in r.functions]  # one sweep for all
-    targets = sitemode.scan_targets(image, names, image.clones_of)
-    calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets),
-                                     role.obj.at_return, role.role == "init",
-                                     lambda: sitemode.neighbours(plan.binary, image,
-                                                                 resolve_library))
+    targets, slots = sitemode.scan_targets(image, names, image.clones_of)
+    followed = None if os.environ.get("REFCNTD_UNWIND") == "fp" else \
+        (lambda: sitemode.load_set(plan.binary, image, resolve_library))
+    calls = sitemode.plan_call_sites(image, sym, sitemode.module_scan(image, targets, slots),
+                                     role.obj.at_return, role.role == "init", followed)
     mode, why = sitemode.decide(requested, entry, calls)
     if mode == sitemode.MODE_ENTRY:
         return why
-    for point in calls.points:
-        is_saver = point.kind == "save"
-        plan.sites.append(ProbeSite(
-            "init_entry" if is_saver else role.role, sym.name, module, sym.vaddr,
-            point.vaddr - sym.vaddr, point.file_offset, point.cost,
-            f"{why_prefix}{point.kind} site in {point.caller or '?'}", point.caller_sp,
-            point.kind == "return", role, **function_locations(role),
-            mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length,
-            site_cond=point.cond))
+    plan.sites += [_call_site(role, sym, module, point, why_prefix) for point in calls.points]
     plan.decisions.append(sitemode.ModeDecision(role.role, sym.name, module,
                                                 sitemode.MODE_CALLSITES, len(calls.points),
                                                 calls.cost, why_prefix + why,
                                                 vaddr=sym.vaddr))
+    if calls.later:
+        fallback = _entry_sites(role, image, module, sym, code, entry,
+                                why_prefix + "entry probe: back from call sites, " +
+                                entry.reason)[0] if isinstance(entry, probepoint.ProbePoint) \
+            else []
+        plan.cross.append(CrossModule(role, sym.name, module, sym.vaddr, why_prefix,
+                                      tuple(fallback)))
     return None
 
 
-def _plan_argument_saver(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
-                         sym: Symbol, code: bytes) -> None:
+def _call_site(role: RoleSpec, sym: Symbol | CrossModule, module: str,
+               point: sitemode.SitePoint, why_prefix: str) -> ProbeSite:
+    """One call-site probe of `sym` (defined in `module`), possibly in another module."""
+    is_saver = point.kind == "save"
+    name, vaddr = (sym.function, sym.symbol_vaddr) if isinstance(sym, CrossModule) \
+        else (sym.name, sym.vaddr)
+    return ProbeSite(
+        "init_entry" if is_saver else role.role, name, point.module or module, vaddr,
+        point.vaddr - vaddr, point.file_offset, point.cost,
+        f"{why_prefix}{point.kind} site in {point.caller or '?'}", point.caller_sp,
+        point.kind == "return", role, **function_locations(role),
+        mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length,
+        site_cond=point.cond, callee_module=module if point.module else "")
+
+
+def importer_sites(cross: CrossModule, image: ElfImage) -> tuple[list[ProbeSite], list[str]]:
+    """Call-site probes in `image`, a module mapped after tracing began, for the calls
+    it makes to `cross` through its PLT; or why its calls cannot all be probed."""
+    if not callsites.imports(image, cross.function):
+        return [], []
+    calls = sitemode.importer_plan(image, cross.function, cross.role.obj.at_return,
+                                   cross.role.role == "init")
+    return ([_call_site(cross.role, cross, cross.module, point, cross.why_prefix)
+             for point in calls.points], calls.blockers)
+
+
+def _argument_saver(role: RoleSpec, image: ElfImage, module: str, sym: Symbol, code: bytes
+                    ) -> ProbeSite | str:
     """A constructor's entry probe: saves its type/count/out-pointer arguments, and
     marks the thread as inside a constructor, so references its instance init
     takes on the object before it returns are added to the object's count."""
     choice = probepoint.choose(code, needed_args(role))
     if isinstance(choice, probepoint.Refusal):
-        plan.problems.append(f"{role.role}: {sym.name} in {module}: its arguments cannot be "
-                             f"saved at entry: {choice.reason}")
-        return
+        return (f"{role.role}: {sym.name} in {module}: its arguments cannot be "
+                f"saved at entry: {choice.reason}")
     file_offset = image.vaddr_to_offset(sym.vaddr + choice.offset)
     if file_offset is None:
-        plan.problems.append(f"{role.role}: {sym.name} in {module}: address outside the file")
-        return
-    plan.sites.append(ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
-                                file_offset, choice.cost,
-                                "saves the arguments the return probe needs; "
-                                + choice.reason, -1, False, role,
-                                **function_locations(role)))
+        return f"{role.role}: {sym.name} in {module}: address outside the file"
+    return ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
+                     file_offset, choice.cost,
+                     "saves the arguments the return probe needs; " + choice.reason, -1,
+                     False, role, **function_locations(role))
 
 
 def _plan_clones(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str, fname: str

@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
+from pathlib import Path
 
 from refcntd.binary import callsites, probepoint
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, TargetScan
@@ -44,6 +45,7 @@ class SitePoint:
     caller_sp: int  # like ProbePoint.caller_sp_offset
     length: int  # of the branch instruction
     cond: int = 0  # Site.cond
+    module: str = ""  # the file the probe is in, when not the function's own (a PLT caller)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class ModeDecision:
 class CallSitePlan:
     points: list[SitePoint] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)
+    importers: list[str] = field(default_factory=list)  # other modules whose PLT calls are probed
+    later: bool = False  # an exported function: modules mapped later are scanned as they come
 
     @property
     def cost(self) -> str:
@@ -94,17 +98,20 @@ def mode_for(modes: dict[str, str], role: str) -> str:
 _SCANS: dict[tuple[str, int], dict[int, TargetScan]] = {}
 
 
-def module_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetScan]:
+def module_scan(image: ElfImage, targets: dict[int, str],
+                plt_slots: frozenset[int] = frozenset()) -> dict[int, TargetScan]:
     """One sweep per module and target set (a plan asks for each role in turn), kept on
     disk per build-id: sweeping a large program takes seconds, and attach must be fast."""
-    key = (str(image.path), hash(frozenset(targets.items())))
+    key = (str(image.path), hash((frozenset(targets.items()), plt_slots)))
     if key not in _SCANS:
-        _SCANS[key] = _cached_scan(image, targets)
+        _SCANS[key] = _cached_scan(image, targets, plt_slots)
     return _SCANS[key]
 
 
-def _cached_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetScan]:
-    digest = hashlib.sha1(json.dumps(sorted(targets.items())).encode()).hexdigest()[:16]
+def _cached_scan(image: ElfImage, targets: dict[int, str], plt_slots: frozenset[int]
+                 ) -> dict[int, TargetScan]:
+    described = json.dumps([sorted(targets.items()), sorted(plt_slots)])
+    digest = hashlib.sha1(described.encode()).hexdigest()[:16]
     cache = CACHE_DIR / f"callsites-{image.build_id}-{digest}.json"
     if image.build_id:
         try:
@@ -112,7 +119,7 @@ def _cached_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetSc
                     for t, v in json.loads(cache.read_text()).items()}
         except (OSError, ValueError, TypeError, KeyError):
             pass
-    results = ModuleScan(image, targets).results
+    results = ModuleScan(image, targets, plt_slots).results
     if image.build_id:
         with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -124,29 +131,76 @@ def _cached_scan(image: ElfImage, targets: dict[int, str]) -> dict[int, TargetSc
 
 def plan_call_sites(image: ElfImage, sym: Symbol, scan: dict[int, TargetScan],
                     is_return: bool, saves_args: bool,
-                    neighbours: Callable[[], list[ElfImage]] = list) -> CallSitePlan:
+                    load_set: Callable[[], list[ElfImage]] | None = None) -> CallSitePlan:
     """The probes that replace an entry probe on `sym`, or why they would miss calls.
 
-    `neighbours`: modules loaded with it, named in the reason when they import it."""
+    An exported function is also called by other modules through their PLT:
+    with `load_set` (the program and the libraries ld.so loads with it, in its
+    search order) those calls are probed too, and modules mapped later are
+    scanned when they are mapped (session/vetting.py); without it, the
+    export is a blocker."""
     found = scan[sym.vaddr]
     plan = CallSitePlan(blockers=list(found.blockers))
-    if callsites.dynamic_export(image, sym.name):
-        users = [str(m.path) for m in neighbours() if callsites.imports(m, sym.name)]
-        known = f"; imported by {', '.join(users)}" if users else ""
+    for site in found.sites:
+        plan.points += _points(image, site, is_return, saves_args, plan.blockers)
+    if not callsites.dynamic_export(image, sym.name):
+        return plan
+    if load_set is None:
         plan.blockers.insert(0, f"{sym.name} is exported in .dynsym of {image.path}: other "
                                 "modules (PLT imports, dlsym, libraries loaded later) can "
-                                f"call it{known}")
-    for site in found.sites:
-        plan.points += _points(image, sym, site, is_return, saves_args, plan.blockers)
+                                "call it, and the modules loaded later cannot be followed here")
+        return plan
+    plan.later = True
+    for stub, _slot in callsites.plt_stubs(image).get(sym.name, []):  # its own PLT calls
+        for site in scan[stub].sites if stub in scan else []:
+            plan.points += _points(image, site, is_return, saves_args, plan.blockers)
+        plan.blockers += scan[stub].blockers if stub in scan else [
+            f"its own PLT stub at 0x{stub:x} was not swept"]
+    modules = load_set()
+    own = next((i for i, m in enumerate(modules) if _same_file(m, image)), len(modules))
+    for earlier in modules[:own]:
+        if callsites.dynamic_export(earlier, sym.name):
+            plan.blockers.append(f"{earlier.path} also defines {sym.name} and ld.so searches "
+                                 "it first: calls bound there are not calls to this one")
+    for module in modules:
+        if not _same_file(module, image) and callsites.imports(module, sym.name):
+            found_there = importer_plan(module, sym.name, is_return, saves_args)
+            plan.points += found_there.points
+            plan.blockers += found_there.blockers
+            plan.importers.append(str(module.path))
     return plan
 
 
-def _points(image: ElfImage, sym: Symbol, site: Site, is_return: bool, saves_args: bool,
-            blockers: list[str]) -> list[SitePoint]:
+def importer_plan(module: ElfImage, name: str, is_return: bool, saves_args: bool
+                  ) -> CallSitePlan:
+    """The calls `module` makes to the imported `name` (through its PLT), as probes in
+    `module`, or why some calls cannot be probed (its address taken through the GOT)."""
+    where = str(module.path)
+    plan = CallSitePlan(blockers=[f"{where}: {b}" for b in
+                                  callsites.address_imports(module, name)])
+    stubs = callsites.plt_stubs(module).get(name, [])
+    if not stubs and not plan.blockers:
+        plan.blockers.append(f"{where} imports {name} but has no PLT stub or GOT slot for it")
+    targets = {stub: f"{name}@plt" for stub, _ in stubs}
+    scan = module_scan(module, targets, frozenset(slot for _, slot in stubs)) if stubs else {}
+    for stub, _ in stubs:
+        blockers: list[str] = []
+        for site in scan[stub].sites:
+            plan.points += _points(module, site, is_return, saves_args, blockers, where)
+        plan.blockers += [f"{where}: {b}" for b in scan[stub].blockers + blockers]
+    return plan
+
+
+def _same_file(a: ElfImage, b: ElfImage) -> bool:
+    return a.path.resolve() == b.path.resolve()
+
+
+def _points(image: ElfImage, site: Site, is_return: bool, saves_args: bool,
+            blockers: list[str], module: str = "") -> list[SitePoint]:
     where = f"{site.caller or '?'} at 0x{site.vaddr:x}"
     if not is_return:
         return [_point(image, site.vaddr, site.kind, site, probepoint.COST_EMULATED,
-                       -1 if site.kind == KIND_CALL else 0)]
+                       -1 if site.kind == KIND_CALL else 0, module)]
     if site.kind != KIND_CALL:
         blockers.append(f"tail jump from {where}: the constructor returns into an unknown "
                         "caller, where no probe can wait for it")
@@ -161,17 +215,17 @@ def _points(image: ElfImage, sym: Symbol, site: Site, is_return: bool, saves_arg
         blockers.append(f"the instruction after the call in {where} cannot be probed "
                         f"({refused})")
         return []
-    out = [_point(image, site.after, "return", site, probepoint.cost_of(after), -1)]
+    out = [_point(image, site.after, "return", site, probepoint.cost_of(after), -1, module)]
     if saves_args:
-        out.append(_point(image, site.vaddr, "save", site, probepoint.COST_EMULATED, -1))
+        out.append(_point(image, site.vaddr, "save", site, probepoint.COST_EMULATED, -1, module))
     return out
 
 
 def _point(image: ElfImage, vaddr: int, kind: str, site: Site, cost: str,
-           caller_sp: int) -> SitePoint:
+           caller_sp: int, module: str) -> SitePoint:
     offset = image.vaddr_to_offset(vaddr)
     return SitePoint(vaddr, -1 if offset is None else offset, kind, site.caller, cost,
-                     caller_sp, site.length, site.cond if kind == KIND_JMP else 0)
+                     caller_sp, site.length, site.cond if kind == KIND_JMP else 0, module)
 
 
 def decide(requested: str, entry: probepoint.ProbePoint | probepoint.Refusal,
@@ -186,41 +240,71 @@ def decide(requested: str, entry: probepoint.ProbePoint | probepoint.Refusal,
         return MODE_ENTRY, f"entry probe kept: its call sites cannot all be found: {shown}{extra}"
     n = len(calls.points)
     if requested == MODE_CALLSITES:
-        return MODE_CALLSITES, f"call sites forced (--probe-mode callsites): {n} probe(s)"
+        return MODE_CALLSITES, (f"call sites forced (--probe-mode callsites): {n} probe(s)"
+                                f"{_elsewhere(calls)}")
     if isinstance(entry, probepoint.Refusal):
-        return MODE_CALLSITES, f"{entry.reason}; all {n} call-site probe(s) found instead"
+        return MODE_CALLSITES, (f"{entry.reason}; all {n} call-site probe(s) found instead"
+                                f"{_elsewhere(calls)}")
     if entry.cost == probepoint.COST_SINGLE_STEP and calls.cost != probepoint.COST_SINGLE_STEP:
         return MODE_CALLSITES, (f"the entry probe would be single-stepped ({entry.instruction}); "
-                                f"all {n} call-site probe(s) are emulated")
+                                f"all {n} call-site probe(s) are emulated{_elsewhere(calls)}")
     if entry.cost == probepoint.COST_SINGLE_STEP:
         return MODE_ENTRY, ("its call sites would be single-stepped too (the instruction after "
                             "a constructor's call): one entry probe")
     return MODE_ENTRY, f"the entry probe is {entry.cost}: one probe, no call sites needed"
 
 
+def _elsewhere(calls: CallSitePlan) -> str:
+    """What an exported function's call-site mode also covers, for `check`."""
+    if not calls.later:
+        return ""
+    users = f"PLT calls from {', '.join(calls.importers)} included; " if calls.importers else ""
+    return (f" ({users}exported: every module mapped later is scanned for calls to it "
+            "while its process waits, stopped)")
+
+
 def scan_targets(image: ElfImage, names: list[str], clone_of: Callable[[str], list[Symbol]]
-                 ) -> dict[int, str]:
-    """Every address the spec's functions (and gcc's copies of them) live at."""
+                 ) -> tuple[dict[int, str], frozenset[int]]:
+    """Every address the spec's functions (and gcc's copies of them) live at, and the
+    module's own PLT stubs for them (a library calling its exported function through
+    its PLT), with those stubs' GOT slots."""
     targets: dict[int, str] = {}
     for name in names:
         for sym in image.symbols.get(name, []) + clone_of(name):
             targets.setdefault(sym.vaddr, sym.name)
-    return targets
+    slots: set[int] = set()
+    stubs = callsites.plt_stubs(image) if image.symbols else {}
+    for name in names:
+        for stub, slot in stubs.get(name, []):
+            targets.setdefault(stub, f"{name}@plt")
+            slots.add(slot)
+    return targets, frozenset(slots)
 
 
-_NEIGHBOURS: dict[tuple[str, str], list[ElfImage]] = {}
+_LOAD_SETS: dict[tuple[str, str], list[ElfImage]] = {}
 
 
-def neighbours(binary: str, image: ElfImage,
-               resolve: Callable[[str, ElfImage], str]) -> list[ElfImage]:
-    """The traced program and the libraries it and `image` load at start (DT_NEEDED,
-    found by `resolve` the way ld.so would): the importers `check` can name."""
+def load_set(binary: str, image: ElfImage, resolve: Callable[[str, ElfImage], str]
+             ) -> list[ElfImage]:
+    """The traced program and every library ld.so loads with it (DT_NEEDED, transitively,
+    breadth first as ld.so searches them), found by `resolve` the way ld.so would; a
+    traced library is followed by its own dependencies."""
     key = (binary, str(image.path))
-    if key not in _NEIGHBOURS:
-        out = [ElfImage(binary)] if binary and binary != str(image.path) else []
-        for owner in [image, *out]:
-            for soname in callsites.needed(owner):
-                with contextlib.suppress(BinaryError):
-                    out.append(ElfImage(resolve(soname, owner)))
-        _NEIGHBOURS[key] = [m for m in out if m.path.resolve() != image.path.resolve()]
-    return _NEIGHBOURS[key]
+    if key not in _LOAD_SETS:
+        roots = [ElfImage(binary)] if binary and binary != str(image.path) else []
+        order: list[ElfImage] = []
+        seen: set[Path] = set()
+        for start in [*roots, image]:  # the traced library last, if the program lacks it
+            queue = [start]
+            while queue:
+                module = queue.pop(0)
+                real = module.path.resolve()
+                if real in seen:
+                    continue
+                seen.add(real)
+                order.append(module)
+                for soname in callsites.needed(module):
+                    with contextlib.suppress(BinaryError):
+                        queue.append(ElfImage(resolve(soname, module)))
+        _LOAD_SETS[key] = order
+    return _LOAD_SETS[key]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         **history_options(args))
     spec = load_spec(args.spec)
+    args.binary = os.path.abspath(args.binary)  # before bcc's compile changes cwd a moment
     setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, args.pid is not None, opts, args.binary)
     plan = analyse(spec, args.binary, parse_modes(args.probe_mode))

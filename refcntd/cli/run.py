@@ -32,7 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
                         max_stacks=args.max_stacks, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
-    exe = _resolve_command(command[0])
+    exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
     spec = load_spec(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, True, opts, exe)

@@ -8,6 +8,7 @@ drop objects through several functions with different signatures.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -147,7 +148,7 @@ def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
     if "unplaced" in top and not draft:
         raise top["unplaced"].fail("only a draft lists what it could not place")
     unplaced = tuple(i.string() for i in top["unplaced"].items()) if "unplaced" in top else ()
-    library = _optional_string(top.get("library"))
+    library = _library_path(top.get("library"))
     roles_node = top["roles"].mapping(set(ROLES), REQUIRED_ROLES)
     roles = {name: _parse_entries(name, node, library) for name, node in roles_node.items()}
     _one_role_per_function(roles_node, library)
@@ -177,6 +178,13 @@ def _optional_string(node: YNode | None) -> str | None:
     return node.string()
 
 
+def _library_path(node: YNode | None) -> str | None:
+    """A soname, or a path made absolute now: bcc's compile, which runs during the
+    analysis, changes the working directory for a moment."""
+    name = _optional_string(node)
+    return os.path.abspath(name) if name and "/" in name else name
+
+
 def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpec, ...]:
     """A role is one mapping, or a list of them (several signatures, libraries or types)."""
     if node.is_mapping():
@@ -194,7 +202,7 @@ def _one_role_per_function(roles_node: dict[str, YNode], library: str | None) ->
     for role, node in roles_node.items():
         for entry in [node] if node.is_mapping() else node.items():
             fields = entry.mapping(*_allowed_keys(role))
-            lib = _optional_string(fields.get("library")) if "library" in fields else library
+            lib = _library_path(fields.get("library")) if "library" in fields else library
             targets = list(fields["functions"].items()) if "functions" in fields else \
                 [fields["usdt"]]
             for item in targets:
@@ -222,7 +230,7 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
     limit = MAX_SDT_ARG if usdt else MAX_ARG
     allow_return = role in ("init", "get", "check") and usdt is None
     obj = _parse_source(fields["object"], allow_return, allow_const=False, max_arg=limit)
-    library = _optional_string(fields.get("library")) if "library" in fields else default_library
+    library = _library_path(fields.get("library")) if "library" in fields else default_library
     type_name = initial = None
     if role == "init":
         type_name = _parse_source(fields["type"], False, allow_const=True, max_arg=limit)

@@ -41,12 +41,14 @@ class Role(IntEnum):
     INIT_ENTRY = 4
     SINK = 5
     CHECK = 6
+    OFF = 7
 
 
 ROLE_TEXT: dict[Role, str] = {
     Role.INIT_ENTRY: "saves a constructor's arguments for its return probe",
     Role.SINK: "ref_sink: a get unless the object's floating flag is set",
     Role.CHECK: 'changes no count: reads the object\'s "may be leaked" flag',
+    Role.OFF: 'a call site of a function moved back to its entry probe',
 }
 
 
@@ -125,6 +127,12 @@ class EventKind(IntEnum):
     THREAD_GONE = 5
     LIBRARY = 6
     ANOMALY = 7
+    HOLD = 8
+
+
+EVENTKIND_TEXT: dict[EventKind, str] = {
+    EventKind.HOLD: 'a process stopped until user space scanned a new module',
+}
 
 
 class AnomalyKind(IntEnum):

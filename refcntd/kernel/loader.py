@@ -69,13 +69,18 @@ class KernelOptions:
     max_cfi_rows: int = 1 << 22
     max_modules: int = 1024
     ringbuf_pages: int = 1024  # events ring buffer, pages (a power of 2)
+    hold: bool = False  # stop processes mapping unscanned modules (exported call-site mode)
+
+
+HOLD_SPARE_PROBES = 256  # probe slots left free for the call sites of modules mapped later
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     """Every -D the BPF program is compiled with, from one validated options object."""
     flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
              f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
              f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
-             f"-DMAX_TYPES={opts.max_types}", f"-DMAX_PROBES={probe_slots(probe_count)}",
+             f"-DMAX_TYPES={opts.max_types}",
+             f"-DMAX_PROBES={probe_slots(probe_count + (HOLD_SPARE_PROBES if opts.hold else 0))}",
              f"-DMAX_GRAVES={opts.max_graves}", f"-DRINGBUF_PAGES={opts.ringbuf_pages}"]
     if opts.exit_code_offset is not None:
         flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
@@ -84,6 +89,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     if opts.cgroup_id is not None:
         flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
     flags.append(f"-DUNWIND={int(opts.unwind_offsets is not None)}")
+    flags.append(f"-DHOLD={int(opts.hold and opts.unwind_offsets is not None)}")
     if opts.unwind_offsets is not None:
         flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
         flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
@@ -765,6 +771,65 @@ class Kernel:
                                      file=abi.FileKey(ino=ino, dev=dev))
         self.bpf["exec_maps"][ctypes.c_uint32(tgid)] = value
 
+    # ---- modules mapped later, for exported call-site mode (HOLD) -----------
+    def file_key(self, path: str) -> abi.FileKey | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return abi.FileKey(ino=st.st_ino, dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev))
+
+    @property
+    def probe_capacity(self) -> int:
+        """probe_cfgs' size as compiled (MAX_PROBES)."""
+        return int(self.bpf["probe_cfgs"].max_entries)
+
+    def vet(self, keys: Iterable[abi.FileKey], owner: bool = False) -> None:
+        """Modules whose calls are accounted for: mapping them stops no process.
+        `owner`: they define an exported function probed at its call sites."""
+        if not self.opts.hold:
+            return
+        for key in keys:
+            self.bpf["vetted"][key] = ctypes.c_uint32(1)
+            if owner:
+                self.bpf["hold_owners"][key] = ctypes.c_uint32(1)
+
+    def take_held(self) -> dict[int, abi.FileKey]:
+        """Processes the BPF side stopped (tgid -> the module it was mapping), forgotten
+        here: the caller must continue every one of them."""
+        if not self.opts.hold:
+            return {}
+        return {key.value: value for key, value in _take_all(self.bpf["held"])}
+
+    def add_sites(self, sites: list[ProbeSite], type_ids: Callable[[str], int]) -> list[int]:
+        """Configure and attach probes planned after start (a module mapped later);
+        their indexes, or [] when the spare slots are used up (nothing attached)."""
+        first = len(self.sites)
+        if not sites or first + len(sites) > self.probe_capacity:
+            return []
+        self.sites.extend(sites)  # the plan's list: statuses follow
+        rows = b"".join(bytes(_probe_cfg(site, type_ids)) for site in sites)
+        _update_array(self.bpf["probe_cfgs"], first, abi.ProbeCfg, rows)
+        indexes = list(range(first, first + len(sites)))
+        for (module, ret), group in _multi_groups(sites).items():
+            shifted = [first + i for i in group]
+            if not self.multi or not self._attach_multi(module, ret, shifted):
+                for index in shifted:
+                    if self.multi:
+                        self._attach_multi_one(index)
+                    else:
+                        self._attach_one(index, self.sites[index])
+        return indexes
+
+    def disable_sites(self, indexes: list[int]) -> None:
+        """Probes that must count nothing any more (their function went back to its
+        entry probe): their configuration says so; the uprobes stay until detach."""
+        table = self.bpf["probe_cfgs"]
+        for index in indexes:
+            cfg = table[ctypes.c_int(index)]
+            cfg.role = Role.OFF.value
+            table[ctypes.c_int(index)] = cfg
+
     def stack_record(self, stack_id: int) -> StackRecord | None:
         """One stored stack; None when none was recorded (counted by the kernel)."""
         if not stack_id:
@@ -862,6 +927,12 @@ def _lookup_batches(table: Any) -> Iterator[tuple[ctypes.Array[Any], ctypes.Arra
                 return
             raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
         first = False
+
+
+def _take_all(table: Any) -> list[tuple[Any, Any]]:
+    items = [(k, v) for k, v in table.items()]
+    _delete(table, [k for k, _ in items])
+    return items
 
 
 def _take(table: Any, tgid: int) -> list[tuple[Any, Any]]:

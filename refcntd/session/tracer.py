@@ -38,6 +38,7 @@ from refcntd.kernel.records import (
 )
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
+from refcntd.session.vetting import Vetting
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
 
@@ -67,7 +68,7 @@ class TraceOptions:
 def call_site_frames(plan: Plan) -> dict[tuple[str, int], CallSiteFrame]:
     """Call-site probes whose stacks the report shows as the callee's entry probe's."""
     return {(s.module, s.symbol_vaddr + s.probe_offset):
-            CallSiteFrame(s.site_kind, s.symbol_vaddr, s.site_length)
+            CallSiteFrame(s.site_kind, s.symbol_vaddr, s.site_length, s.callee_module)
             for s in plan.sites if s.site_kind in ("call", "jmp")}
 
 
@@ -137,7 +138,9 @@ class Tracer:
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
+        kopts = replace(kopts, hold=bool(plan.cross) and kopts.unwind_offsets is not None)
         self.kernel = _load_kernel(kopts, plan, early)
+        self.vetting = Vetting(self.kernel, plan, _fixed_type_ids(plan).__getitem__)
         self.unwind = UnwindTables(self.kernel)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
@@ -169,6 +172,7 @@ class Tracer:
 
     def __exit__(self, *exc: object) -> None:
         self.worker.stop()  # its jobs read kernel maps: detach only after them
+        self.vetting.continue_all()
         self.kernel.detach()
 
     def start(self) -> None:
@@ -181,6 +185,7 @@ class Tracer:
         with progress.stage("probe creation"):
             self.kernel.attach_all()
             self.attached_at = time.time()
+            self.vetting.start()
             why = self.plan.loader and self.kernel.attach_loader(self.plan.loader.path,
                                                                  self.plan.loader.sites)
         if why:
@@ -190,6 +195,9 @@ class Tracer:
     def _on_event(self, ev: LifecycleEvent | AnomalyRecord) -> None:
         if isinstance(ev, AnomalyRecord):
             self.tracker.handle(ev)
+            return
+        if ev.kind == EventKind.HOLD:
+            self.vetting.handle_held()
             return
         if ev.kind == EventKind.LIBRARY:
             self.index.add_library(ev.path, ev.tgid)
@@ -216,6 +224,7 @@ class Tracer:
     def poll(self, timeout_ms: int = POLL_MS) -> None:
         """Capture: read the ring buffer (exited processes are drained); nothing more."""
         self.kernel.poll(timeout_ms)
+        self.vetting.handle_held()  # stops whose event was lost: nobody stays stopped
         self.worker.raise_error()
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
@@ -267,6 +276,7 @@ class Tracer:
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
         notes += self.kernel.multi_notes()
+        notes += self.vetting.notes()
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
                   for p in self.kernel.tables_not_loaded]
@@ -454,9 +464,11 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                     tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
                     tracer.index.add_process_maps(f"/proc/{tgid}/maps")
                     tracer.unwind.seed_process(tgid)
+                    tracer.vetting.vet_process(tgid)
                 if pid is None:
                     for tgid in _processes_mapping(plan.modules):
                         tracer.unwind.seed_process(tgid)
+                        tracer.vetting.vet_process(tgid)
             ready()
             while not flag.stop and not (pid is not None and _tree_gone(tracer)):
                 tracer.poll()

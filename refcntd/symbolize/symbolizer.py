@@ -62,8 +62,9 @@ class CallSiteFrame:
     """A probed call (or tail jump) instruction and the function it enters."""
 
     kind: str  # "call" or "jmp"
-    callee: int  # vaddr in the same module
+    callee: int  # vaddr in the same module, or in `callee_module`
     length: int  # of the instruction
+    callee_module: str = ""  # a PLT caller's: the module defining the function
 
 
 class BuildIdIndex:
@@ -321,7 +322,7 @@ class Symbolizer:
         if site is None or not frames or first is None:
             return
         path, vaddr = first
-        callee = self.frame((path, site.callee), "", False)
+        callee = self.frame((site.callee_module or path, site.callee), "", False)
         if site.kind == "call":
             frames[0] = self.frame((path, vaddr + site.length), "", True)
             frames.insert(0, callee)

@@ -13,14 +13,15 @@ TRUTH = {"obj": [1, 2, 4]}
 GETS_PUTS = [(1, 1), (2, 1), (3, 0)]
 
 
-def build_fixture(build: Build, tmp_path: Path) -> tuple[Path, Path]:
-    """csmain (stubs at -O2, get/put exported to libraries), libcsuser.so, csplugin.so."""
+def build_fixture(build: Build, tmp_path: Path, plugin_source: str = "csplugin.c"
+                  ) -> tuple[Path, Path]:
+    """csmain (stubs at -O2, get/put exported to libraries), libcsuser.so, a plugin."""
     stubs = build.root / "O2" / "refcnt.o"
     if not stubs.exists():
         cc(stubs, [EXAMPLES / "refcnt.c"], ["-O2", "-c"])
     inc = [f"-I{EXAMPLES}", "-O2", "-fno-omit-frame-pointer"]
     cc(tmp_path / "libcsuser.so", [FIXTURES / "csuser.c"], [*inc, "-fPIC", "-shared"])
-    plugin = cc(tmp_path / "plugins" / "csplugin.so", [FIXTURES / "csplugin.c"],
+    plugin = cc(tmp_path / "plugins" / "csplugin.so", [FIXTURES / plugin_source],
                 [*inc, "-fPIC", "-shared"])
     exports = tmp_path / "exports.list"
     exports.write_text("{ __refcnt__get; __refcnt__put; };\n")
@@ -30,25 +31,60 @@ def build_fixture(build: Build, tmp_path: Path) -> tuple[Path, Path]:
     return exe, plugin
 
 
-@pytest.mark.parametrize("mode", ["auto", "callsites", "entry"])
-def test_every_caller_counted_exactly(bpf, build, tmp_path, mode):
-    exe, plugin = build_fixture(build, tmp_path)
+def run_exact(exe: Path, plugin: Path, mode: str, tmp_path: Path) -> dict:
+    """`refcntd run` on csmain with `plugin`: the known truth, exactly; the report."""
     result = refcntd(["run", "--probe-mode", mode, "--", str(exe), str(plugin)],
                      tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
-    report = result.report
-    assert report["tracing"]["complete"], report["tracing"]
-    (process,) = report["processes"]
+    (process,) = result.report["processes"]
     assert process["exit_status"] == "exit 0"
     assert leak_summary(process) == TRUTH
     instances = sorted((i["gets"], i["puts"]) for g in process["groups"]
                        for i in g["instances"])
     assert instances == GETS_PUTS
+    return result.report
+
+
+@pytest.mark.parametrize("mode", ["auto", "callsites", "entry"])
+def test_every_caller_counted_exactly(bpf, build, tmp_path, mode):
+    exe, plugin = build_fixture(build, tmp_path)
+    report = run_exact(exe, plugin, mode, tmp_path)
+    assert report["tracing"]["complete"], report["tracing"]
+    (process,) = report["processes"]
     for group in process["groups"]:
         assert functions(group)[:3] == ["__refcnt__init", "obj_new", "main"], group["stack"]
-    modes = {p["role"]: p["mode"] for p in report["tracing"]["probes"]}
-    expected_init = "entry" if mode == "entry" else "callsites"
-    assert modes == {"init": expected_init, "get": "entry", "put": "entry", "delete": "entry"}
+    probes = report["tracing"]["probes"]
+    sites = "entry" if mode == "entry" else "callsites"
+    modes = {(p["role"], p["mode"]) for p in probes}
+    assert modes == {("init", sites), ("get", sites), ("put", sites), ("delete", "entry")}
+    if mode == "entry":
+        return
+    # exported get/put: probed at the PLT calls of libcsuser.so too, and in the plugin,
+    # which was scanned while csmain waited in its dlopen
+    hits = {(p["role"], Path(p["module"]).name): p["hits"] for p in probes}
+    assert hits[("get", "libcsuser.so")] == 2 and hits[("put", "libcsuser.so")] == 1, hits
+    assert hits[("get", "csplugin.so")] == 3, hits
+    notes = " | ".join(report["tracing"]["notes"])
+    assert "1 stop(s) of a traced process to scan" in notes, notes
+    assert "call-site probe(s) added in " + str(plugin) in notes, notes
+
+
+def test_plugin_taking_the_address_moves_the_function_back_to_its_entry(bpf, build,
+                                                                        tmp_path):
+    """A module mapped later that keeps the function's address: the role goes back
+    to its entry probe before the module runs, and every count stays exact."""
+    exe, plugin = build_fixture(build, tmp_path, "csplugin_ptr.c")
+    report = run_exact(exe, plugin, "auto", tmp_path)
+    gets = [p for p in report["tracing"]["probes"] if p["role"] == "get"]
+    entry = [p for p in gets if p["mode"] == "entry"]
+    assert len(entry) == 1 and entry[0]["hits"] == 3, gets
+    assert "back from call sites" in entry[0]["reason"], entry
+    notes = " | ".join(report["tracing"]["notes"])
+    assert "get __refcnt__get: moved back to its entry probe (single-stepped) since " \
+        f"{plugin} was mapped" in notes, notes
+    assert "puts its address in memory" in notes, notes
+    puts = {p["mode"] for p in report["tracing"]["probes"] if p["role"] == "put"}
+    assert puts == {"callsites"}  # only the function whose address was taken moves
 
 
 def test_check_reports_modes_and_reasons(build, tmp_path):
@@ -60,11 +96,11 @@ def test_check_reports_modes_and_reasons(build, tmp_path):
     init, init_why = lines["init"]
     assert ": callsites, 1 probe(s), emulated [call 0x" in init
     assert "the entry probe would be single-stepped" in init_why
-    for role in ("get", "put"):
+    for role, sites in (("get", 3), ("put", 2)):  # in csmain and libcsuser.so
         line, why = lines[role]
-        assert ": entry, 1 probe(s), single-step" in line
-        assert "is exported in .dynsym" in why and "dlsym, libraries loaded later" in why
-        assert why.endswith(f"imported by {tmp_path / 'libcsuser.so'}"), why
+        assert f": callsites, {sites} probe(s), emulated" in line, line
+        assert f"PLT calls from {tmp_path / 'libcsuser.so'} included" in why, why
+        assert "every module mapped later is scanned" in why, why
     delete, delete_why = lines["delete"]
     assert ": entry, 1 probe(s), single-step" in delete
     assert "address stored in data" in delete_why and "function-pointer table" in delete_why

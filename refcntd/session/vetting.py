@@ -1,0 +1,172 @@
+"""Modules mapped after tracing began, when exported functions are probed at their
+call sites.
+
+Why: a call-site probe only counts the calls it sits on.  For an exported
+function, any module can call it through its PLT, including a library
+dlopen'ed an hour from now.  The BPF side (bpf/refcntd.c: hold_if_unvetted)
+stops a traced process, before its mmap or exec returns, when it maps a file
+this module has not scanned; here the file is scanned, its calls are probed,
+and the process is continued.  A module whose calls cannot all be probed (it
+takes the function's address through its GOT) moves the function back to
+its entry probe, with the reason in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from refcntd.binary.elf import ElfImage
+from refcntd.binary.plan import CrossModule, Plan, importer_sites, resolve_library
+from refcntd.binary.sitemode import MODE_CALLSITES, load_set
+from refcntd.errors import BinaryError
+from refcntd.kernel.loader import Kernel
+from refcntd.session.unwind import exec_mappings
+
+
+@dataclass
+class VettingStats:
+    holds: int = 0  # times a process was stopped for a scan
+    held_s: float = 0.0  # total time processes waited
+    modules: list[str] = field(default_factory=list)  # scanned after start
+    probed: dict[str, int] = field(default_factory=dict)  # module -> call-site probes added
+    fallbacks: list[str] = field(default_factory=list)  # functions back to their entry probe
+
+
+class Vetting:
+    """Which files are accounted for, and what to do with a new one."""
+
+    def __init__(self, kernel: Kernel, plan: Plan, type_ids: Callable[[str], int]) -> None:
+        self.kernel, self.plan, self.type_ids = kernel, plan, type_ids
+        self.stats = VettingStats()
+        self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
+        self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
+
+    @property
+    def active(self) -> bool:
+        return bool(self.plan.cross) and self.kernel.opts.hold
+
+    def start(self) -> None:
+        """The defining modules and the load set the plan scanned: accounted for."""
+        if not self.active:
+            return
+        owners = {c.module for c in self.plan.cross}
+        scanned: set[str] = set()
+        for cross in self.plan.cross:
+            with contextlib.suppress(BinaryError):
+                scanned |= {str(m.path) for m in
+                            load_set(self.plan.binary, ElfImage(cross.module),
+                                     resolve_library)}
+        self._mark(owners, owner=True)
+        self._mark(scanned - owners)
+
+    def _mark(self, paths: Iterable[str], owner: bool = False) -> None:
+        keys = [k for k in (self.kernel.file_key(p) for p in paths) if k is not None]
+        self._done |= {(k.dev, k.ino) for k in keys}
+        self.kernel.vet(keys, owner)
+
+    def handle_held(self) -> None:
+        """Every process the BPF side stopped: scan what it maps, then continue it."""
+        if not self.active:
+            return
+        for tgid in self.kernel.take_held():
+            t0 = time.monotonic()
+            try:
+                self.vet_process(tgid)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(tgid, signal.SIGCONT)
+                self.stats.holds += 1
+                self.stats.held_s += time.monotonic() - t0
+
+    def continue_all(self) -> None:
+        """At detach: nobody may stay stopped because refcntd went away."""
+        if self.active:
+            for tgid in self.kernel.take_held():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(tgid, signal.SIGCONT)
+
+    def vet_process(self, tgid: int) -> None:
+        """Scan every executable file `tgid` maps that is not accounted for."""
+        if not self.active:
+            return
+        for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
+            if (dev, ino) in self._done:
+                continue
+            readable = path if _same_file(path, dev, ino) else \
+                f"/proc/{tgid}/map_files/{start:x}-{end:x}"
+            self._vet_file(path, readable)
+            self._done.add((dev, ino))
+            key = self.kernel.file_key(readable)
+            if key is not None:
+                self.kernel.vet([key])
+
+    def _vet_file(self, shown: str, path: str) -> None:
+        self.stats.modules.append(shown)
+        try:
+            image = ElfImage(path)
+        except BinaryError:
+            return  # not ELF: it cannot import anything
+        for cross in self.plan.cross:
+            if self._key(cross) in self._back:
+                continue
+            try:
+                sites, blockers = importer_sites(cross, image)
+            except (BinaryError, OSError, ValueError) as err:
+                sites, blockers = [], [f"{shown} could not be scanned: {err}"]
+            if blockers:
+                self._fall_back(cross, f"{shown} was mapped: {blockers[0]}")
+                continue
+            if not sites:
+                continue
+            if not self.kernel.add_sites(sites, self.type_ids):
+                self._fall_back(cross, f"{shown} was mapped and the spare probe slots "
+                                       "are used up")
+                continue
+            self.stats.probed[shown] = self.stats.probed.get(shown, 0) + len(sites)
+
+    @staticmethod
+    def _key(cross: CrossModule) -> tuple[str, str, str]:
+        return cross.role.role, cross.function, cross.module
+
+    def _fall_back(self, cross: CrossModule, why: str) -> None:
+        """The function's call sites count nothing from now on; its entry probe does."""
+        self._back.add(self._key(cross))
+        sites = self.kernel.sites
+        mine = [i for i, s in enumerate(sites) if s.mode == MODE_CALLSITES and
+                s.function == cross.function and (s.callee_module or s.module) == cross.module
+                and s.spec_role == cross.role]
+        self.kernel.disable_sites(mine)
+        added = self.kernel.add_sites(list(cross.fallback), self.type_ids) \
+            if cross.fallback else []
+        outcome = "moved back to its entry probe (single-stepped)" if added else \
+            "NOT counted from now on: its entry probe could not be added"
+        self.stats.fallbacks.append(f"{cross.role.role} {cross.function}: {outcome} "
+                                    f"since {why}")
+
+    def notes(self) -> list[str]:
+        if not self.active:
+            return []
+        s = self.stats
+        out = []
+        if s.holds:
+            out.append(f"{s.holds} stop(s) of a traced process to scan {len(s.modules)} "
+                       f"module(s) mapped after start for calls to exported functions "
+                       f"probed at their call sites ({s.held_s * 1000:.0f} ms in all)")
+        out += [f"{n} call-site probe(s) added in {m}, mapped after start"
+                for m, n in s.probed.items()]
+        return out + s.fallbacks
+
+
+def _same_file(path: str, dev: int, ino: int) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino) == (dev, ino)
+
