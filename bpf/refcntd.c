@@ -946,7 +946,17 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 #endif
 BPF_HASH(vetted, struct file_key, __u32, MAX_VETTED);  /* modules user space has scanned */
 BPF_HASH(hold_owners, struct file_key, __u32, 64);      /* modules defining such functions */
-BPF_HASH(held, __u32, struct file_key, MAX_PROCS);      /* stopped, waiting for a scan */
+BPF_HASH(held, __u32, struct hold_key, MAX_PROCS);      /* stopped, waiting for a scan */
+BPF_HASH(hold_funcs, struct hold_key, __u32, 256);      /* the functions themselves */
+
+static __always_inline void hold(__u32 tgid, struct hold_key *why)
+{
+	held.update(&tgid, why);
+	struct event *ev = new_event(EV_HOLD, tgid, (__u32)bpf_get_current_pid_tgid(), 0);
+	if (ev)
+		emit(ev);
+	bpf_send_signal(19);  /* SIGSTOP: the whole process, before it returns to user space */
+}
 
 /* An exported function probed at its call sites is only counted exactly if
  * every module that calls it has its call sites probed before its code runs.
@@ -976,11 +986,40 @@ static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file)
 	}
 	if (!owner || !unvetted)
 		return;
-	held.update(&tgid, file);
-	struct event *ev = new_event(EV_HOLD, tgid, (__u32)bpf_get_current_pid_tgid(), 0);
-	if (ev)
-		emit(ev);
-	bpf_send_signal(19);  /* SIGSTOP: the whole process, before this syscall returns */
+	struct hold_key why = {.file = *file};
+	hold(tgid, &why);
+}
+
+/* dlsym()/dlvsym() returning such a function's address: it will be called
+ * through a pointer, past every call-site probe.  The process stops before
+ * the caller sees the address, and user space moves the function back to its
+ * entry probe. */
+int on_dlsym_return(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 addr = PT_REGS_RC(ctx);
+	struct exec_maps *maps = addr && tracked(tgid) ? exec_maps.lookup(&tgid) : 0;
+	if (!maps)
+		return 0;
+	struct hold_key key = {};
+	for (__u32 i = 0; i < MAX_EXEC_MAPS; i++) {
+		bounded(i);
+		if (i >= maps->n)
+			return 0;
+		if (addr >= maps->m[i].start && addr < maps->m[i].end) {
+			key.file = maps->m[i].file;
+			__u64 pgoff = maps->m[i].pgoff;
+			if (pgoff == EXE_PGOFF) {
+				struct cfi_module *mod = cfi_modules.lookup(&key.file);
+				pgoff = mod ? mod->text_off : 0;
+			}
+			key.offset = addr - maps->m[i].start + pgoff;
+			break;
+		}
+	}
+	if (hold_funcs.lookup(&key))
+		hold(tgid, &key);
+	return 0;
 }
 #endif
 

@@ -322,6 +322,12 @@ struct file_key {
 	__u32 pad;
 };
 
+/* HOLD: a place in a module (a function, by file offset; 0: the module itself). */
+struct hold_key {
+	struct file_key file;
+	__u64 offset;
+};
+
 /* A module's table: rows [first, first + count) of cfi_rows. */
 struct cfi_module {
 	__u32 first;

@@ -260,7 +260,8 @@ def _elsewhere(calls: CallSitePlan) -> str:
         return ""
     users = f"PLT calls from {', '.join(calls.importers)} included; " if calls.importers else ""
     return (f" ({users}exported: every module mapped later is scanned for calls to it "
-            "while its process waits, stopped)")
+            "while its process waits, stopped; a module taking its address, or dlsym "
+            "returning it, moves it back to its entry probe)")
 
 
 def scan_targets(image: ElfImage, names: list[str], clone_of: Callable[[str], list[Symbol]]

@@ -429,6 +429,13 @@ class FileKey(C.Structure):
     ]
 
 
+class HoldKey(C.Structure):
+    _fields_ = [
+        ("file", FileKey),
+        ("offset", C.c_uint64),
+    ]
+
+
 class CfiModule(C.Structure):
     _fields_ = [
         ("first", C.c_uint32),
@@ -529,6 +536,7 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "stack_rec": StackRec,
     "cfi_row": CfiRow,
     "file_key": FileKey,
+    "hold_key": HoldKey,
     "cfi_module": CfiModule,
     "exec_map": ExecMap,
     "exec_maps": ExecMaps,

@@ -794,12 +794,38 @@ class Kernel:
             if owner:
                 self.bpf["hold_owners"][key] = ctypes.c_uint32(1)
 
-    def take_held(self) -> dict[int, abi.FileKey]:
-        """Processes the BPF side stopped (tgid -> the module it was mapping), forgotten
-        here: the caller must continue every one of them."""
+    def take_held(self) -> dict[int, abi.HoldKey]:
+        """Processes the BPF side stopped (tgid -> the module it was mapping, or the
+        function dlsym returned), forgotten here: the caller must continue each one."""
         if not self.opts.hold:
             return {}
         return {key.value: value for key, value in _take_all(self.bpf["held"])}
+
+    def hold_function(self, key: abi.HoldKey, on: bool = True) -> None:
+        """dlsym returning this function (module, file offset) stops the process."""
+        table = self.bpf["hold_funcs"]
+        if on:
+            table[key] = ctypes.c_uint32(1)
+        else:
+            with contextlib.suppress(KeyError):
+                del table[key]
+
+    def attach_dlsym(self, path: str, offsets: list[int]) -> str | None:
+        """Return probes on dlsym/dlvsym (file offsets in `path`); why not, if not."""
+        try:
+            prog = self.program.load_func("on_dlsym_return", self._bcc.BPF.KPROBE,
+                                          self._attach_type())
+            if self.multi:
+                self._links.append(perf_uprobe.link_uprobe_multi(
+                    prog.fd, path, offsets, [0] * len(offsets), True))
+                return None
+            for offset in offsets:
+                perf_fd = perf_uprobe.open_uprobe(path, offset, retprobe=True)
+                self._perf_fds.append(perf_fd)
+                self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, 0))
+        except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
+            return str(err)
+        return None
 
     def add_sites(self, sites: list[ProbeSite], type_ids: Callable[[str], int]) -> list[int]:
         """Configure and attach probes planned after start (a module mapped later);

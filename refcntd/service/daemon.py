@@ -267,6 +267,8 @@ class Daemon:
                 self._on_report(rt, b, p)  # bound now: each binary reports with its own status
             tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report)
             tracer.start()
+            if tracer.vetting.active:  # their later dlopens must stop them too
+                tracer.adopt_running()
         except RefcntdError as err:
             runtime.failed[path] = err.message
             runtime.identity[path] = _identity(path)

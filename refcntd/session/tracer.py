@@ -192,6 +192,13 @@ class Tracer:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
 
+    def adopt_running(self) -> None:
+        """System-wide: processes already mapping a probed module get their mappings
+        seeded (stacks) and the modules they map scanned (exported call-site mode)."""
+        for tgid in _processes_mapping(self.plan.modules):
+            self.unwind.seed_process(tgid)
+            self.vetting.vet_process(tgid)
+
     def _on_event(self, ev: LifecycleEvent | AnomalyRecord) -> None:
         if isinstance(ev, AnomalyRecord):
             self.tracker.handle(ev)
@@ -466,9 +473,7 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                     tracer.unwind.seed_process(tgid)
                     tracer.vetting.vet_process(tgid)
                 if pid is None:
-                    for tgid in _processes_mapping(plan.modules):
-                        tracer.unwind.seed_process(tgid)
-                        tracer.vetting.vet_process(tgid)
+                    tracer.adopt_running()
             ready()
             while not flag.stop and not (pid is not None and _tree_gone(tracer)):
                 tracer.poll()

@@ -25,6 +25,7 @@ from refcntd.binary.elf import ElfImage
 from refcntd.binary.plan import CrossModule, Plan, importer_sites, resolve_library
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
+from refcntd.kernel.abi import HoldKey
 from refcntd.kernel.loader import Kernel
 from refcntd.session.unwind import exec_mappings
 
@@ -36,6 +37,7 @@ class VettingStats:
     modules: list[str] = field(default_factory=list)  # scanned after start
     probed: dict[str, int] = field(default_factory=dict)  # module -> call-site probes added
     fallbacks: list[str] = field(default_factory=list)  # functions back to their entry probe
+    dlsym_missing: str = ""  # why dlsym's results are not watched, if they are not
 
 
 class Vetting:
@@ -64,6 +66,32 @@ class Vetting:
                                      resolve_library)}
         self._mark(owners, owner=True)
         self._mark(scanned - owners)
+        for cross in self.plan.cross:
+            key = self._function_key(cross)
+            if key is not None:
+                self.kernel.hold_function(key)
+        self._probe_dlsym()
+
+    def _probe_dlsym(self) -> None:
+        """dlsym hands out a function's address: a return probe catches it (glibc 2.34+
+        has dlsym in libc.so.6; an older libdl would need its own)."""
+        try:
+            libc = ElfImage(resolve_library("libc.so.6", ElfImage(self.plan.binary)))
+        except BinaryError as err:
+            self.stats.dlsym_missing = f"dlsym is not probed: {err}"
+            return
+        offsets = [off for name in ("dlsym", "dlvsym") for sym in libc.symbols.get(name, [])
+                   if (off := libc.vaddr_to_offset(sym.vaddr)) is not None]
+        why = self.kernel.attach_dlsym(str(libc.path), offsets) if offsets else \
+            f"no dlsym in {libc.path}"
+        if why:
+            self.stats.dlsym_missing = f"dlsym is not probed ({why}): a function it hands " \
+                "out would be called past its call-site probes, uncounted"
+
+    def _function_key(self, cross: CrossModule) -> HoldKey | None:
+        file = self.kernel.file_key(cross.module)
+        offset = ElfImage(cross.module).vaddr_to_offset(cross.symbol_vaddr)
+        return None if file is None or offset is None else HoldKey(file=file, offset=offset)
 
     def _mark(self, paths: Iterable[str], owner: bool = False) -> None:
         keys = [k for k in (self.kernel.file_key(p) for p in paths) if k is not None]
@@ -74,10 +102,13 @@ class Vetting:
         """Every process the BPF side stopped: scan what it maps, then continue it."""
         if not self.active:
             return
-        for tgid in self.kernel.take_held():
+        for tgid, why in self.kernel.take_held().items():
             t0 = time.monotonic()
             try:
-                self.vet_process(tgid)
+                if why.offset:
+                    self._handed_out(tgid, why)
+                else:
+                    self.vet_process(tgid)
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(tgid, signal.SIGCONT)
@@ -130,6 +161,17 @@ class Vetting:
                 continue
             self.stats.probed[shown] = self.stats.probed.get(shown, 0) + len(sites)
 
+    def _handed_out(self, tgid: int, why: HoldKey) -> None:
+        """dlsym returned a function probed at its call sites to `tgid`."""
+        for cross in self.plan.cross:
+            key = self._function_key(cross)
+            if key is not None and (key.file.dev, key.file.ino, key.offset) == \
+                    (why.file.dev, why.file.ino, why.offset) and \
+                    self._key(cross) not in self._back:
+                comm = read_comm(tgid)
+                self._fall_back(cross, f"dlsym handed its address to process {tgid} ({comm})")
+                self.kernel.hold_function(key, on=False)
+
     @staticmethod
     def _key(cross: CrossModule) -> tuple[str, str, str]:
         return cross.role.role, cross.function, cross.module
@@ -160,7 +202,14 @@ class Vetting:
                        f"probed at their call sites ({s.held_s * 1000:.0f} ms in all)")
         out += [f"{n} call-site probe(s) added in {m}, mapped after start"
                 for m, n in s.probed.items()]
-        return out + s.fallbacks
+        return out + s.fallbacks + ([s.dlsym_missing] if s.dlsym_missing else [])
+
+
+def read_comm(tgid: int) -> str:
+    try:
+        return Path(f"/proc/{tgid}/comm").read_text().strip()
+    except OSError:
+        return "?"
 
 
 def _same_file(path: str, dev: int, ino: int) -> bool:
