@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypedDict
 
@@ -99,8 +100,10 @@ def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
     for this binary (a miss only costs the old time)."""
     guess = sum(max(1, len(r.functions)) * (2 if r.obj.at_return else 1)
                 for r in spec.entries)
-    guess = max(guess, probe_count_hint(binary, spec))
-    return BackgroundCompile(kernel_options(spec, True, filtered, opts), guess)
+    count, hold = probe_count_hint(binary, spec)
+    kopts = kernel_options(spec, True, filtered, opts)
+    return BackgroundCompile(replace(kopts, hold=hold and kopts.unwind_offsets is not None),
+                             max(guess, count))
 
 
 def printer(stream: TextIO) -> Callable[[ProcessReport], None]:

@@ -15,7 +15,7 @@ def analyse(spec: Spec, binary: str, modes: dict[str, str] | None = None) -> Pla
     """The binary analysis, as a stage the user sees when it takes long."""
     with progress.stage("ELF/DWARF analysis"):
         plan = build_plan(spec, binary, modes)
-    remember_probe_count(binary, spec, len(plan.sites))  # for the next early compile
+    remember_probe_count(binary, spec, len(plan.sites), bool(plan.cross))  # next time
     for module, cached in plan.dwarf_cached.items():
         progress.note(f"DWARF answers for {module}: "
                       + ("from the analysis cache" if cached else "computed"))

@@ -43,16 +43,19 @@ _FUNCTION_START = re.compile(r"^(static\b|int\b|TRACEPOINT_PROBE\(|RAW_TRACEPOIN
 def maps_only(text: str) -> str:
     """The program without its function definitions: structs, maps and preprocessor lines.
 
-    Relies on bpf/'s layout: every function starts at column 0 with `static`,
-    `int` or TRACEPOINT_PROBE( and ends where its braces balance.  A layout it
+    Relies on bpf/'s layout: every function (and prototype) starts at column 0
+    with `static`, `int` or TRACEPOINT_PROBE( and ends where its braces balance.  A layout it
     gets wrong makes the maps-only compile fail or miss a map, and the full
     compile runs: slower, never wrong.
     """
     out: list[str] = []
     inside, opened, depth = False, False, 0
     for line in text.splitlines():
-        if not inside and _FUNCTION_START.match(line) and not line.rstrip().endswith(";"):
-            inside, opened, depth = True, False, 0
+        if not inside and _FUNCTION_START.match(line):
+            if line.rstrip().endswith(");"):  # a prototype: its definition is cut too
+                continue
+            if not line.rstrip().endswith(";"):
+                inside, opened, depth = True, False, 0
         if inside:
             depth += line.count("{") - line.count("}")
             opened = opened or "{" in line

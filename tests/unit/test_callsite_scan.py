@@ -7,16 +7,20 @@ from pathlib import Path
 
 from conftest import cc
 
-from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan
+from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, plt_stubs
 from refcntd.binary.elf import ElfImage
+from refcntd.binary.plan import resolve_library
 from refcntd.binary.probepoint import Refusal
 from refcntd.binary.sitemode import (
+    MODE_AUTO,
     MODE_CALLSITES,
     MODE_ENTRY,
     CallSitePlan,
     decide,
+    load_set,
     parse_modes,
     plan_call_sites,
+    scan_targets,
 )
 
 ASM = r"""
@@ -91,12 +95,107 @@ def test_function_pointer_table_in_data_is_a_blocker(tmp_path):
     assert "relocation at" in blockers_of(image, result, "stub")
 
 
-def test_exported_function_keeps_its_entry_probe(tmp_path):
+def test_exported_function_without_module_following_keeps_its_entry_probe(tmp_path):
     image, result = scan(tmp_path, ASM, ["-rdynamic"])
     plan = plan_call_sites(image, image.symbols["stub"][0], result.results, False, False)
     assert "exported in .dynsym" in plan.blockers[0]
     mode, why = decide(MODE_CALLSITES, Refusal('lock'), plan)
     assert mode == MODE_ENTRY and "exported in .dynsym" in why
+
+
+LIB_USER = """
+extern void stub(void);
+void use_twice(void) { stub(); stub(); }
+void use_tail(void) { stub(); }
+"""
+LIB_POINTER = "extern void stub(void);\nvoid (*volatile keep)(void) = stub;\n"
+
+
+def exported(tmp_path: Path, user_source: str, flags: tuple[str, ...] = ()
+             ) -> tuple[ElfImage, ElfImage]:
+    """An executable exporting `stub` (ASM, -rdynamic) linked with libuser.so."""
+    lib_src = tmp_path / "user.c"
+    lib_src.write_text(user_source)
+    lib = ElfImage(cc(tmp_path / "libuser.so", [lib_src],
+                      ["-O2", "-fPIC", "-shared", *flags]))
+    main_src = tmp_path / "main.c"
+    main_src.write_text(ASM.replace("int main(void) { return 0; }",
+                                    "void use_twice(void);\n"
+                                    "int main(void) { use_twice(); return 0; }"))
+    exe = ElfImage(cc(tmp_path / "main", [main_src],
+                      ["-O2", "-rdynamic", f"-L{tmp_path}", "-luser",
+                       f"-Wl,-rpath,{tmp_path}"]))
+    return exe, lib
+
+
+def exported_plan(exe: ElfImage, lib: ElfImage) -> CallSitePlan:
+    stub = exe.symbols["stub"][0]
+    targets, slots = scan_targets(exe, ["stub"], lambda _: [])
+    scan = ModuleScan(exe, targets, slots).results
+    return plan_call_sites(exe, stub, scan, False, False, lambda: [exe, lib])
+
+
+def test_plt_stubs_of_imported_functions(tmp_path):
+    _, lib = exported(tmp_path, LIB_USER)
+    ((stub, slot),) = plt_stubs(lib)["stub"]
+    assert _jump_slots(lib)[slot] == "stub"
+    assert lib.code_at(stub, 1) in (b"\xff", b"\xf3")  # jmp [rip+slot], or endbr64 first
+
+
+def _jump_slots(image: ElfImage) -> dict[int, str]:
+    out = {}
+    for section in image.elffile().iter_sections():
+        if section.name == ".rela.plt":
+            symtab = image.elffile().get_section(section["sh_link"])
+            for rel in section.iter_relocations():
+                out[rel["r_offset"]] = symtab.get_symbol(rel["r_info_sym"]).name
+    return out
+
+
+def test_exported_function_probed_at_the_plt_calls_of_other_modules(tmp_path):
+    exe, lib = exported(tmp_path, LIB_USER)
+    plan = exported_plan(exe, lib)
+    assert plan.blockers == [], plan.blockers
+    where = sorted((Path(p.module).name if p.module else "main", p.caller, p.kind)
+                   for p in plan.points)
+    assert where[:3] == [("libuser.so", "use_tail", KIND_JMP),
+                         ("libuser.so", "use_twice", KIND_CALL),
+                         ("libuser.so", "use_twice", KIND_JMP)], where
+    assert [w[2] for w in where[3:]] == [KIND_JMP, KIND_CALL, KIND_JMP]  # main's own
+    assert plan.importers == [str(lib.path)] and plan.later
+    for point in (p for p in plan.points if p.module):  # on the importer's instructions
+        code = lib.code_at(point.vaddr, 1)
+        assert code in (b"\xe8", b"\xe9"), (point, code)
+        assert lib.vaddr_to_offset(point.vaddr) == point.file_offset
+    mode, why = decide(MODE_AUTO, Refusal("lock"), plan)
+    assert mode == MODE_CALLSITES and "PLT calls from" in why and "dlsym" in why
+
+
+def test_importer_taking_the_address_is_a_blocker(tmp_path):
+    exe, lib = exported(tmp_path, LIB_USER + LIB_POINTER)
+    plan = exported_plan(exe, lib)
+    assert any(b.startswith(f"{lib.path}: relocation at") and "puts its address" in b
+               for b in plan.blockers), plan.blockers
+    assert decide(MODE_AUTO, Refusal("lock"), plan)[0] == MODE_ENTRY
+
+
+def test_an_earlier_definition_is_a_blocker(tmp_path):
+    """ld.so binds every import to the first module in its search order that
+    defines the name: a library before the traced module takes the calls."""
+    exe, lib = exported(tmp_path, "void stub(void) {}\nvoid use_twice(void) {}\n")
+    stub_lib = exe  # the traced module, after the interposer in the search order
+    targets, slots = scan_targets(stub_lib, ["stub"], lambda _: [])
+    scan = ModuleScan(stub_lib, targets, slots).results
+    plan = plan_call_sites(stub_lib, stub_lib.symbols["stub"][0], scan, False, False,
+                           lambda: [lib, stub_lib])
+    assert any(f"{lib.path} also defines stub" in b for b in plan.blockers), plan.blockers
+
+
+def test_load_set_follows_needed_breadth_first(tmp_path):
+    exe, lib = exported(tmp_path, LIB_USER)
+    order = [m.path.name for m in load_set(str(exe.path), exe, resolve_library)]
+    assert order[:2] == ["main", "libuser.so"], order
+    assert "libc.so.6" in order
 
 
 def test_probe_mode_option():
