@@ -21,7 +21,7 @@ from refcntd.analysis.model import (
     RunResult,
     TracingStatus,
 )
-from refcntd.binary.plan import Plan
+from refcntd.binary.plan import Plan, ProbeSite
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import RoleSpec, Spec
 from refcntd.kernel import btf
@@ -40,7 +40,13 @@ from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
 from refcntd.session.vetting import Vetting
 from refcntd.session.worker import ReportWorker
-from refcntd.symbolize.symbolizer import BuildIdIndex, CallSiteFrame, Symbolizer
+from refcntd.symbolize.symbolizer import (
+    BuildIdIndex,
+    CallSiteFrame,
+    FileId,
+    Symbolizer,
+    file_id,
+)
 
 POLL_MS = 100
 PRUNE_TYPES_EVERY_S = 2.0  # how often the type table's fill is looked at
@@ -65,11 +71,12 @@ class TraceOptions:
     cgroup_id: int | None = None
 
 
-def call_site_frames(plan: Plan) -> dict[tuple[str, int], CallSiteFrame]:
+def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSiteFrame]:
     """Call-site probes whose stacks the report shows as the callee's entry probe's."""
-    return {(s.module, s.symbol_vaddr + s.probe_offset):
+    ids = {m: file_id(m) for m in {s.module for s in sites}}
+    return {(ids[s.module], s.symbol_vaddr + s.probe_offset):
             CallSiteFrame(s.site_kind, s.symbol_vaddr, s.site_length, s.callee_module)
-            for s in plan.sites if s.site_kind in ("call", "jmp")}
+            for s in sites if s.site_kind in ("call", "jmp")}
 
 
 def type_id(name: str) -> int:
@@ -140,7 +147,8 @@ class Tracer:
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
         kopts = replace(kopts, hold=bool(plan.cross) and kopts.unwind_offsets is not None)
         self.kernel = _load_kernel(kopts, plan, early)
-        self.vetting = Vetting(self.kernel, plan, _fixed_type_ids(plan).__getitem__)
+        self.vetting = Vetting(self.kernel, plan, _fixed_type_ids(plan).__getitem__,
+                               self._more_call_sites)
         self.unwind = UnwindTables(self.kernel)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
@@ -148,7 +156,7 @@ class Tracer:
         for module in plan.modules:
             self.index.add(module)
         stacks = StackSource(self.kernel.stack_record)
-        sym = Symbolizer(self.index, call_site_frames(plan))
+        sym = Symbolizer(self.index, call_site_frames(plan.sites))
         self.worker = ReportWorker()
         self.types_lock = threading.Lock()  # pruned_totals and the kernel totals change together
         self.pruned_totals: dict[str, Totals] = {}
@@ -191,6 +199,12 @@ class Tracer:
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
+
+    def _more_call_sites(self, sites: list[ProbeSite]) -> None:
+        """Probes added for a module mapped later: their stacks read like entry probes'."""
+        # one dict update (atomic under the GIL): the held process must not wait for
+        # the report worker's queue
+        self.tracker.sym.call_sites.update(call_site_frames(sites))
 
     def adopt_running(self) -> None:
         """System-wide: processes already mapping a probed module get their mappings

@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import CrossModule, Plan, importer_sites, resolve_library
+from refcntd.binary.plan import (
+    CrossModule,
+    Plan,
+    ProbeSite,
+    importer_sites,
+    resolve_library,
+)
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import HoldKey
@@ -43,8 +49,12 @@ class VettingStats:
 class Vetting:
     """Which files are accounted for, and what to do with a new one."""
 
-    def __init__(self, kernel: Kernel, plan: Plan, type_ids: Callable[[str], int]) -> None:
+    def __init__(self, kernel: Kernel, plan: Plan, type_ids: Callable[[str], int],
+                 on_sites: Callable[[list[ProbeSite]], None] = lambda _sites: None) -> None:
+        """`on_sites(sites)`: call-site probes added for a module mapped later (the
+        symbolizer shows their stacks as entry probes')."""
         self.kernel, self.plan, self.type_ids = kernel, plan, type_ids
+        self.on_sites = on_sites
         self.stats = VettingStats()
         self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
         self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
@@ -160,6 +170,7 @@ class Vetting:
                                        "are used up")
                 continue
             self.stats.probed[shown] = self.stats.probed.get(shown, 0) + len(sites)
+            self.on_sites(sites)
 
     def _handed_out(self, tgid: int, why: HoldKey) -> None:
         """dlsym returned a function probed at its call sites to `tgid`."""

@@ -57,6 +57,17 @@ class Frame:
         return f"{where}{src} ({self.module})"
 
 
+FileId = tuple[int, int] | None  # (st_dev, st_ino); None: the file cannot be found
+
+
+def file_id(path: str) -> FileId:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 @dataclass(frozen=True)
 class CallSiteFrame:
     """A probed call (or tail jump) instruction and the function it enters."""
@@ -230,10 +241,13 @@ class Symbolizer:
     """Caches symbol tables and source lines per module across many reports."""
 
     def __init__(self, index: BuildIdIndex,
-                 call_sites: dict[tuple[str, int], CallSiteFrame] | None = None,
+                 call_sites: dict[tuple[FileId, int], CallSiteFrame] | None = None,
                  finder: DebugFileFinder | None = None) -> None:
         self.index = index
-        self.call_sites = call_sites or {}  # (module, vaddr) of call-site probes
+        # (file identity, vaddr) of call-site probes: a module is placed under whatever
+        # name its process made readable (a container's, a held descriptor)
+        self.call_sites = call_sites or {}
+        self._ids: dict[str, FileId | None] = {}
         self.finder = finder if finder is not None else DebugFileFinder()
         self._modules: dict[str, ModuleSymbols | None] = {}
         self._lines: dict[tuple[str, int], tuple[str, int]] = {}
@@ -318,10 +332,14 @@ class Symbolizer:
         """Show a call-site probe's stack as an entry probe's: the callee first, then
         the caller at the call's return address.  A tail jump leaves its function off,
         as it is off the stack at the callee's entry."""
-        site = self.call_sites.get(first) if first else None
-        if site is None or not frames or first is None:
+        if first is None or not frames:
             return
         path, vaddr = first
+        if path not in self._ids:
+            self._ids[path] = file_id(path)
+        site = self.call_sites.get((self._ids[path], vaddr))
+        if site is None:
+            return
         callee = self.frame((site.callee_module or path, site.callee), "", False)
         if site.kind == "call":
             frames[0] = self.frame((path, vaddr + site.length), "", True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ ROWS = {
     "bcc memleak (-p PID) on malloc/free", "2 threads sharing 4 objects, refcntd counting",
     "uprobe floor on the -O2 build's entry probes (single-stepped)",
     "refcntd counting, -O2 stubs, --probe-mode entry",
+    "uprobe floor on the exported -O2 stubs' PLT call sites",
+    "refcntd counting, -O2 stubs exported by a library (PLT callers)",
 }
 
 
@@ -31,7 +34,9 @@ def test_benchmark_smoke(bpf, tmp_path):
     threads = next(r for r in data["rows"] if r["name"].startswith("2 threads"))
     assert threads["counts_exact"] is True
     assert [s["leaked_reported"] for s in data["scale"]] == [s["objects"] for s in data["scale"]]
-    assert len(data["goals"]) == 7
+    assert len(data["goals"]) == 8
+    exported = next(r for r in data["rows"] if r["name"].startswith("uprobe floor on the exp"))
+    assert re.search(r"get: \d+ call sites \(emulated\)", exported["note"]), exported  # PLT
     assert [a["call_sites"] for a in data["attach_sites"]] == [10, 100]
     assert all(a["probes"] == a["call_sites"] for a in data["attach_sites"])
     assert (tmp_path / "results.md").read_text().startswith("# refcntd benchmark results")

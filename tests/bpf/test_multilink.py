@@ -36,11 +36,13 @@ def test_function_and_callsite_probes_share_multi_links(bpf, build, tmp_path):
     assert leak_summary(process) == TRUTH
     assert sorted((i["gets"], i["puts"]) for g in process["groups"]
                   for i in g["instances"]) == GETS_PUTS
-    modes = {p["role"]: p["mode"] for p in result.report["tracing"]["probes"]}
-    assert modes["init"] == "callsites" and modes["get"] == "entry"
+    statuses = result.report["tracing"]["probes"]
+    modes = {p["role"]: p["mode"] for p in statuses}
+    assert modes["init"] == modes["get"] == "callsites" and modes["delete"] == "entry"
     probes, links = multi_attached(result.report)
-    planned = sum(p["sites"] for p in result.report["tracing"]["probes"])
-    assert (probes, links) == (planned, 1)  # every stub is in csmain: one file, one link
+    planned = sum(p["sites"] for p in statuses)
+    files = {p["module"] for p in statuses}  # csmain, libcsuser.so, and the plugin (later)
+    assert len(files) == 3 and (probes, links) == (planned, 3), statuses
 
 
 def test_usdt_with_semaphores_through_a_multi_link(bpf, build, tmp_path):

@@ -41,12 +41,10 @@ def test_perflike_exact_report(bpf, build, tmp_path, variant, shared, probe_mode
     result = refcntd(["run", *spec, "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
     report = result.report
-    if shared:  # exported stubs: callers in other modules; the entry probes stay
-        assert all(p["mode"] == "entry" for p in report["tracing"]["probes"])
-        if probe_mode == "callsites":
-            assert all("exported in .dynsym" in p["reason"] for p in report["tracing"]["probes"])
-    else:
-        assert_probe_mode(report, probe_mode)
+    assert_probe_mode(report, probe_mode)
+    if shared and probe_mode == "callsites":  # exported: probed at the program's PLT calls
+        modules = {p["module"] for p in report["tracing"]["probes"] if p["mode"] == "callsites"}
+        assert modules == {str(exe)}, report["tracing"]["probes"]
     assert report["tracing"]["complete"], report["tracing"]
     assert report["command_status"] == 0
     assert len(report["processes"]) == 1
