@@ -7,13 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-from refcntd.binary.sitemode import parse_modes
-from refcntd.cli.common import early_compile, finish_output, history_options, printer
-from refcntd.cli.stages import analyse
+from refcntd.cli.early import early_compile, history_options
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.kernel import setup
-from refcntd.session.tracer import TraceOptions, attach
+from refcntd.session.options import TraceOptions
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -25,6 +23,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
     args.binary = os.path.abspath(args.binary)  # before bcc's compile changes cwd a moment
     setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, args.pid is not None, opts, args.binary)
+    # the analysis and tracing modules load while the compile runs
+    from refcntd.binary.sitemode import parse_modes
+    from refcntd.cli.common import finish_output, printer
+    from refcntd.cli.stages import analyse
+    from refcntd.session.tracer import attach
     plan = analyse(spec, args.binary, parse_modes(args.probe_mode))
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731

@@ -7,17 +7,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypedDict
+from typing import TYPE_CHECKING, TextIO
 
 from refcntd.analysis.model import ProcessReport, RunResult
-from refcntd.binary.analysiscache import probe_count_hint
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
-from refcntd.inputs.spec import Spec
-from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.outputs import report
-from refcntd.session.tracer import TraceOptions, kernel_options
 
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
@@ -76,34 +71,6 @@ def warn_unlocated(result: RunResult, verdict: Verdict, root: Path) -> None:
         print(warning, file=sys.stderr)
 
 
-class HistoryOptions(TypedDict):
-    """The TraceOptions fields that --history and --history-depth set."""
-
-    history: tuple[str, ...] | None
-    history_depth: int
-
-
-def history_options(args: argparse.Namespace) -> HistoryOptions:
-    depth = args.history_depth  # its range is checked by argparse (cli/argtypes.py)
-    if args.history is None:
-        return {"history": None, "history_depth": depth}
-    names = tuple(n.strip() for n in args.history.split(",") if n.strip())
-    if not names:
-        raise UsageError("--history: give 'all' or type names")
-    return {"history": ("all",) if "all" in names else names, "history_depth": depth}
-
-
-def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
-                  ) -> BackgroundCompile:
-    """Start compiling the BPF program before the analysis: it needs only the options and
-    the number of probe slots, guessed from the spec or remembered from the last plan
-    for this binary (a miss only costs the old time)."""
-    guess = sum(max(1, len(r.functions)) * (2 if r.obj.at_return else 1)
-                for r in spec.entries)
-    count, hold = probe_count_hint(binary, spec)
-    kopts = kernel_options(spec, True, filtered, opts)
-    return BackgroundCompile(replace(kopts, hold=hold and kopts.unwind_offsets is not None),
-                             max(guess, count))
 
 
 def printer(stream: TextIO) -> Callable[[ProcessReport], None]:

@@ -8,20 +8,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from refcntd.binary.sitemode import parse_modes
-from refcntd.cli.common import (
-    ci_outputs,
-    early_compile,
-    finish_output,
-    history_options,
-    printer,
-    run_exit_status,
-)
-from refcntd.cli.stages import analyse
+from refcntd.cli.early import early_compile, history_options
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import load_spec
 from refcntd.kernel import setup
-from refcntd.session.tracer import TraceOptions, run_command
+from refcntd.session.options import TraceOptions
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -36,6 +27,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, True, opts, exe)
+    # the analysis and tracing modules load while the compile runs
+    from refcntd.binary.sitemode import parse_modes
+    from refcntd.cli.common import ci_outputs, finish_output, printer, run_exit_status
+    from refcntd.cli.stages import analyse
+    from refcntd.session.tracer import run_command
     plan = analyse(spec, exe, parse_modes(args.probe_mode))
     plan.require_complete()
     result = run_command(plan, command, opts, printer(sys.stderr), early)

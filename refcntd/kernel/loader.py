@@ -13,12 +13,11 @@ import re
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from refcntd.binary.plan import ProbeSite
-from refcntd.binary.sdt import ArgLoc
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kernel import abi, cfi, perf_uprobe, progcache
 from refcntd.kernel import columns as objcols
@@ -45,6 +44,10 @@ from refcntd.kernel.records import (
     add_totals,
 )
 from refcntd.paths import BPF_DIR, CACHE_DIR
+
+if TYPE_CHECKING:  # attach's start imports this module: not the binary analysis with it
+    from refcntd.binary.plan import ProbeSite
+    from refcntd.binary.sdt import ArgLoc
 
 
 @dataclass(frozen=True)
@@ -174,13 +177,22 @@ class Program:
         return self._loaded[key]
 
     def preload(self, attach_type: int, unwanted: Callable[[], bool] = lambda: False) -> None:
-        """Load the probe programs now: the verifier's ~0.5 s then overlaps the analysis
-        when this runs in precompile's thread (which stops once it is `unwanted`)."""
+        """Load the probe programs now: the verifier's ~0.25 s then overlaps the analysis
+        when this runs in precompile's thread (which stops once it is `unwanted`).
+        on_body, the longest, is verified in a second thread meanwhile: the verifier
+        runs inside each bpf() call, without the GIL, so two use both cores."""
         from bcc import BPF  # the loader is the one module that may import bcc
-        for name in ("on_probe", *CHAIN):
-            if unwanted():
-                return
-            self.load_func(name, BPF.KPROBE, attach_type)
+
+        def load(names: tuple[str, ...]) -> None:
+            for name in names:
+                if unwanted():
+                    return
+                self.load_func(name, BPF.KPROBE, attach_type)
+        with ThreadPoolExecutor(2) as pool:
+            done = [pool.submit(load, ("on_body",)),
+                    pool.submit(load, ("on_probe", "on_unwind", "on_unwind_more"))]
+        for future in done:
+            future.result()
 
     def _load(self, name: str, prog_type: int, attach_type: int) -> Any:
         from bcc import BPF  # the loader is the one module that may import bcc

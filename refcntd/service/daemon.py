@@ -32,7 +32,8 @@ from refcntd.outputs import report
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint
 from refcntd.service.metrics import RefcntdCollector, TargetStats
-from refcntd.session.tracer import TraceOptions, Tracer
+from refcntd.session.options import TraceOptions
+from refcntd.session.tracer import Tracer
 
 log = logging.getLogger("refcntd")
 IDLE_S = 0.05

@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
@@ -22,9 +22,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.binary.plan import Plan, ProbeSite
-from refcntd.errors import UsageError
-from refcntd.inputs.spec import RoleSpec, Spec
-from refcntd.kernel import btf
+from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
 from refcntd.kernel.loader import Kernel, KernelOptions
 from refcntd.kernel.precompile import BackgroundCompile
@@ -37,6 +35,7 @@ from refcntd.kernel.records import (
     add_totals,
 )
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
+from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
 from refcntd.session.vetting import Vetting
 from refcntd.session.worker import ReportWorker
@@ -58,17 +57,6 @@ LOST_REASONS = {stat: text.removeprefix("loss: ") for stat, text in STAT_TEXT.it
                 if text.startswith("loss: ")}
 NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.items()
                 if text.startswith("note: ")}
-
-
-@dataclass
-class TraceOptions:
-    max_objects: int = 1 << 20
-    max_stacks: int = 8192
-    descendant_grace_s: float = 10.0
-    history: tuple[str, ...] | None = None  # type names, ("all",), or None
-    history_depth: int = 16
-    comm_filter: tuple[str, ...] = ()
-    cgroup_id: int | None = None
 
 
 def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSiteFrame]:
@@ -93,29 +81,6 @@ def _fnv1a(data: bytes) -> int:
     for byte in data:
         h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFF
     return h
-
-
-def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOptions
-                   ) -> KernelOptions:
-    """What the BPF program is compiled for: known before the binary analysis ends."""
-    return KernelOptions(filtered=filtered, has_delete=spec.has_delete,
-                         max_objects=opts.max_objects, max_stacks=opts.max_stacks,
-                         exit_code_offset=btf.member_offset("task_struct", "exit_code"),
-                         loader_probe=has_loader,
-                         history=opts.history, history_depth=opts.history_depth,
-                         comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
-                         unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
-                         else btf.unwind_offsets(), ringbuf_pages=ringbuf_pages())
-
-
-def ringbuf_pages() -> int:
-    """REFCNTD_RINGBUF_PAGES: the events ring buffer's size in pages (a power of 2; 1024,
-    4 MiB, by default).  Smaller only to test that capture keeps up."""
-    raw = os.environ.get("REFCNTD_RINGBUF_PAGES", "1024")
-    pages = int(raw) if raw.isdigit() else 0
-    if pages < 1 or pages & (pages - 1) or pages > 1 << 18:
-        raise UsageError(f"REFCNTD_RINGBUF_PAGES={raw}: a power of 2 from 1 to 262144")
-    return pages
 
 
 def _load_kernel(kopts: KernelOptions, plan: Plan, early: BackgroundCompile | None) -> Kernel:

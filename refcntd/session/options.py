@@ -1,0 +1,47 @@
+"""What a trace is asked for, and the BPF options it needs: known before the binary
+analysis, so that the BPF compile can start first (cli/early.py).  Kept light:
+attach's start waits for its imports."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from refcntd.errors import UsageError
+from refcntd.inputs.spec import Spec
+from refcntd.kernel import btf
+from refcntd.kernel.loader import KernelOptions
+
+
+@dataclass
+class TraceOptions:
+    max_objects: int = 1 << 20
+    max_stacks: int = 8192
+    descendant_grace_s: float = 10.0
+    history: tuple[str, ...] | None = None  # type names, ("all",), or None
+    history_depth: int = 16
+    comm_filter: tuple[str, ...] = ()
+    cgroup_id: int | None = None
+
+
+def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOptions
+                   ) -> KernelOptions:
+    """What the BPF program is compiled for: known before the binary analysis ends."""
+    return KernelOptions(filtered=filtered, has_delete=spec.has_delete,
+                         max_objects=opts.max_objects, max_stacks=opts.max_stacks,
+                         exit_code_offset=btf.member_offset("task_struct", "exit_code"),
+                         loader_probe=has_loader,
+                         history=opts.history, history_depth=opts.history_depth,
+                         comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
+                         unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
+                         else btf.unwind_offsets(), ringbuf_pages=ringbuf_pages())
+
+
+def ringbuf_pages() -> int:
+    """REFCNTD_RINGBUF_PAGES: the events ring buffer's size in pages (a power of 2; 1024,
+    4 MiB, by default).  Smaller only to test that capture keeps up."""
+    raw = os.environ.get("REFCNTD_RINGBUF_PAGES", "1024")
+    pages = int(raw) if raw.isdigit() else 0
+    if pages < 1 or pages & (pages - 1) or pages > 1 << 18:
+        raise UsageError(f"REFCNTD_RINGBUF_PAGES={raw}: a power of 2 from 1 to 262144")
+    return pages
