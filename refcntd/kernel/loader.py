@@ -380,10 +380,12 @@ class Kernel:
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
-    def configure_probes(self, type_ids: Callable[[str], int]) -> None:
-        """One entry per site, written in one batch (call-site plans have thousands)."""
+    def configure_probes(self, type_ids: Callable[[str], int], packed: bytes | None = None
+                         ) -> None:
+        """One entry per site, written in one batch (call-site plans have thousands);
+        `packed`: pack_probe_cfgs' rows, built while the compile was still running."""
         if self.sites:
-            rows = b"".join(bytes(_probe_cfg(site, type_ids)) for site in self.sites)
+            rows = packed if packed is not None else pack_probe_cfgs(self.sites, type_ids)
             _update_array(self.bpf["probe_cfgs"], 0, abi.ProbeCfg, rows)
 
     def set_fixed_type(self, type_id: int, name: str) -> None:
@@ -749,8 +751,9 @@ class Kernel:
     def unwinding(self) -> bool:
         return self.opts.unwind_offsets is not None
 
-    def load_unwind_table(self, path: str) -> CfiTable | None:
-        """Give BPF the CFI table of the file at `path` (once per file); None if not loaded."""
+    def load_unwind_table(self, path: str, table: CfiTable | None = None) -> CfiTable | None:
+        """Give BPF the CFI table of the file at `path` (once per file; `table`: read
+        already); None if not loaded."""
         try:
             st = os.stat(path)
         except OSError:
@@ -759,7 +762,7 @@ class Kernel:
         if not self.unwinding or (key.ino, key.dev) in self._tables:
             return None
         self._tables.add((key.ino, key.dev))
-        table = cfi.load_table(path)
+        table = table if table is not None else cfi.load_table(path)
         first = self._cfi_rows_used
         if first + table.count > self.opts.max_cfi_rows:
             self.tables_not_loaded.append(path)
@@ -846,8 +849,8 @@ class Kernel:
         if not sites or first + len(sites) > self.probe_capacity:
             return []
         self.sites.extend(sites)  # the plan's list: statuses follow
-        rows = b"".join(bytes(_probe_cfg(site, type_ids)) for site in sites)
-        _update_array(self.bpf["probe_cfgs"], first, abi.ProbeCfg, rows)
+        _update_array(self.bpf["probe_cfgs"], first, abi.ProbeCfg,
+                      pack_probe_cfgs(sites, type_ids))
         indexes = list(range(first, first + len(sites)))
         for (module, ret), group in _multi_groups(sites).items():
             shifted = [first + i for i in group]
@@ -992,6 +995,11 @@ def _items(table: Any) -> list[tuple[Any, Any]]:
         return list(table.items_lookup_batch())
     except Exception:  # older kernels / map types without batch ops
         return list(table.items())
+
+
+def pack_probe_cfgs(sites: list[ProbeSite], type_ids: Callable[[str], int]) -> bytes:
+    """probe_cfgs' rows for `sites`, in order (no kernel needed)."""
+    return b"".join(bytes(_probe_cfg(site, type_ids)) for site in sites)
 
 
 def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:

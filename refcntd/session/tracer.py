@@ -24,7 +24,7 @@ from refcntd.analysis.model import (
 from refcntd.binary.plan import Plan, ProbeSite
 from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
-from refcntd.kernel.loader import Kernel, KernelOptions
+from refcntd.kernel.loader import Kernel, KernelOptions, pack_probe_cfgs
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.procctl import die_with_parent
 from refcntd.kernel.records import (
@@ -36,7 +36,7 @@ from refcntd.kernel.records import (
 )
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.options import TraceOptions, kernel_options
-from refcntd.session.unwind import UnwindTables, command_path, exec_mappings
+from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
@@ -111,10 +111,14 @@ class Tracer:
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
         kopts = replace(kopts, hold=bool(plan.cross) and kopts.unwind_offsets is not None)
+        ids = _fixed_type_ids(plan)
+        # read while the early compile may still be running: the main thread would wait
+        self._packed = pack_probe_cfgs(plan.sites, ids.__getitem__)
+        ready = prefetch(plan.modules) if kopts.unwind_offsets is not None else None
         self.kernel = _load_kernel(kopts, plan, early)
         self.vetting = Vetting(self.kernel, plan, _fixed_type_ids(plan).__getitem__,
                                self._more_call_sites)
-        self.unwind = UnwindTables(self.kernel)
+        self.unwind = UnwindTables(self.kernel, ready)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
         self.index = BuildIdIndex()
@@ -153,7 +157,7 @@ class Tracer:
         for name, type_id in ids.items():
             self.kernel.set_fixed_type(type_id, name)
         with progress.stage("probe configuration"):
-            self.kernel.configure_probes(lambda name: ids[name])
+            self.kernel.configure_probes(lambda name: ids[name], self._packed)
         self.kernel.open_events(self._on_event)
         with progress.stage("probe creation"):
             self.kernel.attach_all()

@@ -15,10 +15,12 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from refcntd.errors import BinaryError
+from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
 
 _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
@@ -27,17 +29,19 @@ _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 class UnwindKernel(Protocol):
     @property
     def unwinding(self) -> bool: ...
-    def load_unwind_table(self, path: str) -> CfiTable | None: ...
+    def load_unwind_table(self, path: str, table: CfiTable | None = None) -> CfiTable | None: ...
     def seed_exec_maps(self, tgid: int, maps: list[tuple[int, int, int, int, int]]) -> None: ...
 
 
 class UnwindTables:
     """Loads each file's table once; remembers the files that could not be read."""
 
-    def __init__(self, kernel: UnwindKernel) -> None:
+    def __init__(self, kernel: UnwindKernel, ready: Prefetched | None = None) -> None:
+        """`ready`: prefetch()'s tables, read before the kernel side was loaded."""
         self.kernel = kernel
         self._done: set[str] = set()
         self.failed: list[str] = []
+        self._ready = ready or Prefetched()
 
     def add(self, paths: Iterable[str], with_deps: bool = True) -> None:
         if not self.kernel.unwinding:
@@ -45,7 +49,9 @@ class UnwindTables:
         for path in paths:
             if path in self._done:
                 continue
-            for module in [path, *(linked_libraries(path) if with_deps else [])]:
+            deps = self._ready.deps.get(path)
+            for module in [path, *((deps if deps is not None else linked_libraries(path))
+                                   if with_deps else [])]:
                 self._load(module)
 
     def _load(self, path: str) -> None:
@@ -53,7 +59,10 @@ class UnwindTables:
             return
         self._done.add(path)
         try:
-            self.kernel.load_unwind_table(path)
+            ready = self._ready.tables.pop(path, None)
+            if isinstance(ready, Exception):
+                raise ready
+            self.kernel.load_unwind_table(path, ready)
         except (BinaryError, OSError) as err:
             self.failed.append(f"{path}: {err}")
 
@@ -64,6 +73,28 @@ class UnwindTables:
         maps = exec_mappings(Path(f"/proc/{tgid}/maps"))
         self.add({m[0] for m in maps}, with_deps=False)
         self.kernel.seed_exec_maps(tgid, [m[1:] for m in maps])
+
+
+@dataclass
+class Prefetched:
+    """Tables and dependencies read ahead (no kernel needed): attach overlaps this with
+    the end of the BPF compile."""
+
+    deps: dict[str, list[str]] = field(default_factory=dict)
+    tables: dict[str, CfiTable | BinaryError | OSError] = field(default_factory=dict)
+
+
+def prefetch(paths: Iterable[str]) -> Prefetched:
+    out = Prefetched()
+    for path in paths:
+        out.deps[path] = linked_libraries(path)
+        for module in [path, *out.deps[path]]:
+            if module not in out.tables:
+                try:
+                    out.tables[module] = cfi.load_table(module)
+                except (BinaryError, OSError) as err:
+                    out.tables[module] = err
+    return out
 
 
 def command_path(command: list[str]) -> str | None:
