@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from refcntd import __version__
 from refcntd.binary import dwarfinfo
 from refcntd.binary.elf import ElfImage
+from refcntd.binary.hints import spec_key
 from refcntd.inputs.spec import Spec
 from refcntd.paths import CACHE_DIR, write_cache_json
 
@@ -26,11 +26,6 @@ FORMAT = 1
 
 def _digest(payload: object) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def spec_key(spec: Spec) -> str:
-    """What of the spec the analysis depends on: its roles, whatever file they came from."""
-    return hashlib.sha256(repr(sorted(spec.roles.items())).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -126,48 +121,3 @@ def _scan_from(data: dict[str, object]) -> dwarfinfo.InlinedScan:
 
 
 # ---- how many probes the last plan for a binary had -------------------------------
-_HINTS = "probe-counts.json"
-_HINTS_KEPT = 512
-
-
-def _hint_key(binary: str, spec: Spec) -> str | None:
-    try:
-        st = os.stat(binary)
-    except OSError:
-        return None
-    return f"{os.path.realpath(binary)}|{st.st_size}|{st.st_mtime_ns}|{spec_key(spec)}"
-
-
-def _hints(cache_dir: Path | None) -> dict[str, list[int | bool]]:
-    """key -> [probe count, hold]; an older file's bare counts read as [count, False]."""
-    try:
-        data = json.loads(((cache_dir or CACHE_DIR) / "analysis" / _HINTS).read_text())
-        return {str(k): [int(v), False] if isinstance(v, int) else [int(v[0]), bool(v[1])]
-                for k, v in data.items()}
-    except (OSError, ValueError, TypeError, AttributeError, IndexError, KeyError):
-        return {}
-
-
-def probe_count_hint(binary: str, spec: Spec, cache_dir: Path | None = None
-                     ) -> tuple[int, bool]:
-    """The probe count of the last plan for this file and spec (0 if unknown), and
-    whether it held processes for modules mapped later (exported call-site mode).
-
-    The BPF program is compiled before the analysis, with room for a guessed
-    number of probes; call-site mode can need thousands.  A wrong hint costs
-    only a second (maps-only) compile."""
-    key = _hint_key(binary, spec)
-    value = _hints(cache_dir).get(key) if key else None
-    return (int(value[0]), bool(value[1])) if value else (0, False)
-
-
-def remember_probe_count(binary: str, spec: Spec, count: int, hold: bool = False,
-                         cache_dir: Path | None = None) -> None:
-    key = _hint_key(binary, spec)
-    hints = _hints(cache_dir)
-    if key is None or hints.get(key) == [count, hold]:
-        return
-    hints.pop(key, None)
-    hints[key] = [count, hold]  # the newest last: the oldest are dropped first
-    kept = dict(list(hints.items())[-_HINTS_KEPT:])
-    write_cache_json((cache_dir or CACHE_DIR) / "analysis" / _HINTS, kept)

@@ -8,7 +8,7 @@ import argparse
 from dataclasses import replace
 from typing import TypedDict
 
-from refcntd.binary.analysiscache import probe_count_hint
+from refcntd.binary.hints import probe_count_hint
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import Spec
 from refcntd.kernel.precompile import BackgroundCompile

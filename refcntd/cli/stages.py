@@ -6,7 +6,7 @@ Apart from cli/common.py so that `check` does not import the tracing stages.
 from __future__ import annotations
 
 from refcntd import progress
-from refcntd.binary.analysiscache import remember_probe_count
+from refcntd.binary.hints import remember_probe_count
 from refcntd.binary.plan import Plan, build_plan
 from refcntd.inputs.spec import Spec
 

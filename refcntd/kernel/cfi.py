@@ -20,11 +20,14 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from refcntd.binary.elf import ElfImage, Segment
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import CfaRule
 from refcntd.paths import CACHE_DIR
+
+if TYPE_CHECKING:  # attach's start imports this module (the loader): not pyelftools with it
+    from refcntd.binary.elf import ElfImage, Segment
 
 ROW = struct.Struct("<IihBB")  # struct cfi_row
 CACHE_VERSION = b"refcntd-cfi-1\n"
@@ -59,6 +62,7 @@ class _Fde:
 
 def load_table(path: str, cache_dir: Path | None = None) -> CfiTable:
     """The table of `path`, from the cache when it was compiled before."""
+    from refcntd.binary.elf import ElfImage
     image = ElfImage(path)
     build_id = bytes.fromhex(image.build_id or "")[:20].ljust(20, b"\0")
     key = image.build_id or hashlib.sha1(f"{path}:{os.stat(path).st_mtime_ns}".encode()).hexdigest()
