@@ -72,8 +72,9 @@ def render_modes(plan: Plan) -> list[str]:
     lines = []
     for d in plan.decisions:
         sites = [s for s in plan.sites if s.mode == d.mode == "callsites"
-                 and (s.function, s.module) == (d.function, d.module)]
-        shown = ", ".join(f"{s.site_kind} 0x{s.symbol_vaddr + s.probe_offset:x}"
+                 and (s.function, s.callee_module or s.module) == (d.function, d.module)]
+        shown = ", ".join(f"{s.site_kind} {Path(s.module).name + ':' if s.callee_module else ''}"
+                          f"0x{s.symbol_vaddr + s.probe_offset:x}"
                           for s in sites[:4]) + (", ..." if len(sites) > 4 else "")
         lines.append(f"mode   {d.role} {d.function} at 0x{d.vaddr:x}: {d.mode}, "
                      f"{d.sites} probe(s), {d.cost}" + (f" [{shown}]" if shown else ""))

@@ -102,6 +102,7 @@ def test_check_reports_modes_and_reasons(build, tmp_path):
     for role, sites in (("get", 3), ("put", 2)):  # in csmain and libcsuser.so
         line, why = lines[role]
         assert f": callsites, {sites} probe(s), emulated" in line, line
+        assert " libcsuser.so:0x" in line, line  # the PLT callers, by module
         assert f"PLT calls from {tmp_path / 'libcsuser.so'} included" in why, why
         assert "every module mapped later is scanned" in why, why
     delete, delete_why = lines["delete"]
