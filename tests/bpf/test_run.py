@@ -149,6 +149,32 @@ def test_constructor_returning_the_object(bpf, tmp_path, opt, probe_mode):
     assert roles == ["get", "init", "init_entry", "put"]
 
 
+def test_exported_constructor_returning_the_object(bpf, tmp_path, probe_mode):
+    """The constructor lives in a shared library and the program calls it through its
+    PLT: in call-site mode the return value is read after those calls, in the program."""
+    lib = cc(tmp_path / "libthing.so", [FIXTURES / "ctor.c"],
+             ["-O2", "-fPIC", "-shared", "-Dmain=ctor_fixture_main"])
+    exe = cc(tmp_path / "ctormain", [FIXTURES / "ctormain.c"],
+             ["-O2", "-fno-omit-frame-pointer", f"-L{tmp_path}", "-lthing",
+              f"-Wl,-rpath,{tmp_path}"])
+    spec = tmp_path / "ctor-lib.yaml"
+    spec.write_text((ROOT / "configs/specs/example-ctor.yaml").read_text().replace(
+        "roles:\n", f"library: {lib}\nroles:\n", 1))
+    result = refcntd(["run", "--spec", str(spec), "--", str(exe)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    assert_probe_mode(result.report, probe_mode)
+    (process,) = result.report["processes"]
+    assert leak_summary(process) == {"gadget": [3]}
+    (group,) = process["groups"]
+    assert functions(group)[:2] == ["make_gadget", "main"]  # the constructor has returned
+    assert result.report["tracing"]["complete"]
+    init = [p for p in result.report["tracing"]["probes"] if p["role"] == "init"]
+    if probe_mode == "callsites":  # after each PLT call (the library's own unused main
+        # calls it too: those sites are planned, and never fire)
+        hits = {p["module"]: p["hits"] for p in init}
+        assert hits[str(exe)] == 3 and set(hits) == {str(exe), str(lib)}, init
+
+
 def test_dropped_records_make_the_run_incomplete(bpf, build, tmp_path):
     """No leak, but the object map overflowed: exit 24, never a clean result."""
     exe = build.program("churn", [FIXTURES / "churn.c"], "O2")
