@@ -15,6 +15,9 @@ from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.session.options import TraceOptions, kernel_options
 
 
+NO_HINT_SLOTS = 32768  # probe slots of an early compile for a file never planned before
+
+
 class HistoryOptions(TypedDict):
     """The TraceOptions fields that --history and --history-depth set."""
 
@@ -40,6 +43,8 @@ def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
     guess = sum(max(1, len(r.functions)) * (2 if r.obj.at_return else 1)
                 for r in spec.entries)
     count, hold = probe_count_hint(binary, spec)
+    if not count:  # a file never planned: room for a call-site plan (a 3 MiB array)
+        count = NO_HINT_SLOTS
     kopts = kernel_options(spec, True, filtered, opts)
     return BackgroundCompile(replace(kopts, hold=hold and kopts.unwind_offsets is not None),
                              max(guess, count))

@@ -40,14 +40,15 @@ class BackgroundCompile:
         self.seconds = time.monotonic() - t0
 
     def take(self, opts: KernelOptions, probe_count: int) -> tuple[Program | None, float]:
-        """(the program, seconds waited for it) if it fits; (None, waited) if not.
+        """(the program, seconds waited for it) if it fits (the same options, at least as
+        many probe slots); (None, waited) if not.
 
         Errors of the early compile (no privileges, no headers) are raised here,
         after the analysis has had its say about the binary.  Always waits: two
         bcc compiles at once in one process crash it (clang's state is shared),
         and a cold early compile fills the program cache for the second one
         (map sizes are not part of its key)."""
-        fits = opts == self.opts and loader.probe_slots(probe_count) == self.slots
+        fits = opts == self.opts and loader.probe_slots(probe_count) <= self.slots
         self._unwanted = not fits  # stop verifying programs that will be dropped
         t0 = time.monotonic()
         self._thread.join()
