@@ -131,20 +131,21 @@ class ModuleScan:
 
     def _classify(self, fn: _Function, addr: int, size: int, mnem: str, ops: str,
                   branch: int | None, found: list[tuple[int, int, str, TargetScan]]) -> None:
-        where = f"{fn.name or '?'}+0x{addr - fn.start:x} (0x{addr:x}: {mnem} {ops})"
-        if branch is not None and branch in self.results:
-            scan = self.results[branch]
-            first = self.image.code_at(addr, 2)
-            if mnem in ("call", "jmp") or _condition(first) is not None:
-                found.append((addr, size, mnem, scan))
-            else:
-                scan.blockers.append(f"prefixed branch at {where}: the kernel does not "
-                                     "emulate it")
+        if branch is not None:  # a direct branch takes no address: only its target matters
+            if branch in self.results:
+                scan = self.results[branch]
+                first = self.image.code_at(addr, 2)
+                if mnem in ("call", "jmp") or _condition(first) is not None:
+                    found.append((addr, size, mnem, scan))
+                else:
+                    scan.blockers.append(f"prefixed branch at {_where(fn, addr, mnem, ops)}: "
+                                         "the kernel does not emulate it")
             return
         for ref in _operand_addresses(addr, size, ops):
-            if ref in self.results and branch is None:
+            if ref in self.results:
                 self.results[ref].blockers.append(
-                    f"address taken at {where}: it can be called through a pointer")
+                    f"address taken at {_where(fn, addr, mnem, ops)}: it can be called "
+                    "through a pointer")
 
     def _check_gaps(self) -> None:
         """Executable bytes no known function covers: brute-force rel32 branches."""
@@ -207,6 +208,10 @@ class ModuleScan:
                 scan.blockers.append(f"relocation at 0x{rel['r_offset']:x} yields its address"
                                      f" ({'symbol ' + name if name else 'relative'}): reached "
                                      "through a pointer, GOT or PLT slot")
+
+
+def _where(fn: _Function, addr: int, mnem: str, ops: str) -> str:
+    return f"{fn.name or '?'}+0x{addr - fn.start:x} (0x{addr:x}: {mnem} {ops})"
 
 
 def _functions(image: ElfImage) -> list[_Function]:

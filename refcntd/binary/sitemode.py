@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from refcntd.binary import callsites, probepoint
@@ -123,10 +123,16 @@ def _cached_scan(image: ElfImage, targets: dict[int, str], plt_slots: frozenset[
     if image.build_id:
         with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({t: {"sites": [astuple(s) for s in r.sites],
+            cache.write_text(json.dumps({t: {"sites": [_row(s) for s in r.sites],
                                              "blockers": r.blockers}
                                          for t, r in results.items()}))
     return results
+
+
+def _row(site: Site) -> tuple[int, int, str, str, int, bool, int]:
+    """Site's fields in order (dataclasses.astuple deep-copies: 0.3 s for 24 000 sites)."""
+    return (site.vaddr, site.length, site.kind, site.caller, site.after,
+            site.after_exclusive, site.cond)
 
 
 def plan_call_sites(image: ElfImage, sym: Symbol, scan: dict[int, TargetScan],

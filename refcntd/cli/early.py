@@ -14,7 +14,6 @@ from refcntd.inputs.spec import Spec
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.session.options import TraceOptions, kernel_options
 
-
 NO_HINT_SLOTS = 32768  # probe slots of an early compile for a file never planned before
 
 
