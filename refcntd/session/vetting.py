@@ -119,6 +119,11 @@ class Vetting:
                     self._handed_out(tgid, why)
                 else:
                     self.vet_process(tgid)
+            except Exception as err:  # noqa: BLE001 - never lose calls, never stay stopped
+                for cross in self.plan.cross:
+                    if self._key(cross) not in self._back:
+                        self._fall_back(cross, f"scanning what process {tgid} maps failed: "
+                                               f"{err}")
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(tgid, signal.SIGCONT)
@@ -158,16 +163,26 @@ class Vetting:
                 continue
             try:
                 sites, blockers = importer_sites(cross, image)
-            except (BinaryError, OSError, ValueError) as err:
+            except Exception as err:  # noqa: BLE001 - any failure: the entry probe counts
                 sites, blockers = [], [f"{shown} could not be scanned: {err}"]
             if blockers:
                 self._fall_back(cross, f"{shown} was mapped: {blockers[0]}")
                 continue
             if not sites:
                 continue
-            if not self.kernel.add_sites(sites, self.type_ids):
+            try:
+                added = self.kernel.add_sites(sites, self.type_ids)
+            except Exception as err:  # noqa: BLE001 - bcc's bare exceptions: entry probe
+                self._fall_back(cross, f"{shown} was mapped and its probes failed: {err}")
+                continue
+            if not added:
                 self._fall_back(cross, f"{shown} was mapped and the spare probe slots "
                                        "are used up")
+                continue
+            refused = [f for f in self.kernel.failed_probes if f.site_index in added]
+            if refused:
+                self._fall_back(cross, f"{shown} was mapped and the kernel refused its "
+                                       f"probes: {refused[0].stage}: {refused[0].message}")
                 continue
             self.stats.probed[shown] = self.stats.probed.get(shown, 0) + len(sites)
             self.on_sites(sites)

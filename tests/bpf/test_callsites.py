@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, FIXTURES, Build, cc, functions, leak_summary, refcntd
 
+from refcntd.kernel.loader import HOLD_SPARE_PROBES
+
 TRUTH = {"obj": [1, 2, 4]}
 GETS_PUTS = [(1, 1), (2, 1), (3, 0)]
 
@@ -123,3 +125,27 @@ def test_conditional_tail_jumps_count_only_when_taken(bpf, build, tmp_path, mode
     assert (obj["gets"], obj["puts"]) == (7, 3)
     probes = {p["role"]: p for p in result.report["tracing"]["probes"]}
     assert probes["get"]["mode"] == probes["put"]["mode"] == mode
+
+
+def test_spare_probe_slots_used_up_moves_the_function_back(bpf, build, tmp_path):
+    """A plugin with more call sites than the spare probe slots: `get` goes back to
+    its entry probe while the plugin's dlopen waits, and counts stay exact.  (The
+    first run of a binary reserves 32 768 slots; later runs the last plan's count
+    plus HOLD_SPARE_PROBES: the second run is the one that overflows.)"""
+    exe, _ = build_fixture(build, tmp_path)
+    gets = 2 * HOLD_SPARE_PROBES + 100
+    source = tmp_path / "many_gets.c"
+    source.write_text('#include "refcnt.h"\nstruct obj { atomic_t refcnt; int id; };\n'
+                      "void plugin_touch(struct obj *o)\n{\n"
+                      + "\trefcnt__get(o, refcnt);\n" * gets + "}\n")
+    plugin = cc(tmp_path / "plugins" / "many.so", [source],
+                [f"-I{EXAMPLES}", "-O2", "-fPIC", "-shared"])
+    for run in ("first", "second"):
+        result = refcntd(["run", "--", str(exe), str(plugin)], tmp_path / f"{run}.json")
+        assert result.returncode == 23, result.stderr
+        (process,) = result.report["processes"]
+        assert leak_summary(process) == {"obj": [1, 2, 1 + gets]}, run
+        assert sorted((i["gets"], i["puts"]) for g in process["groups"]
+                      for i in g["instances"]) == [(1, 1), (2, 1), (gets, 0)], run
+    notes = " | ".join(result.report["tracing"]["notes"])
+    assert f"{plugin} was mapped and the spare probe slots are used up" in notes, notes
