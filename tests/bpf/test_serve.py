@@ -16,6 +16,9 @@ from pathlib import Path
 
 from conftest import FIXTURES, REFCNTD, ROOT, leak_summary
 from prometheus_client.parser import text_string_to_metric_families
+from test_callsites import GETS_PUTS as CALLSITE_GETS_PUTS
+from test_callsites import TRUTH as CALLSITE_TRUTH
+from test_callsites import build_fixture as callsite_fixture
 from test_run import PERFLIKE_LEAKS, assert_perflike_truth
 from test_usdt import Holder, all_zero, semaphores
 
@@ -271,3 +274,30 @@ def test_new_binary_matching_a_glob_is_attached_at_exec(bpf, build, tmp_path):
     # noticed at its exec, or by the path watcher just before it
     assert f"new binary {late} (pid {proc.pid})" in serve.log or \
         f"binary={late} appeared" in serve.log
+
+
+def test_serve_probes_exported_stubs_at_call_sites_in_plugins(bpf, build, tmp_path):
+    """System-wide: -O2 stubs exported by the traced program, called through the PLT of
+    a library and of a plugin dlopen'ed by each run; the plugin is scanned while the
+    first run waits in its dlopen.  Every run's report is exact."""
+    exe, plugin = callsite_fixture(build, tmp_path)
+    with Serve(tmp_path, target_yaml("csmain", exe)) as serve:
+        runs = []
+        for _ in range(2):
+            runs.append(subprocess.Popen([str(exe), str(plugin)], stdout=subprocess.DEVNULL))
+            assert runs[-1].wait(timeout=60) == 0
+        for run in runs:
+            serve.wait_log(f"target=csmain pid={run.pid} ", 30)
+        time.sleep(0.5)
+        m = serve.scrape()
+        assert serve.stop() == 0, serve.log
+    reports = [json.loads(p.read_text()) for p in sorted(serve.reports.glob("*.json"))]
+    processes = [p for r in reports for p in r["processes"]]
+    assert len(processes) == 2
+    for process in processes:
+        assert leak_summary(process) == CALLSITE_TRUTH
+        assert sorted((i["gets"], i["puts"]) for g in process["groups"]
+                      for i in g["instances"]) == CALLSITE_GETS_PUTS
+    # the plan's 7 probes in csmain and libcsuser.so, and the plugin's get, added once,
+    # at the first run's dlopen
+    assert metric(m, "refcntd_probes", target="csmain", state="attached") == 8
