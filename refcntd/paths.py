@@ -16,6 +16,7 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 
 CACHE_DIR = Path(os.environ.get("REFCNTD_CACHE", "/var/cache/refcntd"))
+RUN_DIR = Path(os.environ.get("REFCNTD_RUN_DIR", "/run/refcntd"))  # gone at reboot
 
 
 def data_dir(name: str) -> Path:

@@ -37,7 +37,7 @@ from refcntd.kernel.records import (
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
-from refcntd.session.vetting import Vetting
+from refcntd.session.vetting import Vetting, continue_orphans
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
     BuildIdIndex,
@@ -118,6 +118,9 @@ class Tracer:
         self.kernel = _load_kernel(kopts, plan, early)
         self.vetting = Vetting(self.kernel, plan, _fixed_type_ids(plan).__getitem__,
                                self._more_call_sites)
+        for tgid in continue_orphans():
+            plan.notes.append(f"process {tgid} was left stopped by a refcntd that died while "
+                              "it scanned a module the process mapped: continued")
         self.unwind = UnwindTables(self.kernel, ready)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)

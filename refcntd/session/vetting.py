@@ -33,6 +33,7 @@ from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import HoldKey
 from refcntd.kernel.loader import Kernel
+from refcntd.paths import RUN_DIR
 from refcntd.session.unwind import exec_mappings
 
 
@@ -114,6 +115,7 @@ class Vetting:
             return
         for tgid, why in self.kernel.take_held().items():
             t0 = time.monotonic()
+            marker = mark_held(tgid)
             try:
                 if why.offset:
                     self._handed_out(tgid, why)
@@ -127,6 +129,9 @@ class Vetting:
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(tgid, signal.SIGCONT)
+                if marker is not None:
+                    with contextlib.suppress(OSError):
+                        marker.unlink()
                 self.stats.holds += 1
                 self.stats.held_s += time.monotonic() - t0
 
@@ -245,3 +250,56 @@ def _same_file(path: str, dev: int, ino: int) -> bool:
         return False
     return (os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino) == (dev, ino)
 
+
+
+# ---- a refcntd killed while a process waited -------------------------------------
+HELD_DIR = RUN_DIR / "held"  # one file per stopped process: "<refcntd pid>-<tgid>"
+
+
+def mark_held(tgid: int) -> Path | None:
+    """Say, before scanning, that this refcntd holds `tgid` stopped: if it is killed
+    (SIGKILL, OOM) before the SIGCONT, the next refcntd continues the process."""
+    marker = HELD_DIR / f"{os.getpid()}-{tgid}"
+    try:
+        HELD_DIR.mkdir(parents=True, exist_ok=True)
+        marker.write_text(_start_time(tgid) or "")
+    except OSError:
+        return None
+    return marker
+
+
+def continue_orphans() -> list[int]:
+    """Continue the processes a dead refcntd left stopped (its markers); the ones
+    continued.  A marker of a live refcntd is left alone; a pid that now names
+    another process (its start time differs) is not signalled."""
+    continued = []
+    try:
+        markers = list(HELD_DIR.iterdir())
+    except OSError:
+        return []
+    for marker in markers:
+        owner, _, tgid = marker.name.partition("-")
+        if not (owner.isdigit() and tgid.isdigit()) or _alive(int(owner)):
+            continue
+        with contextlib.suppress(OSError):
+            started = marker.read_text()
+            if started and started == _start_time(int(tgid)):
+                os.kill(int(tgid), signal.SIGCONT)
+                continued.append(int(tgid))
+            marker.unlink()
+    return continued
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "refcntd" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def _start_time(tgid: int) -> str | None:
+    """Field 22 of /proc/PID/stat: when the process started (pids are reused)."""
+    try:
+        return Path(f"/proc/{tgid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
