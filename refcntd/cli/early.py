@@ -45,5 +45,4 @@ def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
     if not count:  # a file never planned: room for a call-site plan (a 3 MiB array)
         count = NO_HINT_SLOTS
     kopts = kernel_options(spec, True, filtered, opts)
-    return BackgroundCompile(replace(kopts, hold=hold and kopts.unwind_offsets is not None),
-                             max(guess, count))
+    return BackgroundCompile(replace(kopts, hold=hold), max(guess, count))

@@ -92,7 +92,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     if opts.cgroup_id is not None:
         flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
     flags.append(f"-DUNWIND={int(opts.unwind_offsets is not None)}")
-    flags.append(f"-DHOLD={int(opts.hold and opts.unwind_offsets is not None)}")
+    flags.append(f"-DHOLD={int(opts.hold and opts.unwind_offsets is not None)}")  # holding
     if opts.unwind_offsets is not None:
         flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
         flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
@@ -795,6 +795,12 @@ class Kernel:
         return abi.FileKey(ino=st.st_ino, dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev))
 
     @property
+    def holding(self) -> bool:
+        """Compiled with HOLD: processes mapping unscanned modules are stopped (it needs
+        the unwinder's mapping hooks; `opts.hold` alone only reserves probe slots)."""
+        return self.opts.hold and self.opts.unwind_offsets is not None
+
+    @property
     def probe_capacity(self) -> int:
         """probe_cfgs' size as compiled (MAX_PROBES)."""
         return int(self.bpf["probe_cfgs"].max_entries)
@@ -802,7 +808,7 @@ class Kernel:
     def vet(self, keys: Iterable[abi.FileKey], owner: bool = False) -> None:
         """Modules whose calls are accounted for: mapping them stops no process.
         `owner`: they define an exported function probed at its call sites."""
-        if not self.opts.hold:
+        if not self.holding:
             return
         for key in keys:
             self.bpf["vetted"][key] = ctypes.c_uint32(1)
@@ -812,12 +818,14 @@ class Kernel:
     def take_held(self) -> dict[int, abi.HoldKey]:
         """Processes the BPF side stopped (tgid -> the module it was mapping, or the
         function dlsym returned), forgotten here: the caller must continue each one."""
-        if not self.opts.hold:
+        if not self.holding:
             return {}
         return {key.value: value for key, value in _take_all(self.bpf["held"])}
 
     def hold_function(self, key: abi.HoldKey, on: bool = True) -> None:
         """dlsym returning this function (module, file offset) stops the process."""
+        if not self.holding:
+            return
         table = self.bpf["hold_funcs"]
         if on:
             table[key] = ctypes.c_uint32(1)

@@ -110,7 +110,7 @@ class Tracer:
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
-        kopts = replace(kopts, hold=bool(plan.cross) and kopts.unwind_offsets is not None)
+        kopts = replace(kopts, hold=bool(plan.cross))
         ids = _fixed_type_ids(plan)
         # read while the early compile may still be running: the main thread would wait
         self._packed = pack_probe_cfgs(plan.sites, ids.__getitem__)

@@ -62,10 +62,17 @@ class Vetting:
 
     @property
     def active(self) -> bool:
-        return bool(self.plan.cross) and self.kernel.opts.hold
+        return bool(self.plan.cross) and self.kernel.holding
 
     def start(self) -> None:
-        """The defining modules and the load set the plan scanned: accounted for."""
+        """The defining modules and the load set the plan scanned: accounted for.  Where
+        the kernel side cannot stop a process that maps a module (no BTF offsets for
+        the unwinder's mapping hooks), exported functions go back to their entry."""
+        if self.plan.cross and not self.kernel.holding:
+            for cross in self.plan.cross:
+                self._fall_back(cross, "the kernel side cannot follow modules mapped "
+                                       "later here (the unwinder's BTF offsets are missing)")
+            return
         if not self.active:
             return
         owners = {c.module for c in self.plan.cross}
@@ -223,7 +230,7 @@ class Vetting:
                                     f"since {why}")
 
     def notes(self) -> list[str]:
-        if not self.active:
+        if not self.plan.cross:
             return []
         s = self.stats
         out = []

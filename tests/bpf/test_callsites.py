@@ -4,6 +4,8 @@ function-pointer table, a plugin dlopen'ed while traced)."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,28 @@ def test_spare_probe_slots_used_up_moves_the_function_back(bpf, build, tmp_path)
                       for i in g["instances"]) == [(1, 1), (2, 1), (gets, 0)], run
     notes = " | ".join(result.report["tracing"]["notes"])
     assert f"{plugin} was mapped and the spare probe slots are used up" in notes, notes
+
+
+def test_without_the_mapping_hooks_exported_functions_go_back_to_entry(bpf, build, tmp_path):
+    """A kernel whose BTF lacks a field the unwinder's mapping hooks read cannot stop a
+    process that maps a module: the exported functions' call sites are not enough, and
+    their entry probes count instead (a kernel simulated by the BTF offset cache)."""
+    from refcntd.kernel import btf
+    offsets = {f"{struct}.{member}": btf.member_offset(struct, member)
+               for struct, member in btf.UNWIND_MEMBERS.values()}
+    offsets["super_block.s_dev"] = None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / btf._cache_file(btf.VMLINUX_BTF).name).write_text(json.dumps(offsets))
+    exe, plugin = build_fixture(build, tmp_path)
+    result = refcntd(["run", "--", str(exe), str(plugin)], tmp_path / "r.json",
+                     env=dict(os.environ, REFCNTD_CACHE=str(cache)), timeout=300)
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    assert leak_summary(process) == TRUTH
+    assert sorted((i["gets"], i["puts"]) for g in process["groups"]
+                  for i in g["instances"]) == GETS_PUTS
+    notes = " | ".join(result.report["tracing"]["notes"])
+    for role in ("get __refcnt__get", "put __refcnt__put"):
+        assert f"{role}: moved back to its entry probe (single-stepped) since the kernel " \
+            "side cannot follow modules mapped later" in notes, notes
