@@ -55,6 +55,9 @@ def test_a_dead_refcntds_stopped_process_is_continued(tmp_path, monkeypatch, sto
 def test_a_live_refcntds_process_is_left_alone(tmp_path, monkeypatch, stopped):
     monkeypatch.setattr(vetting, "HELD_DIR", tmp_path / "held")
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "refcntd"])
+    deadline = time.monotonic() + 5  # the kernel sets the new argv a moment after exec
+    while not vetting._alive(owner.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         kept = marker(tmp_path / "held", owner.pid, stopped.pid,
                       vetting._start_time(stopped.pid))
