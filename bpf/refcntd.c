@@ -1003,22 +1003,11 @@ int on_dlsym_return(struct pt_regs *ctx)
 	struct exec_maps *maps = addr && tracked(tgid) ? exec_maps.lookup(&tgid) : 0;
 	if (!maps)
 		return 0;
-	struct hold_key key = {};
-	for (__u32 i = 0; i < MAX_EXEC_MAPS; i++) {
-		bounded(i);
-		if (i >= maps->n)
-			return 0;
-		if (addr >= maps->m[i].start && addr < maps->m[i].end) {
-			key.file = maps->m[i].file;
-			__u64 pgoff = maps->m[i].pgoff;
-			if (pgoff == EXE_PGOFF) {
-				struct cfi_module *mod = cfi_modules.lookup(&key.file);
-				pgoff = mod ? mod->text_off : 0;
-			}
-			key.offset = addr - maps->m[i].start + pgoff;
-			break;
-		}
-	}
+	struct exec_map m = {};
+	if (!find_map(maps, addr, &m))
+		return 0;
+	struct hold_key key = {.file = m.file,
+			       .offset = file_offset_in(&m, cfi_modules.lookup(&m.file), addr)};
 	if (hold_funcs.lookup(&key))
 		hold(tgid, &key);
 	return 0;

@@ -95,6 +95,14 @@ static __always_inline int find_map(struct exec_maps *maps, __u64 pc, struct exe
 	return found;
 }
 
+/* The file offset of pc in mapping m (the executable's text mapping records
+ * EXE_PGOFF: its offset is the text's, from the module's table). */
+static __always_inline __u64 file_offset_in(struct exec_map *m, struct cfi_module *mod, __u64 pc)
+{
+	__u64 pgoff = m->pgoff == EXE_PGOFF ? (mod ? mod->text_off : 0) : m->pgoff;
+	return pc - m->start + pgoff;
+}
+
 /* Copies the last row of `mod` whose pc is <= off into *out; 0 if none. */
 static __always_inline int find_row(struct cfi_module *mod, __u32 off, struct cfi_row *out)
 {
@@ -194,8 +202,7 @@ static __always_inline __u32 unwind_frame(struct stack_rec *rec, struct exec_map
 	if (!find_map(maps, r->pc, m))
 		return (*guessed ? TR_NO_TABLE : TR_OUTSIDE) + 1;
 	struct cfi_module *mod = cfi_modules.lookup(&m->file);
-	__u64 pgoff = m->pgoff == EXE_PGOFF ? (mod ? mod->text_off : 0) : m->pgoff;
-	__u64 off = r->pc - m->start + pgoff;
+	__u64 off = file_offset_in(m, mod, r->pc);
 	put_frame(rec, i, r->pc, off, mod, &m->file, m->pgoff == EXE_PGOFF ? m->start : 0);
 	__u32 no_table = !mod || !(mod->flags & MOD_FP);
 	*guessed = no_table;

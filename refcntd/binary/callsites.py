@@ -329,14 +329,29 @@ def imports(image: ElfImage, name: str) -> bool:
         for s in dynsym.iter_symbols())
 
 
+_PLT_STUBS: dict[tuple[str, str | None, int, int], dict[str, list[tuple[int, int]]]] = {}
+
+
 def plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
-    """Imported function name -> [(PLT stub address, its GOT slot)].
+    """Imported function name -> [(PLT stub address, its GOT slot)]; read once per
+    file (the plan asks for each role, and for the module itself and its importers).
 
     A call from this module to another module's F is `call F@plt`, and the
     stub jumps through the GOT slot ld.so fills with F's address: probing the
     calls to the stub is probing the calls to F.  Found from the JUMP_SLOT
     relocations and the stubs' `jmp [rip + slot]` in .plt, .plt.sec, .plt.got.
     """
+    try:
+        st = image.path.stat()  # `serve` outlives files replaced in place
+    except OSError:
+        return _read_plt_stubs(image)
+    key = (str(image.path), image.build_id, st.st_size, st.st_mtime_ns)
+    if key not in _PLT_STUBS:
+        _PLT_STUBS[key] = _read_plt_stubs(image)
+    return _PLT_STUBS[key]
+
+
+def _read_plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
     elf = image.elffile()
     slot_names: dict[int, str] = {}
     for section in elf.iter_sections():

@@ -157,11 +157,10 @@ def plan_call_sites(image: ElfImage, sym: Symbol, scan: dict[int, TargetScan],
                                 "call it, and the modules loaded later cannot be followed here")
         return plan
     plan.later = True
-    for stub, _slot in callsites.plt_stubs(image).get(sym.name, []):  # its own PLT calls
-        for site in scan[stub].sites if stub in scan else []:
+    for stub, _slot in callsites.plt_stubs(image).get(sym.name, []):  # its own PLT calls:
+        for site in scan[stub].sites:  # swept with it (scan_targets)
             plan.points += _points(image, site, is_return, saves_args, plan.blockers)
-        plan.blockers += scan[stub].blockers if stub in scan else [
-            f"its own PLT stub at 0x{stub:x} was not swept"]
+        plan.blockers += scan[stub].blockers
     modules = load_set()
     own = next((i for i, m in enumerate(modules) if _same_file(m, image)), len(modules))
     for earlier in modules[:own]:
@@ -280,7 +279,7 @@ def scan_targets(image: ElfImage, names: list[str], clone_of: Callable[[str], li
         for sym in image.symbols.get(name, []) + clone_of(name):
             targets.setdefault(sym.vaddr, sym.name)
     slots: set[int] = set()
-    stubs = callsites.plt_stubs(image) if image.symbols else {}
+    stubs = callsites.plt_stubs(image)
     for name in names:
         for stub, slot in stubs.get(name, []):
             targets.setdefault(stub, f"{name}@plt")

@@ -400,13 +400,17 @@ class Kernel:
         refuses is retried one site per link, so the refused site is named, and
         `multi_refused` says why.  Otherwise one perf event and link per site.
         """
+        self._attach(range(len(self.sites)))
+
+    def _attach(self, indexes: Iterable[int]) -> None:
+        """attach_all for the sites at `indexes` (all of them, or those added later)."""
         if not self.multi:
-            for index, site in enumerate(self.sites):
-                self._attach_one(index, site)
+            for index in indexes:
+                self._attach_one(index, self.sites[index])
             return
-        for (module, ret), indexes in _multi_groups(self.sites).items():
-            if not self._attach_multi(module, ret, indexes):
-                for index in indexes:
+        for (module, ret), group in _multi_groups(self.sites, indexes).items():
+            if not self._attach_multi(module, ret, group):
+                for index in group:
                     self._attach_multi_one(index)
 
     def _attach_multi(self, module: str, retprobe: bool, indexes: list[int]) -> bool:
@@ -754,11 +758,9 @@ class Kernel:
     def load_unwind_table(self, path: str, table: CfiTable | None = None) -> CfiTable | None:
         """Give BPF the CFI table of the file at `path` (once per file; `table`: read
         already); None if not loaded."""
-        try:
-            st = os.stat(path)
-        except OSError:
+        key = self.file_key(path)
+        if key is None:
             return None
-        key = abi.FileKey(ino=st.st_ino, dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev))
         if not self.unwinding or (key.ino, key.dev) in self._tables:
             return None
         self._tables.add((key.ino, key.dev))
@@ -860,14 +862,7 @@ class Kernel:
         _update_array(self.bpf["probe_cfgs"], first, abi.ProbeCfg,
                       pack_probe_cfgs(sites, type_ids))
         indexes = list(range(first, first + len(sites)))
-        for (module, ret), group in _multi_groups(sites).items():
-            shifted = [first + i for i in group]
-            if not self.multi or not self._attach_multi(module, ret, shifted):
-                for index in shifted:
-                    if self.multi:
-                        self._attach_multi_one(index)
-                    else:
-                        self._attach_one(index, self.sites[index])
+        self._attach(indexes)
         return indexes
 
     def disable_sites(self, indexes: list[int]) -> None:
@@ -905,10 +900,12 @@ def _update_array(table: Any, first: int, row_type: Any, packed: bytes) -> None:
         table[ctypes.c_int(first + i)] = values[i]
 
 
-def _multi_groups(sites: list[ProbeSite]) -> dict[tuple[str, bool], list[int]]:
-    """Site indexes per (file, uretprobe) that a multi-uprobe link can carry."""
+def _multi_groups(sites: list[ProbeSite], indexes: Iterable[int]
+                  ) -> dict[tuple[str, bool], list[int]]:
+    """Indexes of `sites` per (file, uretprobe) that a multi-uprobe link can carry."""
     groups: dict[tuple[str, bool], list[int]] = {}
-    for index, site in enumerate(sites):
+    for index in indexes:
+        site = sites[index]
         groups.setdefault((site.module, site.uretprobe), []).append(index)
     return groups
 
@@ -979,7 +976,9 @@ def _lookup_batches(table: Any) -> Iterator[tuple[ctypes.Array[Any], ctypes.Arra
 
 
 def _take_all(table: Any) -> list[tuple[Any, Any]]:
-    items = [(k, v) for k, v in table.items()]
+    """Every entry, removed from the map.  Not _items(): a batch lookup hands scalar
+    keys back as ints, and `held` is keyed by a plain tgid."""
+    items = list(table.items())
     _delete(table, [k for k, _ in items])
     return items
 

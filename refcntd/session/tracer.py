@@ -111,12 +111,12 @@ class Tracer:
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
         kopts = replace(kopts, hold=bool(plan.cross))
-        ids = _fixed_type_ids(plan)
+        self._type_ids = _fixed_type_ids(plan)
         # read while the early compile may still be running: the main thread would wait
-        self._packed = pack_probe_cfgs(plan.sites, ids.__getitem__)
+        self._packed = pack_probe_cfgs(plan.sites, self._type_ids.__getitem__)
         ready = prefetch(plan.modules) if kopts.unwind_offsets is not None else None
         self.kernel = _load_kernel(kopts, plan, early)
-        self.vetting = Vetting(self.kernel, plan, _fixed_type_ids(plan).__getitem__,
+        self.vetting = Vetting(self.kernel, plan, self._type_ids.__getitem__,
                                self._more_call_sites)
         for tgid in continue_orphans():
             plan.notes.append(f"process {tgid} was left stopped by a refcntd that died while "
@@ -134,7 +134,7 @@ class Tracer:
         self.pruned_totals: dict[str, Totals] = {}
         self.types_pruned = 0
         self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
-        self._fixed_ids = set(_fixed_type_ids(plan).values())
+        self._fixed_ids = set(self._type_ids.values())
         self._max_types = kopts.max_types
         self.attached_at = 0.0  # time.time() when the probes were attached
         self.tracker = SessionTracker(self.kernel, stacks, sym, self._report,
@@ -156,11 +156,10 @@ class Tracer:
         self.kernel.detach()
 
     def start(self) -> None:
-        ids = _fixed_type_ids(self.plan)
-        for name, type_id in ids.items():
+        for name, type_id in self._type_ids.items():
             self.kernel.set_fixed_type(type_id, name)
         with progress.stage("probe configuration"):
-            self.kernel.configure_probes(lambda name: ids[name], self._packed)
+            self.kernel.configure_probes(self._type_ids.__getitem__, self._packed)
         self.kernel.open_events(self._on_event)
         with progress.stage("probe creation"):
             self.kernel.attach_all()

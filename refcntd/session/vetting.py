@@ -31,7 +31,7 @@ from refcntd.binary.plan import (
 )
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
-from refcntd.kernel.abi import HoldKey
+from refcntd.kernel.abi import FileKey, HoldKey
 from refcntd.kernel.loader import Kernel
 from refcntd.paths import RUN_DIR
 from refcntd.session.unwind import exec_mappings
@@ -59,6 +59,8 @@ class Vetting:
         self.stats = VettingStats()
         self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
         self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
+        # (kernel dev, inode, file offset) of each function dlsym may hand out
+        self._functions: dict[tuple[int, int, int], tuple[CrossModule, HoldKey]] = {}
 
     @property
     def active(self) -> bool:
@@ -87,6 +89,7 @@ class Vetting:
         for cross in self.plan.cross:
             key = self._function_key(cross)
             if key is not None:
+                self._functions[(key.file.dev, key.file.ino, key.offset)] = (cross, key)
                 self.kernel.hold_function(key)
         self._probe_dlsym()
 
@@ -156,13 +159,12 @@ class Vetting:
         for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
             if (dev, ino) in self._done:
                 continue
-            readable = path if _same_file(path, dev, ino) else \
+            here = self.kernel.file_key(path)  # another mount namespace's path may not be
+            readable = path if here is not None and (here.dev, here.ino) == (dev, ino) else \
                 f"/proc/{tgid}/map_files/{start:x}-{end:x}"
             self._vet_file(path, readable)
             self._done.add((dev, ino))
-            key = self.kernel.file_key(readable)
-            if key is not None:
-                self.kernel.vet([key])
+            self.kernel.vet([FileKey(ino=ino, dev=dev)])
 
     def _vet_file(self, shown: str, path: str) -> None:
         self.stats.modules.append(shown)
@@ -201,14 +203,11 @@ class Vetting:
 
     def _handed_out(self, tgid: int, why: HoldKey) -> None:
         """dlsym returned a function probed at its call sites to `tgid`."""
-        for cross in self.plan.cross:
-            key = self._function_key(cross)
-            if key is not None and (key.file.dev, key.file.ino, key.offset) == \
-                    (why.file.dev, why.file.ino, why.offset) and \
-                    self._key(cross) not in self._back:
-                comm = read_comm(tgid)
-                self._fall_back(cross, f"dlsym handed its address to process {tgid} ({comm})")
-                self.kernel.hold_function(key, on=False)
+        found = self._functions.get((why.file.dev, why.file.ino, why.offset))
+        if found is not None and self._key(found[0]) not in self._back:
+            self._fall_back(found[0], f"dlsym handed its address to process {tgid} "
+                                      f"({read_comm(tgid)})")
+            self.kernel.hold_function(found[1], on=False)
 
     @staticmethod
     def _key(cross: CrossModule) -> tuple[str, str, str]:
@@ -248,14 +247,6 @@ def read_comm(tgid: int) -> str:
         return Path(f"/proc/{tgid}/comm").read_text().strip()
     except OSError:
         return "?"
-
-
-def _same_file(path: str, dev: int, ino: int) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return (os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino) == (dev, ino)
 
 
 
