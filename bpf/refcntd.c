@@ -15,6 +15,9 @@
  *   HOLD         1: exported functions are probed at their call sites: a traced
  *                process that maps a module user space has not scanned is stopped
  *                until it has (needs UNWIND's mapping hooks)
+ *   SITES        1: count live objects per allocation site and creation time, and
+ *                operations per type as they happen (serve: a scrape or a diff reads
+ *                O(sites)); MAX_ALLOC_SITES, MAX_AGE_BINS
  *   HISTORY      1: keep get/put history of objects whose type is in
  *                history_types (or all, HISTORY_ALL); MAX_HISTORY, MAX_SITES, MAX_PATHS
  */
@@ -216,9 +219,134 @@ static __always_inline __u32 intern_type(__u64 name_ptr)
 	return hash;
 }
 
-static __always_inline void add_totals(struct obj_val *o)
+enum { OP_INIT, OP_GET, OP_PUT, OP_RELEASED };  /* count_op() */
+
+#if SITES
+BPF_HASH(alloc_sites, struct alloc_site, struct alloc_count, MAX_ALLOC_SITES);
+BPF_HASH(since, struct since_key, struct since_count, MAX_ALLOC_SITES);
+BPF_HASH(age_bins, struct age_key, __s64, MAX_AGE_BINS);
+BPF_ARRAY(checkpoint, __u64, 1);  /* the current checkpoint (ns), 0: none */
+
+/* Objects whose type name was not readable in the kernel keep its pointer. */
+static __always_inline struct alloc_site site_of(struct obj_key *key, struct obj_val *o)
+{
+	struct alloc_site s = {.tgid = key->tgid, .gen = o->gen, .type_id = o->type_id,
+			       .name_ptr = o->type_id ? 0 : o->name_ptr,
+			       .stack_id = o->stack_id, .caller_ip = o->caller_ip};
+	return s;
+}
+
+/* Every operation as it happens, so the live objects' share needs no walk: per
+ * type, or, for an object whose type name the kernel could not read (type_id 0),
+ * at its allocation site, which has the name's pointer for user space. */
+static __always_inline void count_op(struct obj_key *key, struct obj_val *o, int op)
+{
+	if (!o->type_id) {
+		struct alloc_site s = site_of(key, o);
+		struct alloc_count *c = alloc_sites.lookup(&s);
+		if (!c || op == OP_INIT)  /* inits: site_add's `created` */
+			return;
+		__sync_fetch_and_add(op == OP_GET ? &c->gets : op == OP_PUT ? &c->puts
+				     : &c->released, 1);
+		return;
+	}
+	struct type_totals zero_totals = {};
+	struct type_totals *t = totals.lookup_or_try_init(&o->type_id, &zero_totals);
+	if (!t)
+		return;
+	switch (op) {  /* per CPU: no atomics needed */
+	case OP_INIT: t->inits += 1; break;
+	case OP_GET: t->gets += 1; break;
+	case OP_PUT: t->puts += 1; break;
+	default: t->released += 1; break;
+	}
+}
+
+/* A counter is created by an increment only: a decrement never recreates an
+ * entry user space removed (a pruned age bin stays pruned). */
+static __always_inline void count_age(struct alloc_site *s, __u64 init_ns, __s64 delta)
+{
+	struct age_key k = {.tgid = s->tgid, .gen = s->gen, .type_id = s->type_id,
+			    .bin = (__u32)(init_ns >> AGE_FINE_SHIFT), .name_ptr = s->name_ptr};
+	__s64 zero = 0, *n;
+	/* an old object (revived, inherited) never recreates a fine bin user space has
+	 * dropped: only its coarse bin counts it */
+	int first = bpf_ktime_get_ns() - init_ns > AGE_FINE_HORIZON_S * 1000000000ULL;
+#pragma unroll
+	for (int level = 0; level < 2; level++) {
+		if (level < first)
+			continue;
+		if (level)
+			k.bin = AGE_COARSE | (__u32)(init_ns >> AGE_COARSE_SHIFT);
+		if (delta > 0)
+			n = age_bins.lookup_or_try_init(&k, &zero);
+		else
+			n = age_bins.lookup(&k);
+		if (n)
+			__sync_fetch_and_add(n, delta);
+		else if (delta > 0)
+			count_stat(ST_AGE_BINS_FULL);
+	}
+}
+
+/* Before `o` is stored: is it created since the current checkpoint? */
+static __always_inline void site_classify(struct obj_val *o)
+{
+	int zero = 0;
+	__u64 *cp = checkpoint.lookup(&zero);
+	o->since_cp = cp && *cp && o->init_ns >= *cp ? *cp : 0;
+}
+
+/* `o` (stored as `key`) became live (+1) or stopped being live (-1); `born`: by its
+ * init (not revived or inherited). */
+static __always_inline void site_add(struct obj_key *key, struct obj_val *o, __s64 delta,
+				     int born)
+{
+	struct alloc_site s = site_of(key, o);
+	struct alloc_count zero = {}, *c;
+	if (delta > 0)
+		c = alloc_sites.lookup_or_try_init(&s, &zero);
+	else
+		c = alloc_sites.lookup(&s);
+	if (c) {
+		__sync_fetch_and_add(&c->live, delta);
+		if (born)
+			__sync_fetch_and_add(&c->created, 1);
+	} else if (delta > 0) {
+		count_stat(ST_ALLOC_SITES_FULL);
+	}
+	count_age(&s, o->init_ns, delta);
+	if (!o->since_cp)
+		return;
+	struct since_key k = {.site = s, .cp = o->since_cp};
+	struct since_count none = {}, *n;
+	if (delta > 0)
+		n = since.lookup_or_try_init(&k, &none);
+	else
+		n = since.lookup(&k);
+	if (n) {
+		__sync_fetch_and_add(&n->live, delta);
+		__sync_fetch_and_add(&n->age_sum, delta * (__s64)((o->init_ns - o->since_cp) >> 10));
+	} else if (delta > 0) {
+		count_stat(ST_ALLOC_SITES_FULL);
+	}
+}
+#else
+static __always_inline void count_op(struct obj_key *key, struct obj_val *o, int op) {}
+static __always_inline void site_classify(struct obj_val *o) {}
+static __always_inline void site_add(struct obj_key *key, struct obj_val *o, __s64 delta,
+				     int born) {}
+#endif
+
+/* Without SITES the totals are added when an object is released (cheaper per
+ * operation; only serve, which has SITES, reads live objects' operations). */
+static __always_inline void add_totals(struct obj_key *key, struct obj_val *o)
 {
 	struct type_totals zero_totals = {};
+	if (SITES) {
+		count_op(key, o, OP_RELEASED);
+		return;
+	}
 	struct type_totals *t = totals.lookup_or_try_init(&o->type_id, &zero_totals);
 	if (!t)
 		return;
@@ -359,7 +487,8 @@ static __always_inline void release(struct obj_key *key, struct obj_val *o)
 {
 	struct grave_val g = describe(o, bpf_ktime_get_ns());
 	graveyard.update(key, &g);
-	add_totals(o);
+	add_totals(key, o);
+	site_add(key, o, -1, 0);
 	fold_history(key, o->type_id);
 	objs.delete(key);
 }
@@ -457,6 +586,11 @@ static __always_inline int set_aside(struct probe_cfg *cfg, struct obj_key *key)
 	    bpf_probe_read_user(&word, sizeof(word), (void *)(key->addr + cfg->kept_offset)) != 0 ||
 	    !(word & cfg->kept_mask))
 		return 0;
+	if (SITES) {
+		struct obj_val *o = objs.lookup(key);
+		if (o)
+			site_add(key, o, -1, 0);
+	}
 	objs.delete(key);
 	may_leak.update(key, &one);
 	count_stat(ST_MAY_BE_LEAKED);
@@ -600,12 +734,17 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	graveyard.delete(&key);
 	unknown_seen.delete(&key);
 	struct obj_val *old = objs.lookup(&key);
-	if (old)
+	if (old) {
 		count_stat(old->gen == val.gen ? ST_REINIT_LIVE : ST_STALE_REPLACED);
+		site_add(&key, old, -1, 0);
+	}
+	site_classify(&val);
 	if (objs.update(&key, &val) != 0) {
 		count_stat(ST_OBJ_MAP_FULL);
 		return 0;
 	}
+	site_add(&key, &val, 1, 1);
+	count_op(&key, &val, OP_INIT);
 	if (HISTORY) {
 		start_history(&key, val.type_id, val.init_ns);
 		record(ctx, cfg, &key, val.type_id, ROLE_INIT, val.count);
@@ -635,6 +774,8 @@ static __always_inline int revive(struct probe_cfg *cfg, struct obj_key *key)
 		count_stat(ST_OBJ_MAP_FULL);
 		return 1;
 	}
+	site_add(key, &val, 1, 0);
+	count_op(key, &val, OP_GET);  /* the get that revived it */
 	graveyard.delete(key);
 	count_stat(ST_REVIVED);
 	return 1;
@@ -662,7 +803,9 @@ static __always_inline struct obj_val *inherit_object(struct obj_key *key)
 		if (o) {
 			struct obj_val copy = *o;
 			copy.gen = proc->gen;
-			objs.insert(key, &copy);
+			copy.since_cp = 0;  /* the parent's, not created since in this process */
+			if (objs.insert(key, &copy) == 0)
+				site_add(key, &copy, 1, 0);
 			return objs.lookup(key);
 		}
 	}
@@ -692,6 +835,7 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	__s64 before = __sync_fetch_and_add(&o->count, 1);
 	__sync_fetch_and_add(&o->gets, 1);
+	count_op(&key, o, OP_GET);
 	if (HISTORY)
 		record(ctx, cfg, &key, o->type_id, ROLE_GET, before + 1);
 	return 0;
@@ -716,6 +860,7 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	__sync_fetch_and_add(&o->puts, 1);
 	__s64 before = __sync_fetch_and_add(&o->count, -1);
+	count_op(&key, o, OP_PUT);
 	if (HISTORY)
 		record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
 	if (before <= 0) {
@@ -751,6 +896,7 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 		__sync_fetch_and_add(&o->puts, 1);
 		__sync_fetch_and_add(&o->count, -1);
 		put_due.update(&key, &tid);
+		count_op(&key, o, OP_PUT);
 	}
 	if (o->count != 0) {
 		struct grave_val g = describe(o, 0);

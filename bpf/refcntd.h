@@ -67,6 +67,8 @@ enum refcntd_stat {
 	ST_PROC_STATS_FULL,     /* loss: counts not kept per process: per-process table full (process reports may miss their own counts; the totals are exact) */
 	ST_PATHS_MAP_FULL,      /* loss: get/put operations of objects with history not counted per path: path map full (their culprits are reported unknown) */
 	ST_PATHS_STALE,         /* note: per-path counts of released objects with more than 8 paths kept until their process is reported */
+	ST_ALLOC_SITES_FULL,    /* note: objects not counted per allocation site: site table full (live counts, metrics and diffs leave them out) */
+	ST_AGE_BINS_FULL,       /* note: objects not counted by creation time: age table full (the age metrics leave them out) */
 	ST_COUNT
 };
 
@@ -212,8 +214,8 @@ struct obj_key {
 	__u64 addr;
 };
 
-/* 56 bytes: with the 16-byte key and the kernel's 48-byte hash element header
- * an entry is 120 bytes (128 with the allocator's link). */
+/* 64 bytes: with the 16-byte key and the kernel's 48-byte hash element header
+ * an entry is 128 bytes, the allocator's size class for 120 bytes anyway. */
 struct obj_val {
 	__s64 count;          /* 64-bit: LLVM 14 only has fetch-and-add for 64-bit words */
 	__u32 gets;
@@ -224,6 +226,7 @@ struct obj_val {
 	__u64 init_ns;
 	__u64 caller_ip;      /* raw return address into the init's caller, 0 if in the stack */
 	__u64 name_ptr;       /* type-name pointer when the page was not present at init */
+	__u64 since_cp;       /* SITES: the checkpoint whose since-count holds it (0: none) */
 };
 
 /* A released object, remembered (LRU) to tell use-after-delete from an
@@ -258,6 +261,51 @@ struct anomaly {
 	__u64 name_ptr;
 	__u64 init_ns;
 	__u64 released_ns;    /* 0 unless the object had been released */
+};
+
+/* SITES (serve): live objects counted where they were created, per process,
+ * so that a scrape or a diff reads O(allocation sites), never every object. */
+struct alloc_site {
+	__u32 tgid;
+	__u32 gen;
+	__u32 type_id;
+	__u32 pad;
+	__u64 name_ptr;       /* type_id 0: the name's address in the process */
+	__u64 stack_id;
+	__u64 caller_ip;
+};
+
+struct alloc_count {
+	__s64 live;           /* created here and not released */
+	__u64 created;        /* ever */
+	__u64 gets;           /* type_id 0 only (not in the per-type totals): operations on */
+	__u64 puts;           /* the objects created here, for user space to name */
+	__u64 released;
+};
+
+/* Objects created at a site since a checkpoint (CLOCK_MONOTONIC ns) and live. */
+struct since_key {
+	struct alloc_site site;
+	__u64 cp;
+};
+
+struct since_count {
+	__s64 live;
+	__s64 age_sum;        /* sum of (init_ns - cp) >> 10 of those objects: their mean age */
+};
+
+/* Live objects of a type by creation time: fine bins (init_ns >> AGE_FINE_SHIFT) for
+ * recent objects, coarse ones (AGE_COARSE | init_ns >> AGE_COARSE_SHIFT) for all. */
+#define AGE_FINE_SHIFT 30      /* 1.07 s */
+#define AGE_COARSE_SHIFT 37    /* 137 s */
+#define AGE_COARSE 2147483648U  /* bit 31 of age_key.bin */
+#define AGE_FINE_HORIZON_S 600  /* no fine bin is counted for an object older than this */
+struct age_key {
+	__u32 tgid;
+	__u32 gen;
+	__u32 type_id;
+	__u32 bin;
+	__u64 name_ptr;
 };
 
 /* How a stack was obtained (see bpf/stackstore.h). */

@@ -16,6 +16,7 @@ from refcntd.analysis.model import (
     LeakedObject,
     LeakGroup,
     LeakKey,
+    SiteGroup,
     StackUnwind,
 )
 from refcntd.analysis.tailcalls import with_tail_calls
@@ -27,8 +28,11 @@ from refcntd.kernel.records import (
     ObjectRecord,
     RawFrame,
     ReleasedSite,
+    SiteLive,
     StackRecord,
     StackRef,
+    Totals,
+    add_totals,
 )
 from refcntd.symbolize.perfmap import PerfMap
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
@@ -94,6 +98,42 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)
     return sorted(groups.values(), key=LeakGroup.order)
+
+
+def group_sites(sites: list[SiteLive], stacks: StackSource, sym: Symbolizer, now_ns: int,
+                since: bool = False) -> list[SiteGroup]:
+    """One process's per-site counts (Kernel.site_lives) as groups by (type, allocation
+    stack), each stack symbolized once; `since`: only objects created since the
+    checkpoint, most first."""
+    mods = ProcessModules()
+    groups: dict[LeakKey, SiteGroup] = {}
+    for site in sites:  # two stack ids may symbolize alike (a first walk cut earlier)
+        frames, truncated = symbolize_stack(site.stack, stacks, sym, mods)
+        unwind = stack_unwind(site.stack, stacks)
+        new = SiteGroup(_type_name(site.type_name, site.name_ptr, sym, mods), frames, unwind,
+                        truncated or unwind.truncated_at is not None, 0, 0)
+        group = groups.setdefault(new.key(), new)
+        ages = group.since_mean_age_ns * group.since + (
+            max(0, now_ns - site.since_mean_ns) * site.since if site.since else 0)
+        group.live += site.live
+        group.created += site.created
+        group.since += site.since
+        group.since_mean_age_ns = ages // group.since if group.since else 0
+    order = (lambda g: (-g.since, g.key())) if since else (lambda g: (-g.live, g.key()))
+    return sorted((g for g in groups.values() if g.since or (not since and g.live)), key=order)
+
+
+def unnamed_operations(sites: list[SiteLive], stacks: StackSource, sym: Symbolizer,
+                       mods: ProcessModules) -> dict[str, Totals]:
+    """The operations the kernel counted per site for objects it could not name (a
+    reported process's, Kernel.take_sites), per type name read from the files."""
+    out: dict[str, Totals] = {}
+    for site in sites:
+        if site.type_name or not any(site.ops):
+            continue
+        symbolize_stack(site.stack, stacks, sym, mods)  # teaches the biases the name needs
+        add_totals(out, _type_name("", site.name_ptr, sym, mods), site.ops)
+    return out
 
 
 def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now_ns: int,

@@ -127,6 +127,34 @@ class AnomalyFinding:
 
 
 @dataclass
+class SiteGroup:
+    """Live objects of one process sharing a type and an allocation stack, counted in
+    the kernel per site (no object list): what a diff or the live view shows."""
+
+    type_name: str
+    frames: tuple[Frame, ...]
+    unwind: StackUnwind
+    stack_truncated: bool
+    live: int  # live now
+    created: int  # ever created here
+    since: int = 0  # created since the checkpoint and live
+    since_mean_age_ns: int = 0
+
+    def key(self) -> LeakKey:
+        return (self.type_name, tuple(f.key() for f in self.frames))
+
+
+@dataclass
+class ProcessSites:
+    """One process's allocation sites with live objects."""
+
+    pid: int
+    comm: str
+    command: list[str]
+    groups: list[SiteGroup] = field(default_factory=list)
+
+
+@dataclass
 class ProcessReport:
     pid: int
     comm: str

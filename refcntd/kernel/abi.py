@@ -25,6 +25,10 @@ PF_MAY_LEAK_FLAG = 32
 PF_REVIVE = 64
 HISTORY_DEPTH = 16
 HISTORY_SITES = 8
+AGE_FINE_SHIFT = 30
+AGE_COARSE_SHIFT = 37
+AGE_COARSE = 2147483648
+AGE_FINE_HORIZON_S = 600
 MAX_EXEC_MAPS = 32
 CFI_SEARCH_STEPS = 24
 MOD_FP = 1
@@ -83,6 +87,8 @@ class Stat(IntEnum):
     PROC_STATS_FULL = 27
     PATHS_MAP_FULL = 28
     PATHS_STALE = 29
+    ALLOC_SITES_FULL = 30
+    AGE_BINS_FULL = 31
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -116,6 +122,8 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.PROC_STATS_FULL: 'loss: counts not kept per process: per-process table full (process reports may miss their own counts; the totals are exact)',
     Stat.PATHS_MAP_FULL: 'loss: get/put operations of objects with history not counted per path: path map full (their culprits are reported unknown)',
     Stat.PATHS_STALE: 'note: per-path counts of released objects with more than 8 paths kept until their process is reported',
+    Stat.ALLOC_SITES_FULL: 'note: objects not counted per allocation site: site table full (live counts, metrics and diffs leave them out)',
+    Stat.AGE_BINS_FULL: 'note: objects not counted by creation time: age table full (the age metrics leave them out)',
 }
 
 
@@ -361,6 +369,7 @@ class ObjVal(C.Structure):
         ("init_ns", C.c_uint64),
         ("caller_ip", C.c_uint64),
         ("name_ptr", C.c_uint64),
+        ("since_cp", C.c_uint64),
     ]
 
 
@@ -394,6 +403,52 @@ class Anomaly(C.Structure):
         ("name_ptr", C.c_uint64),
         ("init_ns", C.c_uint64),
         ("released_ns", C.c_uint64),
+    ]
+
+
+class AllocSite(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("type_id", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("name_ptr", C.c_uint64),
+        ("stack_id", C.c_uint64),
+        ("caller_ip", C.c_uint64),
+    ]
+
+
+class AllocCount(C.Structure):
+    _fields_ = [
+        ("live", C.c_int64),
+        ("created", C.c_uint64),
+        ("gets", C.c_uint64),
+        ("puts", C.c_uint64),
+        ("released", C.c_uint64),
+    ]
+
+
+class SinceKey(C.Structure):
+    _fields_ = [
+        ("site", AllocSite),
+        ("cp", C.c_uint64),
+    ]
+
+
+class SinceCount(C.Structure):
+    _fields_ = [
+        ("live", C.c_int64),
+        ("age_sum", C.c_int64),
+    ]
+
+
+class AgeKey(C.Structure):
+    _fields_ = [
+        ("tgid", C.c_uint32),
+        ("gen", C.c_uint32),
+        ("type_id", C.c_uint32),
+        ("bin", C.c_uint32),
+        ("name_ptr", C.c_uint64),
     ]
 
 
@@ -533,6 +588,11 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "obj_val": ObjVal,
     "grave_val": GraveVal,
     "anomaly": Anomaly,
+    "alloc_site": AllocSite,
+    "alloc_count": AllocCount,
+    "since_key": SinceKey,
+    "since_count": SinceCount,
+    "age_key": AgeKey,
     "stack_rec": StackRec,
     "cfi_row": CfiRow,
     "file_key": FileKey,

@@ -29,6 +29,7 @@ from refcntd.kernel.records import (
     STAGE_LINK,
     STAGE_MULTI,
     STAGE_OPEN,
+    AgeBin,
     AnomalyRecord,
     HistoryEvent,
     HistoryRecord,
@@ -38,6 +39,7 @@ from refcntd.kernel.records import (
     RawFrame,
     ReleasedSite,
     SiteCount,
+    SiteLive,
     StackRecord,
     StackRef,
     Totals,
@@ -73,6 +75,9 @@ class KernelOptions:
     max_modules: int = 1024
     ringbuf_pages: int = 1024  # events ring buffer, pages (a power of 2)
     hold: bool = False  # stop processes mapping unscanned modules (exported call-site mode)
+    sites: bool = False  # count live objects per allocation site and age (serve)
+    max_alloc_sites: int = 65536  # (process, type, allocation stack) with live objects
+    max_age_bins: int = 65536  # (process, type, creation-time bin) with live objects
 
 
 HOLD_SPARE_PROBES = 256  # probe slots left free for the call sites of modules mapped later
@@ -96,6 +101,8 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     if opts.unwind_offsets is not None:
         flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
         flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
+    flags += [f"-DSITES={int(opts.sites)}", f"-DMAX_ALLOC_SITES={opts.max_alloc_sites}",
+              f"-DMAX_AGE_BINS={opts.max_age_bins}"]
     flags += [f"-DHISTORY={int(opts.history is not None)}",
               f"-DHISTORY_ALL={int(opts.history == ('all',))}",
               f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
@@ -648,7 +655,11 @@ class Kernel:
         return folded
 
     def types_in_use(self) -> set[int]:
-        """Type ids of live objects."""
+        """Type ids of live objects (per site with SITES: no walk of the objects)."""
+        if self.opts.sites:
+            return {keys[i].type_id for keys, values, n in
+                    _lookup_batches(self.bpf["alloc_sites"]) for i in range(n)
+                    if values[i].live > 0}
         self._finish_deletes()
         return {values[i].type_id for _, values, n in _lookup_batches(self.bpf["objs"])
                 for i in range(n)}
@@ -720,6 +731,95 @@ class Kernel:
                     Role(k.op), StackRef(k.stack_id, k.caller_ip),
                     int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
                 for k, v in picked]
+
+    # ---- per allocation site (SITES, serve) ----------------------------------
+    def set_checkpoint(self, at_ns: int) -> None:
+        """Objects created from `at_ns` (CLOCK_MONOTONIC) on count as "since" per site;
+        the counts of the previous checkpoint are dropped."""
+        self.bpf["checkpoint"][ctypes.c_int(0)] = ctypes.c_uint64(at_ns)
+        self.checkpoint_ns = at_ns
+        since = self.bpf["since"]
+        _delete(since, [k for k, _ in _items(since) if k.cp != at_ns])
+
+    def site_lives(self, unnamed: bool = False) -> list[SiteLive]:
+        """Every allocation site with live objects, per process: O(sites); `unnamed`:
+        also the sites of objects whose type the kernel could not name, live or not
+        (their operations are counted there, not per type)."""
+        names, cp = self.type_names(), getattr(self, "checkpoint_ns", 0)
+        since: dict[bytes, tuple[int, int]] = {}
+        if cp:
+            for keys, values, n in _lookup_batches(self.bpf["since"]):
+                for i in range(n):
+                    if keys[i].cp == cp and values[i].live > 0:
+                        since[bytes(keys[i].site)] = (values[i].live, values[i].age_sum)
+        out = []
+        for keys, values, n in _lookup_batches(self.bpf["alloc_sites"]):
+            for i in range(n):
+                k, v = keys[i], values[i]
+                live, age_sum = since.get(bytes(k), (0, 0))
+                if v.live <= 0 and not live and not (unnamed and not k.type_id):
+                    continue
+                out.append(_site_live(k, v, names, live, cp + (age_sum << 10) // live
+                                      if live else 0))
+        return out
+
+    def take_sites(self, tgid: int, gen: int | None) -> list[SiteLive]:
+        """A reported process's per-site counts, removed with its objects' other traces
+        (gen None: whatever gen).  The caller names the unnamed ones' operations."""
+        if not self.opts.sites:
+            return []
+        names = self.type_names()
+
+        def mine(k: Any) -> bool:
+            return bool(k.tgid == tgid and (gen is None or k.gen == gen))
+        picked = [(k, v) for k, v in _items(self.bpf["alloc_sites"]) if mine(k)]
+        _delete(self.bpf["alloc_sites"], [k for k, _ in picked])
+        for name in ("since", "age_bins"):
+            table = self.bpf[name]
+            _delete(table, [k for k, _ in _items(table)
+                            if mine(k.site if name == "since" else k)])
+        return [_site_live(k, v, names, 0, 0) for k, v in picked]
+
+    def age_bins(self, now_ns: int) -> list[AgeBin]:
+        """Live objects per process, type and creation time: fine bins (about a second)
+        for the last AGE_FINE_WINDOW, coarse bins (about two minutes) before; bins no
+        longer needed are removed.  O(types x bins), never O(objects)."""
+        names, table = self.type_names(), self.bpf["age_bins"]
+        fine_from = (now_ns - AGE_FINE_WINDOW_NS) >> abi.AGE_FINE_SHIFT  # bins complete there
+        coarse: dict[tuple[int, int, int, int, int], int] = {}
+        fine: list[tuple[tuple[int, int, int, int], int, int]] = []
+        doomed = []
+        for keys, values, n in _lookup_batches(table):
+            for i in range(n):
+                k, count = keys[i], int(values[i])
+                who = (k.tgid, k.gen, k.type_id, k.name_ptr)
+                if k.bin & abi.AGE_COARSE:
+                    start = (k.bin & ~abi.AGE_COARSE) << abi.AGE_COARSE_SHIFT
+                    end = start + (1 << abi.AGE_COARSE_SHIFT)
+                    if count <= 0 and end < now_ns - AGE_COARSE_KEEP_NS:
+                        doomed.append(table.Key.from_buffer_copy(k))
+                    else:
+                        coarse[(*who, start)] = count
+                elif k.bin > fine_from:
+                    fine.append((who, k.bin << abi.AGE_FINE_SHIFT, count))
+                elif (k.bin + 2) << abi.AGE_FINE_SHIFT < now_ns - AGE_FINE_HORIZON_NS:
+                    # no increment can reach it any more (the kernel's horizon): drop it
+                    doomed.append(table.Key.from_buffer_copy(k))
+        _delete(table, doomed)
+        out = []
+        cut = (fine_from + 1) << abi.AGE_FINE_SHIFT  # fine bins from here on
+        for who, start, count in fine:  # the coarse bins keep what the fine ones have not
+            c_start = start >> abi.AGE_COARSE_SHIFT << abi.AGE_COARSE_SHIFT
+            if (*who, c_start) in coarse:
+                coarse[(*who, c_start)] -= count
+            if count > 0:
+                out.append(_age_bin(who, names, start, start + (1 << abi.AGE_FINE_SHIFT),
+                                    count))
+        for (tgid, gen, type_id, name_ptr, start), count in coarse.items():
+            end = min(start + (1 << abi.AGE_COARSE_SHIFT), cut)
+            if count > 0:
+                out.append(_age_bin((tgid, gen, type_id, name_ptr), names, start, end, count))
+        return out
 
     def live_objects(self) -> list[ObjectRecord]:
         self._finish_deletes()
@@ -1165,6 +1265,25 @@ def _argv_slot(raw: bytes) -> str:
     text = raw.split(b"\0", 1)[0]
     suffix = "..." if len(text) >= abi.ARGV_LEN - 1 else ""
     return text.decode(errors="replace") + suffix
+
+
+AGE_FINE_HORIZON_NS = abi.AGE_FINE_HORIZON_S * 10**9  # older objects: coarse bins only
+AGE_FINE_WINDOW_NS = AGE_FINE_HORIZON_NS - 10 * 10**9  # fine bins read: surely complete
+AGE_COARSE_KEEP_NS = 3600 * 10**9  # empty coarse bins older than this are removed
+
+
+def _site_live(k: Any, v: Any, names: dict[int, str], since: int, since_mean: int
+               ) -> SiteLive:
+    return SiteLive(k.tgid, k.gen, names.get(k.type_id, "") if k.type_id else "", k.name_ptr,
+                    StackRef(k.stack_id, k.caller_ip), max(0, v.live), v.created, since,
+                    since_mean, (v.created, v.gets, v.puts, v.released))
+
+
+def _age_bin(who: tuple[int, ...], names: dict[int, str], start: int, end: int,
+             count: int) -> AgeBin:
+    tgid, _gen, type_id, name_ptr = who
+    return AgeBin(tgid, names.get(type_id, "") if type_id else "", name_ptr, start, end,
+                  count)
 
 
 def _decode_object(key: abi.ObjKey, val: abi.ObjVal, names: dict[int, str],

@@ -87,6 +87,35 @@ class ReleasedSite:
 
 
 @dataclass(frozen=True)
+class SiteLive:
+    """Live objects of one process created at one allocation site (SITES): what a
+    scrape or a diff reads instead of every object."""
+
+    tgid: int
+    gen: int
+    type_name: str  # "" when the kernel could not read it: see name_ptr
+    name_ptr: int
+    stack: StackRef
+    live: int
+    created: int  # ever, at this site
+    since: int  # created since the kernel's checkpoint, still live
+    since_mean_ns: int  # their mean creation time (CLOCK_MONOTONIC), 0 when none
+    ops: Totals = (0, 0, 0, 0)  # type_id 0 only: (inits, gets, puts, releases) here
+
+
+@dataclass(frozen=True)
+class AgeBin:
+    """Live objects of one process and type created in [start_ns, end_ns)."""
+
+    tgid: int
+    type_name: str
+    name_ptr: int
+    start_ns: int
+    end_ns: int
+    count: int
+
+
+@dataclass(frozen=True)
 class ObjectRecord:
     tgid: int
     gen: int

@@ -8,7 +8,9 @@ where objects are made and of what kind.
 
 from __future__ import annotations
 
-from refcntd.analysis.model import RunResult
+from collections.abc import Iterable
+
+from refcntd.analysis.model import ProcessSites, RunResult
 from refcntd.symbolize.symbolizer import Frame
 
 
@@ -19,12 +21,22 @@ def _name(frame: Frame) -> str:
 
 def folded(result: RunResult) -> str:
     """The folded text; objects of the same stack in several processes of one command add up."""
+    return _lines((p.comm, g.frames, g.type_name, len(g.objects))
+                  for p in result.processes for g in p.groups)
+
+
+def folded_sites(processes: list[ProcessSites], since: bool = False) -> str:
+    """The same for the live objects the kernel counts per site (serve's /live, /diff)."""
+    return _lines((p.comm, g.frames, g.type_name, g.since if since else g.live)
+                  for p in processes for g in p.groups)
+
+
+def _lines(rows: Iterable[tuple[str, tuple[Frame, ...], str, int]]) -> str:
     counts: dict[str, int] = {}
-    for process in result.processes:
-        root = (process.comm or "?").replace(";", ":").replace(" ", "_")
-        for group in process.groups:
-            frames = [_name(f) for f in reversed(group.frames)]
-            leaf = f"[{group.type_name}]".replace(";", ":").replace(" ", "_")
-            line = ";".join([root, *frames, leaf])
-            counts[line] = counts.get(line, 0) + len(group.objects)
-    return "".join(f"{line} {n}\n" for line, n in sorted(counts.items()))
+    for comm, stack, type_name, n in rows:
+        root = (comm or "?").replace(";", ":").replace(" ", "_")
+        frames = [_name(f) for f in reversed(stack)]
+        leaf = f"[{type_name}]".replace(";", ":").replace(" ", "_")
+        line = ";".join([root, *frames, leaf])
+        counts[line] = counts.get(line, 0) + n
+    return "".join(f"{line} {n}\n" for line, n in sorted(counts.items()) if n)

@@ -17,7 +17,9 @@ from refcntd.analysis.model import (
     LeakedObject,
     LeakGroup,
     ProcessReport,
+    ProcessSites,
     RunResult,
+    SiteGroup,
     StackUnwind,
     TracingStatus,
     owned_objects,
@@ -111,6 +113,43 @@ def _owners_first(groups: list[LeakGroup]) -> list[LeakGroup]:
         out.append(g)
         todo += reversed(after.get(id(g), []))
     return out + [g for g in groups if g not in out]
+
+
+def render_sites(p: ProcessSites, since: bool) -> str:
+    """A process's live objects per allocation site; `since`: those created since the
+    checkpoint (a diff), with their mean age."""
+    command = shlex.join(p.command) if p.command else p.comm
+    state = "live, created since the checkpoint" if since else "live"
+    lines = [f"==={p.pid}=== {state}: {command}"]
+    for g in p.groups:
+        if since:
+            head = (f"{_plural(g.since, 'object')} of type '{g.type_name}' created since the "
+                    f"checkpoint and live (mean age {_age(g.since_mean_age_ns)}; "
+                    f"{g.live} live, {g.created} created here in all), allocated at:")
+        else:
+            head = (f"{_plural(g.live, 'live object')} of type '{g.type_name}' "
+                    f"({g.created} created here), allocated at:")
+        lines += ["", head, *(f"    #{i} {f.describe()}" for i, f in enumerate(g.frames))]
+        lines += truncation_line(g.unwind)
+    total = sum(g.since if since else g.live for g in p.groups)
+    lines += ["", f"SUMMARY: {_plural(total, 'object')} in {_plural(len(p.groups), 'site')}"]
+    return "\n".join(visible(line) for line in lines) + "\n"
+
+
+def site_group_json(g: SiteGroup) -> dict[str, object]:
+    return {"type": g.type_name, "objects": g.since, "mean_age_ns": g.since_mean_age_ns,
+            "live": g.live, "created": g.created, "stack_truncated": g.stack_truncated,
+            "unwind": unwind_json(g.unwind), "stack": [frame_json(f) for f in g.frames]}
+
+
+def sites_json(p: ProcessSites, since: bool) -> dict[str, object]:
+    """`objects`: what the view counts (created since the checkpoint, or live)."""
+    groups = [site_group_json(g) for g in p.groups]
+    if not since:
+        for out, g in zip(groups, p.groups, strict=True):
+            out["objects"] = g.live
+            del out["mean_age_ns"]
+    return {"pid": p.pid, "comm": p.comm, "command": p.command, "groups": groups}
 
 
 def render_anomaly(a: AnomalyFinding) -> list[str]:

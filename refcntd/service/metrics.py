@@ -1,9 +1,9 @@
 """Prometheus metrics, read from the kernel maps at scrape time.
 
 Labels are bounded: target, type, operation, kind, reason, map.  Never a
-pid, an address or a stack.  Counters that live in kernel maps (which lose
-entries when a process exits) are completed by totals refcntd keeps for
-exited processes, so they never go down.
+pid, an address or a stack.  The kernel side of serve counts operations per
+type as they happen and live objects per allocation site and creation time,
+so a scrape reads O(types x sites), never every object.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ OTHER_TYPES = "_other"  # the one `type` label for types beyond a target's max_t
 AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
 OPS = ("init", "get", "put", "release")
 K = TypeVar("K")
+Aged = tuple[float, int]  # live objects' age (s, the middle of their creation-time bin), count
 
 
 @dataclass
@@ -44,7 +45,6 @@ class TargetStats:
     tracers: list[Tracer] = field(default_factory=list)
     probes_failed: int = 0
     attach_errors: int = 0
-    exited_ops: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, op)
     leaked: dict[str, int] = field(default_factory=dict)
     anomalies: dict[str, int] = field(default_factory=dict)
     processes_reported: int = 0
@@ -57,9 +57,8 @@ class TargetStats:
     def snapshot(self) -> TargetStats:
         """A consistent copy for one scrape."""
         with self.lock:
-            return replace(self, tracers=list(self.tracers), exited_ops=dict(self.exited_ops),
-                           leaked=dict(self.leaked), anomalies=dict(self.anomalies),
-                           lock=threading.Lock())
+            return replace(self, tracers=list(self.tracers), leaked=dict(self.leaked),
+                           anomalies=dict(self.anomalies), lock=threading.Lock())
 
 
 class RefcntdCollector:
@@ -84,20 +83,26 @@ class RefcntdCollector:
 
     def _collect_target(self, s: TargetStats, f: _Families) -> None:
         t = s.name
-        ops: dict[tuple[str, str], int] = dict(s.exited_ops)
-        live: dict[str, list[float]] = {}
+        ops: dict[tuple[str, str], int] = {}
+        live: dict[str, list[Aged]] = {}
         kernel_stats: dict[Stat, int] = {}
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for tracer in s.tracers:
             k = tracer.kernel
+            # serve's kernel side counts every operation as it happens (SITES), and
+            # live objects per creation time: nothing here walks the objects
             for name, (inits, gets, puts, released) in tracer.released_totals().items():
                 for op, n in zip(OPS, (inits, gets, puts, released), strict=True):
                     ops[(name, op)] = ops.get((name, op), 0) + n
-            for rec in k.live_objects():
-                name = rec.type_name or self._live_type(rec.tgid, rec.name_ptr)
-                live.setdefault(name, []).append(max(0, now - rec.init_ns) / 1e9)
-                for op, n in (("init", 1), ("get", rec.gets), ("put", rec.puts)):
-                    ops[(name, op)] = ops.get((name, op), 0) + n
+            for site in k.site_lives(unnamed=True):  # running processes' unnamed objects
+                if not site.type_name:
+                    name = self._live_type(site.tgid, site.name_ptr)
+                    for op, n in zip(OPS, site.ops, strict=True):
+                        ops[(name, op)] = ops.get((name, op), 0) + n
+            for b in k.age_bins(now):
+                name = b.type_name or self._live_type(b.tgid, b.name_ptr)
+                age = max(0.0, (now - (b.start_ns + b.end_ns) / 2) / 1e9)
+                live.setdefault(name, []).append((age, b.count))
             for stat, n in k.stats().items():  # summed over the target's binaries
                 kernel_stats[stat] = kernel_stats.get(stat, 0) + n
             for m, (used, cap) in k.map_fill().items():
@@ -130,9 +135,9 @@ class RefcntdCollector:
         for (name, op), n in sorted(ops.items()):
             f["operations"].add_metric([t, name, op], n)
         for name, ages in sorted(live.items()):
-            f["live"].add_metric([t, name], len(ages))
-            f["older"].add_metric([t, name], sum(1 for a in ages if a > s.age_threshold_s))
-            f["age"].add_metric([t, name], _buckets(ages), sum(ages))
+            f["live"].add_metric([t, name], sum(n for _, n in ages))
+            f["older"].add_metric([t, name], sum(n for a, n in ages if a > s.age_threshold_s))
+            f["age"].add_metric([t, name], _buckets(ages), sum(a * n for a, n in ages))
         for name, n in sorted(leaked.items()):
             f["leaked"].add_metric([t, name], n)
         for kind, n in sorted(s.anomalies.items()):
@@ -151,21 +156,21 @@ class RefcntdCollector:
         return self._type_cache[key]
 
 
-def _kept_types(live: dict[str, list[float]], ops: dict[tuple[str, str], int],
+def _kept_types(live: dict[str, list[Aged]], ops: dict[tuple[str, str], int],
                 leaked: dict[str, int], cap: int) -> set[str]:
     """The `cap` most active types keep their own label (live objects first, then
     operations, then leaks); the rest share OTHER_TYPES, so a program with
     thousands of type names cannot explode the series count."""
     score: dict[str, tuple[int, int, int]] = {}
     for name in set(live) | {n for n, _ in ops} | set(leaked):
-        score[name] = (len(live.get(name, [])),
+        score[name] = (sum(n for _, n in live.get(name, [])),
                        sum(n for (t, _), n in ops.items() if t == name), leaked.get(name, 0))
     ranked = sorted(score, key=lambda n: (tuple(-v for v in score[n]), n))
     return set(ranked[:cap - 1] if len(ranked) > cap else ranked)
 
 
-def _fold(live: dict[str, list[float]], keep: set[str]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
+def _fold(live: dict[str, list[Aged]], keep: set[str]) -> dict[str, list[Aged]]:
+    out: dict[str, list[Aged]] = {}
     for name, ages in live.items():
         out.setdefault(name if name in keep else OTHER_TYPES, []).extend(ages)
     return out
@@ -187,9 +192,9 @@ def _fold_counts(counts: dict[str, int], keep: set[str]) -> dict[str, int]:
     return out
 
 
-def _buckets(ages: list[float]) -> list[tuple[str, int]]:
-    out = [(str(b), sum(1 for a in ages if a <= b)) for b in AGE_BUCKETS]
-    return out + [("+Inf", len(ages))]
+def _buckets(ages: list[Aged]) -> list[tuple[str, int]]:
+    out = [(str(b), sum(n for a, n in ages if a <= b)) for b in AGE_BUCKETS]
+    return out + [("+Inf", sum(n for _, n in ages))]
 
 
 def _counter(name: str, doc: str, samples: list[tuple[list[str], int]], labels: list[str]

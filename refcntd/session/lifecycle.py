@@ -7,6 +7,7 @@ map and symbolized from files, since its memory map is already gone.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -21,6 +22,7 @@ from refcntd.analysis.leaks import (
     anomaly_findings,
     group_columns,
     group_leaks,
+    unnamed_operations,
 )
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
@@ -35,7 +37,10 @@ from refcntd.kernel.records import (
     LifecycleEvent,
     ObjectRecord,
     ReleasedSite,
+    SiteLive,
     StackRef,
+    Totals,
+    add_totals,
 )
 from refcntd.symbolize.perfmap import load_perf_map
 from refcntd.symbolize.symbolizer import Symbolizer
@@ -64,6 +69,7 @@ class KernelView(Protocol):
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None: ...
     def take_process_stats(self, tgid: int) -> dict[Stat, int]: ...
     def prune_process_stats(self, keep: Callable[[int], bool]) -> int: ...
+    def take_sites(self, tgid: int, gen: int | None) -> list[SiteLive]: ...
 
 
 class SessionTracker:
@@ -77,6 +83,9 @@ class SessionTracker:
         self.proc_root = proc_root
         self.clock_ns = clock_ns or (lambda: _monotonic_ns())
         self.sessions: dict[int, Session] = {}
+        # operations of reported processes' objects the kernel could not name (SITES)
+        self.unnamed_totals: dict[str, Totals] = {}
+        self.totals_lock = threading.Lock()
         self.reported: set[tuple[int, int]] = set()
         self._argv: OrderedDict[int, list[str]] = OrderedDict()
         self._anomalies: dict[int, list[AnomalyRecord]] = {}
@@ -200,6 +209,11 @@ class SessionTracker:
         else:
             groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
         anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
+        unnamed = unnamed_operations(self.kernel.take_sites(s.tgid, s.gen), self.stacks,
+                                     self.sym, mods)
+        with self.totals_lock:
+            for name, sums in unnamed.items():
+                add_totals(self.unnamed_totals, name, sums)
         self.kernel.forget_stacks(s.tgid, s.gen,
                                   _stack_refs(records, list(job.anomalies), history))
         own = self.kernel.take_process_stats(s.tgid)

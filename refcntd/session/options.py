@@ -22,6 +22,7 @@ class TraceOptions:
     history_depth: int = 16
     comm_filter: tuple[str, ...] = ()
     cgroup_id: int | None = None
+    sites: bool = False  # per-site live counts in the kernel (serve: scrapes and diffs)
 
 
 def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOptions
@@ -33,6 +34,7 @@ def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOpti
                          loader_probe=has_loader,
                          history=opts.history, history_depth=opts.history_depth,
                          comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
+                         sites=opts.sites,
                          unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
                          else btf.unwind_offsets(), ringbuf_pages=ringbuf_pages())
 

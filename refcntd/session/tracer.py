@@ -235,11 +235,16 @@ class Tracer:
             self.types_pruned += len(folded)
 
     def released_totals(self) -> dict[str, Totals]:
-        """Per type name, (inits, gets, puts, releases) of released objects: the kernel's
-        totals plus those of types pruned from its table (counters never go down)."""
+        """Per type name, (inits, gets, puts, releases) of released objects (every
+        operation with SITES): the kernel's totals plus those of types pruned from its
+        table and, with SITES, of reported processes' objects the kernel could not name
+        (counters never go down)."""
         with self.types_lock:
             out = dict(self.pruned_totals)
             for name, sums in self.kernel.released_totals().items():
+                add_totals(out, name, sums)
+        with self.tracker.totals_lock:
+            for name, sums in self.tracker.unnamed_totals.items():
                 add_totals(out, name, sums)
         return out
 
