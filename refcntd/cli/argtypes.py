@@ -77,3 +77,12 @@ def output_path(text: str) -> str:
     except OSError as err:
         raise argparse.ArgumentTypeError(f"{text}: cannot create ({err.strerror})") from None
     return text
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """--listen HOST:PORT."""
+    from refcntd.inputs.config import split_listen
+    address = split_listen(text)
+    if address is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:10272")
+    return address

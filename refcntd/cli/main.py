@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     att = sub.add_parser("attach", help="trace a binary system-wide (or one pid) until Ctrl-C")
     att.add_argument("--binary", required=True, help="executable or shared library to probe")
     att.add_argument("--pid", type=argtypes.PID, help="only this process and its descendants")
+    att.add_argument("--listen", type=argtypes.listen_address, metavar="HOST:PORT",
+                     help="answer `refcntd checkpoint`/`diff` (POST /checkpoint, GET /diff, "
+                          "GET /live) there while attached; SIGUSR1 sets a checkpoint and "
+                          "SIGUSR2 prints the diff without it")
     _spec_arg(att)
     _output_args(att)
     _progress_args(att)

@@ -31,7 +31,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ready = httpserver.Readiness()
     try:
         httpserver.start(config.listen_host, config.listen_port, registry, ready, daemon.status,
-                         daemon.routes())
+                         daemon.views.routes())
     except OSError as err:
         raise UsageError(f"cannot listen on {config.listen_host}:{config.listen_port}: "
                          f"{err.strerror}", f"change 'listen' in {config.path}") from None

@@ -76,10 +76,18 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> Config:
 
 def _listen(node: YNode | None) -> tuple[str, int]:
     text = node.string() if node is not None else DEFAULT_LISTEN
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+    address = split_listen(text)
+    if address is None:
         assert node is not None  # DEFAULT_LISTEN is valid
         raise node.fail(f"'{text}' is not HOST:PORT")
+    return address
+
+
+def split_listen(text: str) -> tuple[str, int] | None:
+    """HOST:PORT ([::1]:PORT for IPv6) as (host, port); None when it is not one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        return None
     return host.strip("[]"), int(port)
 
 

@@ -668,9 +668,13 @@ class Kernel:
         """Entries in use and capacity of the maps that can fill up."""
         def used(name: str) -> int:
             return sum(1 for _ in self.bpf[name].keys())
-        return {"objects": (used("objs"), self.opts.max_objects),
+        fill = {"objects": (used("objs"), self.opts.max_objects),
                 "processes": (used("procs"), self.opts.max_procs),
                 "types": (used("types"), self.opts.max_types)}
+        if self.opts.sites:
+            fill["allocation_sites"] = (used("alloc_sites"), self.opts.max_alloc_sites)
+            fill["age_bins"] = (used("age_bins"), self.opts.max_age_bins)
+        return fill
 
     def set_comm_filter(self, names: tuple[str, ...]) -> None:
         table = self.bpf["comm_allow"]
@@ -781,45 +785,20 @@ class Kernel:
         return [_site_live(k, v, names, 0, 0) for k, v in picked]
 
     def age_bins(self, now_ns: int) -> list[AgeBin]:
-        """Live objects per process, type and creation time: fine bins (about a second)
-        for the last AGE_FINE_WINDOW, coarse bins (about two minutes) before; bins no
+        """Live objects per process, type and creation time (see age_view); bins no
         longer needed are removed.  O(types x bins), never O(objects)."""
         names, table = self.type_names(), self.bpf["age_bins"]
-        fine_from = (now_ns - AGE_FINE_WINDOW_NS) >> abi.AGE_FINE_SHIFT  # bins complete there
-        coarse: dict[tuple[int, int, int, int, int], int] = {}
-        fine: list[tuple[tuple[int, int, int, int], int, int]] = []
-        doomed = []
-        for keys, values, n in _lookup_batches(table):
+        rows: list[AgeRow] = []
+        keys = []
+        for batch, values, n in _lookup_batches(table):
             for i in range(n):
-                k, count = keys[i], int(values[i])
-                who = (k.tgid, k.gen, k.type_id, k.name_ptr)
-                if k.bin & abi.AGE_COARSE:
-                    start = (k.bin & ~abi.AGE_COARSE) << abi.AGE_COARSE_SHIFT
-                    end = start + (1 << abi.AGE_COARSE_SHIFT)
-                    if count <= 0 and end < now_ns - AGE_COARSE_KEEP_NS:
-                        doomed.append(table.Key.from_buffer_copy(k))
-                    else:
-                        coarse[(*who, start)] = count
-                elif k.bin > fine_from:
-                    fine.append((who, k.bin << abi.AGE_FINE_SHIFT, count))
-                elif (k.bin + 2) << abi.AGE_FINE_SHIFT < now_ns - AGE_FINE_HORIZON_NS:
-                    # no increment can reach it any more (the kernel's horizon): drop it
-                    doomed.append(table.Key.from_buffer_copy(k))
-        _delete(table, doomed)
-        out = []
-        cut = (fine_from + 1) << abi.AGE_FINE_SHIFT  # fine bins from here on
-        for who, start, count in fine:  # the coarse bins keep what the fine ones have not
-            c_start = start >> abi.AGE_COARSE_SHIFT << abi.AGE_COARSE_SHIFT
-            if (*who, c_start) in coarse:
-                coarse[(*who, c_start)] -= count
-            if count > 0:
-                out.append(_age_bin(who, names, start, start + (1 << abi.AGE_FINE_SHIFT),
-                                    count))
-        for (tgid, gen, type_id, name_ptr, start), count in coarse.items():
-            end = min(start + (1 << abi.AGE_COARSE_SHIFT), cut)
-            if count > 0:
-                out.append(_age_bin((tgid, gen, type_id, name_ptr), names, start, end, count))
-        return out
+                k = batch[i]
+                rows.append((k.tgid, k.gen, k.type_id, k.name_ptr, k.bin, int(values[i])))
+                keys.append(table.Key.from_buffer_copy(k))
+        bins, doomed = age_view(rows, now_ns)
+        _delete(table, [keys[i] for i in doomed])
+        return [AgeBin(tgid, names.get(type_id, "") if type_id else "", name_ptr, start, end,
+                       count) for (tgid, _gen, type_id, name_ptr), start, end, count in bins]
 
     def live_objects(self) -> list[ObjectRecord]:
         self._finish_deletes()
@@ -1270,6 +1249,8 @@ def _argv_slot(raw: bytes) -> str:
 AGE_FINE_HORIZON_NS = abi.AGE_FINE_HORIZON_S * 10**9  # older objects: coarse bins only
 AGE_FINE_WINDOW_NS = AGE_FINE_HORIZON_NS - 10 * 10**9  # fine bins read: surely complete
 AGE_COARSE_KEEP_NS = 3600 * 10**9  # empty coarse bins older than this are removed
+AgeRow = tuple[int, int, int, int, int, int]  # tgid, gen, type_id, name_ptr, bin, count
+Who = tuple[int, int, int, int]  # tgid, gen, type_id, name_ptr
 
 
 def _site_live(k: Any, v: Any, names: dict[int, str], since: int, since_mean: int
@@ -1279,11 +1260,42 @@ def _site_live(k: Any, v: Any, names: dict[int, str], since: int, since_mean: in
                     since_mean, (v.created, v.gets, v.puts, v.released))
 
 
-def _age_bin(who: tuple[int, ...], names: dict[int, str], start: int, end: int,
-             count: int) -> AgeBin:
-    tgid, _gen, type_id, name_ptr = who
-    return AgeBin(tgid, names.get(type_id, "") if type_id else "", name_ptr, start, end,
-                  count)
+def age_view(rows: list[AgeRow], now_ns: int) -> tuple[list[tuple[Who, int, int, int]],
+                                                        list[int]]:
+    """The age_bins map as (who, start_ns, end_ns, live objects) and the rows to delete.
+
+    Every object is in a coarse bin (~2 min); those of the last AGE_FINE_WINDOW are
+    also in a fine bin (~1 s), read instead.  A fine bin is dropped once no increment
+    can reach it (the kernel counts no fine bin for an object older than its horizon),
+    an empty coarse bin an hour after it ended."""
+    fine_from = (now_ns - AGE_FINE_WINDOW_NS) >> abi.AGE_FINE_SHIFT  # complete after it
+    coarse: dict[tuple[Who, int], int] = {}
+    fine: list[tuple[Who, int, int]] = []
+    doomed = []
+    for i, (tgid, gen, type_id, name_ptr, b, count) in enumerate(rows):
+        who = (tgid, gen, type_id, name_ptr)
+        if b & abi.AGE_COARSE:
+            start = (b & ~abi.AGE_COARSE) << abi.AGE_COARSE_SHIFT
+            if count <= 0 and start + (1 << abi.AGE_COARSE_SHIFT) < now_ns - AGE_COARSE_KEEP_NS:
+                doomed.append(i)
+            else:
+                coarse[(who, start)] = count
+        elif b > fine_from:
+            fine.append((who, b << abi.AGE_FINE_SHIFT, count))
+        elif (b + 2) << abi.AGE_FINE_SHIFT < now_ns - AGE_FINE_HORIZON_NS:
+            doomed.append(i)
+    out = []
+    for who, start, count in fine:  # the coarse bins keep what the fine ones do not
+        c_start = start >> abi.AGE_COARSE_SHIFT << abi.AGE_COARSE_SHIFT
+        if (who, c_start) in coarse:
+            coarse[(who, c_start)] -= count
+        if count > 0:
+            out.append((who, start, start + (1 << abi.AGE_FINE_SHIFT), count))
+    cut = (fine_from + 1) << abi.AGE_FINE_SHIFT  # fine bins from here on
+    for (who, start), count in coarse.items():
+        if count > 0:
+            out.append((who, start, min(start + (1 << abi.AGE_COARSE_SHIFT), cut), count))
+    return out, doomed
 
 
 def _decode_object(key: abi.ObjKey, val: abi.ObjVal, names: dict[int, str],

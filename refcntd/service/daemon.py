@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob
-import json
 import logging
 import os
 import select
@@ -19,17 +18,16 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from refcntd.analysis.model import STATE_LIVE_AT_DETACH, ProcessReport, ProcessSites, RunResult
+from refcntd.analysis.model import STATE_LIVE_AT_DETACH, ProcessReport, RunResult
 from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, Target, load_config
 from refcntd.outputs import report
-from refcntd.outputs.folded import folded_sites
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint
 from refcntd.service.metrics import RefcntdCollector, TargetStats
@@ -67,7 +65,7 @@ class Daemon:
         self.reload_requested = False
         self._proc_events = _ProcConnector()
         self.started = time.time()
-        self.checkpoint: checkpoint.Checkpoint | None = None
+        self.views = checkpoint.Views(self._all_tracers, self.lock)
         self._diff_requested = False
         self._next_prune = 0.0
         self._next_watch = 0.0
@@ -129,86 +127,22 @@ class Daemon:
     # ---- checkpoints -----------------------------------------------------------
     def mark(self) -> checkpoint.Checkpoint:
         """A checkpoint for every target (SIGUSR1, POST /checkpoint)."""
-        cp = checkpoint.now()
-        with self.lock:
-            self.checkpoint = cp
-            for runtime in self.targets.values():
-                for tracer in runtime.tracers.values():
-                    checkpoint.apply(tracer, cp)
-        log.info("checkpoint at %s", time.strftime("%H:%M:%S", time.localtime(cp.wall)))
-        return cp
+        return self.views.mark()
 
     def _on_usr2(self, _sig: int, _frame: object) -> None:
         self._diff_requested = True  # written by the main loop, not in the handler
 
-    def diff_json(self) -> dict[str, object]:
-        """Per target, live objects created since the checkpoint (GET /diff)."""
-        if self.checkpoint is None:
-            return {"checkpoint": None, "targets": {}}
-        return {"checkpoint": self.checkpoint.wall, **self._sites_json(True)}
-
-    def live_json(self) -> dict[str, object]:
-        """Per target, every live object by allocation site (GET /live)."""
-        return self._sites_json(False)
-
-    def _sites_json(self, since: bool) -> dict[str, object]:
-        with self.lock:
-            views = {name: [(tr, self._sites(tr, since)) for tr in rt.tracers.values()]
-                     for name, rt in self.targets.items()}
-        return {"targets": {name: [report.sites_json(p, since) for _, ps in v for p in ps]
-                            for name, v in views.items()},
-                "not_counted": {name: sum(checkpoint.sites_lost(tr) for tr, _ in v)
-                                for name, v in views.items()}}
-
-    def _sites(self, tracer: Tracer, since: bool) -> list[ProcessSites]:
-        return checkpoint.diff(tracer, self.checkpoint) if since and self.checkpoint \
-            else checkpoint.live(tracer)
-
-    def diff_text(self, since: bool = True, folded: bool = False) -> str:
-        if since and self.checkpoint is None:
-            return "refcntd: no checkpoint yet (POST /checkpoint or SIGUSR1)\n"
-        with self.lock:
-            views = {name: [(tr, self._sites(tr, since)) for tr in rt.tracers.values()]
-                     for name, rt in self.targets.items()}
-        if folded:
-            return folded_sites([p for v in views.values() for _, ps in v for p in ps], since)
-        parts = []
-        for name, v in views.items():
-            lost = sum(checkpoint.sites_lost(tr) for tr, _ in v)
-            parts.append(f"target {name}:\n" + "".join(
-                report.render_sites(p, since) + "\n" for _, ps in v for p in ps) + (
-                f"INCOMPLETE: {lost} objects not counted per allocation site (site table "
-                "full)\n" if lost else ""))
-        return "".join(parts)
+    def _all_tracers(self) -> dict[str, list[Tracer]]:
+        return {name: list(rt.tracers.values()) for name, rt in self.targets.items()}
 
     def _write_diff(self) -> None:
         try:
-            path = self.store.write("diff", os.getpid(), self.diff_json(),  # type: ignore[arg-type]
-                                    self.diff_text())
+            path = self.store.write("diff", os.getpid(),
+                                    self.views.json(True),  # type: ignore[arg-type]
+                                    self.views.text(True))
             log.info("diff since the checkpoint written to %s", path)
         except OSError as err:
             log.error("diff not written to %s: %s", self.store.dir, err.strerror)
-
-    def routes(self) -> dict[str, Callable[[str, str], tuple[str, str, bytes]]]:
-        """HTTP: POST /checkpoint, GET /diff and GET /live (JSON; ?format=text for text,
-        ?format=folded for flame-graph tools)."""
-        def mark(method: str, _query: str) -> tuple[str, str, bytes]:
-            if method != "POST":
-                return "405 Method Not Allowed", "text/plain", b"POST to set a checkpoint\n"
-            cp = self.mark()
-            return "200 OK", "application/json", json.dumps({"checkpoint": cp.wall}).encode()
-
-        def view(since: bool) -> Callable[[str, str], tuple[str, str, bytes]]:
-            def answer(_method: str, query: str) -> tuple[str, str, bytes]:
-                text = "text/plain; charset=utf-8"
-                if "format=text" in query:
-                    return "200 OK", text, self.diff_text(since).encode()
-                if "format=folded" in query:
-                    return "200 OK", text, self.diff_text(since, folded=True).encode()
-                body = self.diff_json() if since else self.live_json()
-                return "200 OK", "application/json", json.dumps(body, indent=2).encode()
-            return answer
-        return {"/checkpoint": mark, "/diff": view(True), "/live": view(False)}
 
     def _watch_on_timer(self) -> None:
         now = time.monotonic()
@@ -298,8 +232,7 @@ class Daemon:
                 self._on_report(rt, b, p)  # bound now: each binary reports with its own status
             tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report)
             tracer.start()
-            if self.checkpoint is not None:  # a binary attached after the checkpoint
-                checkpoint.apply(tracer, self.checkpoint)
+            self.views.adopt(tracer)  # a binary attached after the checkpoint
             if tracer.vetting.active:  # their later dlopens must stop them too
                 tracer.adopt_running()
         except RefcntdError as err:

@@ -446,8 +446,11 @@ class _StopFlag:
 def attach(plan: Plan, pid: int | None, opts: TraceOptions,
            on_report: Callable[[ProcessReport], None],
            ready: Callable[[], None] = lambda: None,
-           early: BackgroundCompile | None = None) -> RunResult:
-    """Trace until SIGINT/SIGTERM; system-wide, or `pid` and its descendants."""
+           early: BackgroundCompile | None = None,
+           started: Callable[[Tracer], Callable[[], None]] | None = None) -> RunResult:
+    """Trace until SIGINT/SIGTERM; system-wide, or `pid` and its descendants.
+    `started(tracer)`, once attached, returns what to run between polls (on this
+    thread: what a signal asked for)."""
     result = RunResult("attach", plan.spec.name, plan.sites[0].module if plan.sites else "")
     flag = _StopFlag()
     saved = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -464,9 +467,11 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                     tracer.vetting.vet_process(tgid)
                 if pid is None:
                     tracer.adopt_running()
+            tick = started(tracer) if started is not None else (lambda: None)
             ready()
             while not flag.stop and not (pid is not None and _tree_gone(tracer)):
                 tracer.poll()
+                tick()
             return tracer.finish(result)
     finally:
         for sig, handler in saved.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -21,22 +22,27 @@ class Attached:
         self.proc = subprocess.Popen([*REFCNTD, "attach", "--json", str(json_path), *args],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
+        self.seen, self.waited = "", 0
         self._wait_for("attached to", 60)
 
     def _wait_for(self, needle: str, timeout: float) -> None:
+        """Raw reads: a text buffer would hide the lines after the first from select."""
         deadline = time.monotonic() + timeout
-        seen = ""
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stderr], [], [], 0.5)
+        fd = self.proc.stderr.fileno()
+        while needle not in self.seen[self.waited:] and time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
             if ready:
-                line = self.proc.stderr.readline()
-                seen += line
-                if needle in line:
-                    return
-            if self.proc.poll() is not None:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                self.seen += chunk.decode(errors="replace")
+            elif self.proc.poll() is not None:
                 break
+        if needle in self.seen[self.waited:]:
+            self.waited = self.seen.index(needle, self.waited) + len(needle)
+            return
         self.proc.kill()
-        raise AssertionError(f"refcntd attach did not start: {seen}{self.proc.stderr.read()}")
+        raise AssertionError(f"refcntd attach: no {needle!r}: {self.seen}")
 
     def stop(self) -> tuple[int, str, dict]:
         self.proc.send_signal(signal.SIGINT)

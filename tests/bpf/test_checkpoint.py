@@ -8,8 +8,9 @@ import subprocess
 import time
 import urllib.request
 
-from conftest import FIXTURES, functions, refcntd
-from test_serve import Serve, target_yaml
+from conftest import FIXTURES, functions, leak_summary, refcntd
+from test_attach import Attached
+from test_serve import Serve, free_port, metric, target_yaml
 
 
 class Requests:
@@ -74,3 +75,79 @@ def test_diff_shows_exactly_what_grew_since_the_checkpoint(bpf, build, tmp_path)
     assert len(written) == 1
     assert json.loads(written[0].read_text())["targets"]["svc"][0]["groups"][0]["objects"] == 7
 
+
+
+def test_attach_answers_checkpoint_and_diff_and_signals(bpf, build, tmp_path):
+    """A developer's long attach: the same routes with --listen, and SIGUSR1/SIGUSR2."""
+    exe = build.program("requests", [FIXTURES / "requests.c"])
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with Attached(["--binary", str(exe), "--listen", f"127.0.0.1:{port}"],
+                  tmp_path / "attach.json") as attached:
+        app = Requests(exe)
+        try:
+            app.handle(3)
+            assert "no checkpoint yet" in refcntd(["diff", "--url", url]).stdout
+            mark = refcntd(["checkpoint", "--url", url])
+            assert mark.returncode == 0, mark.stderr
+            app.handle(4)
+            out = refcntd(["diff", "--url", url, "--json"])
+            attached.proc.send_signal(signal.SIGUSR1)  # a new checkpoint: nothing since
+            attached._wait_for("checkpoint set", 30)
+            app.handle(2)
+            attached.proc.send_signal(signal.SIGUSR2)  # the diff on attach's stdout
+            time.sleep(1.0)
+        finally:
+            app.kill()
+        code, stdout, report = attached.stop()
+    assert out.returncode == 0, out.stderr
+    (process,) = json.loads(out.stdout)["targets"]["requests"]
+    assert [(g["type"], g["objects"], g["live"]) for g in process["groups"]] == \
+        [("conn", 4, 7)]
+    assert "2 objects of type 'conn' created since the checkpoint" in stdout, stdout
+    # the killed app's objects are still reported at its exit, all 9 conns
+    (exited,) = report["processes"]
+    assert leak_summary(exited) == {"conn": [1] * 9}
+    assert code in (0, 23), code
+
+
+def test_ages_and_counts_come_from_the_kernel_aggregates(bpf, build, tmp_path):
+    """The scrape reads per-site and per-creation-time counts: exact live counts, ages
+    to about a second, and a handful of map entries for 20 000 live objects."""
+    exe = build.program("requests", [FIXTURES / "requests.c"])
+    extra = "    age_threshold: 2s\n"
+    with Serve(tmp_path, target_yaml("svc", exe, extra=extra)) as serve:
+        app = Requests(exe)
+        try:
+            app.handle(5)
+            time.sleep(4)
+            app.handle(20000)
+            m = serve.scrape()
+        finally:
+            app.kill()
+        serve.wait_log(f"target=svc pid={app.proc.pid} ", 60)
+        after = serve.scrape()  # exited: its counts stay, named from its files
+        assert serve.stop() == 0
+    key = {"target": "svc", "type": "conn"}
+    assert metric(m, "refcntd_live_objects", **key) == 20005
+    assert metric(m, "refcntd_live_objects_older_than_threshold", **key) == 5
+    assert metric(m, "refcntd_live_object_age_seconds_count", **key) == 20005
+    assert metric(m, "refcntd_live_object_age_seconds_bucket", le="10.0", **key) == 20005
+    assert metric(m, "refcntd_live_object_age_seconds_bucket", le="1.0", **key) <= 20000
+    assert 5 * 3 <= metric(m, "refcntd_live_object_age_seconds_sum", **key) < 5 * 5 + 20000
+    assert metric(m, "refcntd_operations_total", operation="init", **key) == 20005
+    assert metric(m, "refcntd_operations_total", operation="get", **key) == 20005
+    assert metric(m, "refcntd_operations_total", operation="init", target="svc",
+                  type="session") == 20005
+    assert metric(m, "refcntd_live_objects", target="svc", type="session") == 0
+    # per (process, type, stack) and per (process, type, second): not per object
+    assert metric(m, "refcntd_map_entries", target="svc", map="objects") == 20005
+    assert metric(m, "refcntd_map_entries", target="svc", map="allocation_sites") <= 8
+    assert metric(m, "refcntd_map_entries", target="svc", map="age_bins") <= 40
+    # the first objects' type name was not readable in the kernel (page not present):
+    # counted at their site, named by user space, before and after the exit
+    for op in ("init", "get", "put", "release"):
+        assert metric(after, "refcntd_operations_total", operation=op, **key) == \
+            metric(m, "refcntd_operations_total", operation=op, **key), op
+    assert metric(after, "refcntd_live_objects", **key) in (None, 0)
+    assert metric(after, "refcntd_leaked_objects_total", **key) == 20005
