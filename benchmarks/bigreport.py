@@ -10,7 +10,6 @@ the SUMMARY line and the JSON file appear.  Writes bigreport.md/.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import build, machine, scale  # noqa: E402
+from run import build, machine, scale, write_results  # noqa: E402
 
 GOALS = {"exit_to_report_s": 2.0, "exit_to_run_json_s": 5.0, "maxrss_mib": 1024.0}
 
@@ -43,12 +42,7 @@ def main() -> int:
         f"{k} <= {v}: {'met' if big[k] <= v else 'NOT met'} ({big[k]:.2f})"
         for k, v in GOALS.items())]
     text = "\n".join(lines) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "bigreport-smoke" if args.smoke else "bigreport"
-    (args.out / f"{stem}.md").write_text(text)
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine(), "rows": rows},
-                                                      indent=2))
-    print(text)
+    write_results(args.out, "bigreport-smoke" if args.smoke else "bigreport", text, rows)
     return 0
 
 

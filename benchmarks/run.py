@@ -128,6 +128,23 @@ def traced(exe: Path, mode: str, n: int, extra: list[str] = ()) -> tuple[float, 
     return ns_of(proc.stdout), proc.stdout
 
 
+def attached(exe: Path, mode: str, n: int) -> float:
+    """The program run while `refcntd attach --binary` traces it system-wide: attach's
+    kernel side also counts live objects per allocation site and age (as serve's)."""
+    proc = subprocess.Popen([*REFCNTD, "attach", "--binary", str(exe)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "attached to" in line:
+                break
+        else:
+            raise RuntimeError("refcntd attach did not start")
+        return untraced(exe, mode, n)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+
+
 class Floor:
     """An empty BPF program on the instructions refcntd probes for get and put."""
 
@@ -334,6 +351,15 @@ def measure(sizes: Sizes, out: Path, per_call_only: bool = False) -> dict:
     floor.close()
     rows.append(Row("refcntd counting", repeat(r, lambda: traced(o0, "getput", n)[0]),
                     ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("refcntd attach counting (per-site and age counts, as serve)", repeat(
+        r, lambda: attached(o0, "getput", n)),
+        ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("init+release pair, no tracer", repeat(
+        r, lambda: untraced(o0, "churn", sizes.churn)), unit="ns/pair"))
+    rows.append(Row("init+release pair, refcntd run (allocation stack per init)", repeat(
+        r, lambda: traced(o0, "churn", sizes.churn)[0]), unit="ns/pair"))
+    rows.append(Row("init+release pair, refcntd attach (per-site and age counts)", repeat(
+        r, lambda: attached(o0, "churn", sizes.churn)), unit="ns/pair"))
     rows.append(Row("refcntd counting + --history", repeat(
         r, lambda: traced(o0, "getput", n, ["--history"])[0]),
         ratio_to="uprobe floor: empty program, same instructions"))
@@ -369,10 +395,6 @@ def measure(sizes: Sizes, out: Path, per_call_only: bool = False) -> dict:
         r, lambda: traced(b["bench-usdt"], "usdt", n,
                           ["--spec", str(b["bench-usdt.yaml"])])[0]),
         ratio_to="uprobe floor: empty program, same instructions"))
-    rows.append(Row("init+release pair, no tracer", repeat(
-        r, lambda: untraced(o0, "churn", sizes.churn)), unit="ns/pair"))
-    rows.append(Row("init+release pair, refcntd (allocation stack per init)", repeat(
-        r, lambda: traced(o0, "churn", sizes.churn)[0]), unit="ns/pair"))
     rows.append(Row("LD_PRELOAD interposer (user-space hash), PLT stubs", repeat(
         r, lambda: untraced(lib, "getput", n, dict(os.environ,
                                                    LD_PRELOAD=str(b["interposer.so"]))))))
@@ -410,6 +432,15 @@ def machine() -> dict:
     return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
             "memory_gib": round(mem / 2**20, 1), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d")}
+
+
+def write_results(out: Path, stem: str, text: str, rows: list[dict]) -> None:
+    """`stem`.md (the table) and `stem`.json (the rows, with the machine), printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps({"machine": machine(), "rows": rows},
+                                                 indent=2))
+    print(text)
 
 
 def row_json(row: Row, by_name: dict[str, Row]) -> dict:

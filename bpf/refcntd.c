@@ -312,10 +312,12 @@ static __always_inline void site_add(struct obj_key *key, struct obj_val *o, __s
 		__sync_fetch_and_add(&c->live, delta);
 		if (born)
 			__sync_fetch_and_add(&c->created, 1);
-	} else if (delta > 0) {
-		count_stat(ST_ALLOC_SITES_FULL);
 	}
 	count_age(&s, o->init_ns, delta);
+	if (!c && delta > 0) {  /* one count per object, whichever table was full */
+		count_stat(ST_ALLOC_SITES_FULL);
+		return;
+	}
 	if (!o->since_cp)
 		return;
 	struct since_key k = {.site = s, .cp = o->since_cp};
@@ -339,7 +341,7 @@ static __always_inline void site_add(struct obj_key *key, struct obj_val *o, __s
 #endif
 
 /* Without SITES the totals are added when an object is released (cheaper per
- * operation; only serve, which has SITES, reads live objects' operations). */
+ * operation; serve and attach, which read live objects' operations, have SITES). */
 static __always_inline void add_totals(struct obj_key *key, struct obj_val *o)
 {
 	struct type_totals zero_totals = {};

@@ -665,15 +665,19 @@ class Kernel:
                 for i in range(n)}
 
     def map_fill(self) -> dict[str, tuple[int, int]]:
-        """Entries in use and capacity of the maps that can fill up."""
+        """Entries in use and capacity of the maps that can fill up (O(sites) with SITES)."""
         def used(name: str) -> int:
             return sum(1 for _ in self.bpf[name].keys())
-        fill = {"objects": (used("objs"), self.opts.max_objects),
-                "processes": (used("procs"), self.opts.max_procs),
+        fill = {"processes": (used("procs"), self.opts.max_procs),
                 "types": (used("types"), self.opts.max_types)}
-        if self.opts.sites:
+        if self.opts.sites:  # objects: their sites' live counts, not a walk of every key
+            live = sum(values[i].live for _, values, n in
+                       _lookup_batches(self.bpf["alloc_sites"]) for i in range(n))
+            fill["objects"] = (max(0, live), self.opts.max_objects)
             fill["allocation_sites"] = (used("alloc_sites"), self.opts.max_alloc_sites)
             fill["age_bins"] = (used("age_bins"), self.opts.max_age_bins)
+        else:
+            fill["objects"] = (used("objs"), self.opts.max_objects)
         return fill
 
     def set_comm_filter(self, names: tuple[str, ...]) -> None:

@@ -34,7 +34,8 @@ def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOpti
                          loader_probe=has_loader,
                          history=opts.history, history_depth=opts.history_depth,
                          comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
-                         sites=opts.sites,
+                         sites=opts.sites, max_alloc_sites=_env_size(
+                             "REFCNTD_MAX_ALLOC_SITES", 65536),
                          unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
                          else btf.unwind_offsets(), ringbuf_pages=ringbuf_pages())
 
@@ -47,3 +48,12 @@ def ringbuf_pages() -> int:
     if pages < 1 or pages & (pages - 1) or pages > 1 << 18:
         raise UsageError(f"REFCNTD_RINGBUF_PAGES={raw}: a power of 2 from 1 to 262144")
     return pages
+
+
+def _env_size(name: str, default: int) -> int:
+    """A kernel table's size from the environment: smaller only to test what happens
+    when it is full (REFCNTD_MAX_ALLOC_SITES)."""
+    raw = os.environ.get(name, str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= 1 << 22:
+        raise UsageError(f"{name}={raw}: an integer from 1 to {1 << 22}")
+    return int(raw)

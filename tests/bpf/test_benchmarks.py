@@ -14,7 +14,10 @@ ROWS = {
     "refcntd counting", "refcntd counting + --history", "no tracer (-O2 lock-prefixed stubs)",
     "uprobe floor on the -O2 build's probe points", "refcntd counting, -O2 lock-prefixed stubs",
     "USDT probes, semaphore off (not traced)", "refcntd on USDT probes, semaphore on",
-    "init+release pair, no tracer", "init+release pair, refcntd (allocation stack per init)",
+    "init+release pair, no tracer",
+    "init+release pair, refcntd run (allocation stack per init)",
+    "refcntd attach counting (per-site and age counts, as serve)",
+    "init+release pair, refcntd attach (per-site and age counts)",
     "LD_PRELOAD interposer (user-space hash), PLT stubs", "malloc/free, no tracer",
     "bcc memleak (-p PID) on malloc/free", "2 threads sharing 4 objects, refcntd counting",
     "uprobe floor on the -O2 build's entry probes (single-stepped)",
@@ -55,3 +58,15 @@ def test_unwind_benchmark_smoke(bpf, tmp_path):
             assert row["frames_reported"] == row["depth"] and "truncated_at" not in row["unwind"]
     assert {t["module"] for t in data["tables"]} >= {"libc", "libgobject"}
     assert all(t["rows"] > 0 for t in data["tables"] if not t.get("missing"))
+
+
+def test_scrape_benchmark_smoke(bpf, tmp_path):
+    """serve's scrape and diff against live objects: the diff's count is exact and the
+    kernel keeps a few entries per site, however many objects."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/scrape.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "scrape-smoke.json").read_text())["rows"]
+    assert [(r["live_objects"], r["since_checkpoint"]) for r in rows] == [(1000, 999),
+                                                                         (10000, 9999)]
+    assert all(r["site_entries"] <= 8 and r["scrape_s"] > 0 for r in rows)

@@ -151,3 +151,24 @@ def test_ages_and_counts_come_from_the_kernel_aggregates(bpf, build, tmp_path):
             metric(m, "refcntd_operations_total", operation=op, **key), op
     assert metric(after, "refcntd_live_objects", **key) in (None, 0)
     assert metric(after, "refcntd_leaked_objects_total", **key) == 20005
+
+
+def test_a_full_site_table_makes_the_diff_say_incomplete(bpf, build, tmp_path):
+    """Objects the kernel cannot count per site are counted, and the diff says so."""
+    exe = build.program("requests", [FIXTURES / "requests.c"])
+    with Serve(tmp_path, target_yaml("svc", exe), {"REFCNTD_MAX_ALLOC_SITES": "1"}) as serve:
+        url = f"http://127.0.0.1:{serve.port}"
+        app = Requests(exe)
+        try:
+            assert refcntd(["checkpoint", "--url", url]).returncode == 0
+            app.handle(50)
+            out = refcntd(["diff", "--url", url, "--json"])
+            text = refcntd(["diff", "--url", url])
+            m = serve.scrape()
+        finally:
+            app.kill()
+        assert serve.stop() == 0
+    lost = json.loads(out.stdout)["not_counted"]["svc"]
+    assert lost > 0
+    assert f"INCOMPLETE: {lost} objects not counted per allocation site" in text.stdout
+    assert metric(m, "refcntd_kernel_notes_total", target="svc", note="alloc_sites_full") >= lost

@@ -32,13 +32,14 @@ def free_port() -> int:
 class Serve:
     """A running `refcntd serve`; stopped (SIGKILL if need be) even when a test fails."""
 
-    def __init__(self, tmp: Path, targets: str) -> None:
+    def __init__(self, tmp: Path, targets: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.config = tmp / "refcntd.yaml"
         self.reports = tmp / "reports"
         self.write_config(targets)
         self.proc = subprocess.Popen([*REFCNTD, "serve", "--config", str(self.config)],
-                                     cwd=ROOT, stderr=subprocess.PIPE)
+                                     cwd=ROOT, stderr=subprocess.PIPE,
+                                     env={**os.environ, **(env or {})})
         self.log = ""
         try:
             self.wait_log("serving", 120)
