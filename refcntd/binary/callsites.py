@@ -17,6 +17,8 @@ function are checked for rel32 branches to the target by brute force.
 
 from __future__ import annotations
 
+import os
+import pickle
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.relocation import Relocation, RelocationSection
 from elftools.elf.sections import Section, SymbolTableSection
 
-from refcntd.binary import ehframe
+from refcntd.binary import cpus, ehframe, prefilter
 from refcntd.binary.elf import ElfImage
 
 _RIP_REL = re.compile(r"\[rip ([+-]) (0x[0-9a-f]+|\d+)\]")
@@ -88,10 +90,49 @@ class ModuleScan:
         self._check_relocations()
 
     def _sweep(self) -> None:
-        """Decode every function; overlapping ranges (a symbol and its FDE, an alias)
-        must agree on a site, or a mis-started decode could put a probe mid-instruction."""
+        """Decode every function (a big module's shares in parallel: forked workers
+        return what they found, merged in order: the same lists as one sweep)."""
+        clusters = list(self._clusters())
+        shares = _shares(clusters, _workers(self.image))
+        if len(shares) <= 1:
+            self._sweep_clusters(clusters)
+            return
+        children = [self._fork_sweep(share) for share in shares[1:]]
+        self._sweep_clusters(shares[0])  # this process takes the first share meanwhile
+        for share, (pid, pipe) in zip(shares[1:], children, strict=True):
+            found = _collect(pid, pipe)
+            if found is None:  # the worker failed: its share is swept here
+                self._sweep_clusters(share)
+                continue
+            for target, (sites, blockers) in found.items():
+                self.results[target].sites += sites
+                self.results[target].blockers += blockers
+
+    def _fork_sweep(self, share: list[list[_Function]]) -> tuple[int, int]:
+        """A forked worker sweeping `share`; it writes what it found, pickled, to a pipe."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            code = 1
+            try:
+                os.close(read)
+                self.results = {t: TargetScan(t) for t in self.results}
+                self._sweep_clusters(share)
+                data = pickle.dumps({t: (r.sites, r.blockers) for t, r in self.results.items()
+                                     if r.sites or r.blockers})
+                with os.fdopen(write, "wb") as out:
+                    out.write(data)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        return pid, read
+
+    def _sweep_clusters(self, clusters: Iterable[list[_Function]]) -> None:
+        """Overlapping ranges (a symbol and its FDE, an alias) must agree on a site, or
+        a mis-started decode could put a probe mid-instruction."""
         md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-        for cluster in _overlapping(self._functions):
+        for cluster in clusters:
             reports: dict[int, list[tuple[Site, TargetScan]]] = {}
             for fn in cluster:
                 for site, scan in self._sweep_function(md, fn):
@@ -107,6 +148,17 @@ class ModuleScan:
                 exclusive = all(s.after_exclusive for s, _ in got)
                 scan.sites.append(Site(addr, site.length, site.kind, named, site.after,
                                        exclusive, site.cond))
+
+    def _clusters(self) -> Iterable[list[_Function]]:
+        """Every group of overlapping functions; in a big module only those a byte-level
+        test (prefilter.py) says may name a target: the same sites and blockers."""
+        clusters = _overlapping(self._functions)
+        if prefilter.code_bytes(self.image) < prefilter.MIN_CODE_BYTES:
+            return clusters
+        ranges = [(f.start, f.size) for f in self._functions]
+        keep = {id(self._functions[i]) for i in
+                prefilter.candidates(self.image, ranges, self.results)}
+        return (c for c in clusters if any(id(f) in keep for f in c))
 
     def _sweep_function(self, md: capstone.Cs, fn: _Function) -> list[tuple[Site, TargetScan]]:
         code = self.image.code_at(fn.start, fn.size)
@@ -208,6 +260,44 @@ class ModuleScan:
                 scan.blockers.append(f"relocation at 0x{rel['r_offset']:x} yields its address"
                                      f" ({'symbol ' + name if name else 'relative'}): reached "
                                      "through a pointer, GOT or PLT slot")
+
+
+MAX_WORKERS = 4
+
+
+def _workers(image: ElfImage) -> int:
+    """Sweep workers: one per CPU we may run on and our own background work does not
+    keep busy, for modules worth a fork."""
+    if prefilter.code_bytes(image) < prefilter.MIN_CODE_BYTES:
+        return 1
+    return max(1, min(MAX_WORKERS, cpus.free()))
+
+
+def _shares(clusters: list[list[_Function]], n: int) -> list[list[list[_Function]]]:
+    """`clusters` cut in `n` consecutive runs of about the same code size."""
+    if n <= 1 or len(clusters) < 2 * n:
+        return [clusters]
+    sizes = [max(f.start + f.size for f in c) - c[0].start for c in clusters]
+    shares: list[list[list[_Function]]] = []
+    each, run, acc = sum(sizes) / n, [], 0
+    for cluster, size in zip(clusters, sizes, strict=True):
+        run.append(cluster)
+        acc += size
+        if acc >= each * (len(shares) + 1) and len(shares) < n - 1:
+            shares.append(run)
+            run = []
+    return [*shares, run] if run else shares
+
+
+def _collect(pid: int, pipe: int) -> dict[int, tuple[list[Site], list[str]]] | None:
+    """A sweep worker's findings; None when it failed."""
+    with os.fdopen(pipe, "rb") as source:
+        data = source.read()
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    found: dict[int, tuple[list[Site], list[str]]] = pickle.loads(data)
+    return found
 
 
 def _where(fn: _Function, addr: int, mnem: str, ops: str) -> str:

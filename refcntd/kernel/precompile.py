@@ -14,6 +14,7 @@ import contextlib
 import threading
 import time
 
+from refcntd.binary import cpus
 from refcntd.kernel import loader, perf_uprobe
 from refcntd.kernel.loader import KernelOptions, Program
 
@@ -31,7 +32,8 @@ class BackgroundCompile:
     def _run(self) -> None:
         t0 = time.monotonic()
         try:
-            self.program = loader.compile_program(self.opts, self.slots)
+            with cpus.busy():  # the analysis's sweep leaves this CPU to clang
+                self.program = loader.compile_program(self.opts, self.slots)
             with contextlib.suppress(Exception):  # refused: Kernel loads again and says why
                 self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI,  # Kernel's default
                                      lambda: self._unwanted)
