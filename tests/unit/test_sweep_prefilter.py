@@ -38,3 +38,19 @@ def test_shares_are_consecutive_and_cover_every_cluster():
     shares = callsites._shares(clusters, 3)
     assert len(shares) == 3 and [c for s in shares for c in s] == clusters
     assert callsites._shares(clusters[:4], 3) == [clusters[:4]]  # too few to split
+
+
+def test_a_failed_worker_share_is_swept_here(monkeypatch):
+    """A worker that dies (here: it cannot pickle its findings) costs time, not sites."""
+    image = ElfImage(LIBCRYPTO)
+    targets = {s.vaddr: "CRYPTO_free" for s in image.symbols.get("CRYPTO_free", [])}
+    targets.update({stub: "CRYPTO_free@plt"
+                    for stub, _ in callsites.plt_stubs(image).get("CRYPTO_free", [])})
+    monkeypatch.setattr(callsites, "_workers", lambda image: 1)
+    alone = callsites.ModuleScan(image, targets)
+
+    def broken(*_args: object, **_kw: object) -> bytes:
+        raise RuntimeError("no")
+    monkeypatch.setattr(callsites.pickle, "dumps", broken)
+    monkeypatch.setattr(callsites, "_workers", lambda image: 2)
+    assert _outcome(callsites.ModuleScan(image, targets)) == _outcome(alone)
