@@ -48,6 +48,7 @@ from refcntd.symbolize.symbolizer import (
 )
 
 POLL_MS = 100
+PRUNE_AGE_BINS_EVERY_S = 60.0  # a fine bin stops being needed ten minutes after its second
 PRUNE_TYPES_EVERY_S = 2.0  # how often the type table's fill is looked at
 PRUNE_TYPES_AT = 0.5  # share of the table in use from which unused types are removed
 
@@ -134,6 +135,7 @@ class Tracer:
         self.pruned_totals: dict[str, Totals] = {}
         self.types_pruned = 0
         self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
+        self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
         self._fixed_ids = set(self._type_ids.values())
         self._max_types = kopts.max_types
         self.attached_at = 0.0  # time.time() when the probes were attached
@@ -224,7 +226,12 @@ class Tracer:
 
     def _prune_types(self) -> None:
         """On the worker: a long-running program can name more types over its life than
-        the kernel's type table holds; types nothing uses any more make room."""
+        the kernel's type table holds; types nothing uses any more make room.  With
+        SITES, creation-time bins no longer needed go too, scraped or not (a long
+        attach is never scraped)."""
+        if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
+            self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
+            self.kernel.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
         if self.kernel.type_count() < self._max_types * PRUNE_TYPES_AT:
             return
         keep = self.kernel.types_in_use() | self._fixed_ids
