@@ -222,9 +222,12 @@ static __always_inline __u32 intern_type(__u64 name_ptr)
 enum { OP_INIT, OP_GET, OP_PUT, OP_RELEASED };  /* count_op() */
 
 #if SITES
-BPF_HASH(alloc_sites, struct alloc_site, struct alloc_count, MAX_ALLOC_SITES);
-BPF_HASH(since, struct since_key, struct since_count, MAX_ALLOC_SITES);
-BPF_HASH(age_bins, struct age_key, __s64, MAX_AGE_BINS);
+/* Allocated as entries appear (a few per site and second, not 65536 each up front). */
+BPF_F_TABLE("hash", struct alloc_site, struct alloc_count, alloc_sites, MAX_ALLOC_SITES,
+	    BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct since_key, struct since_count, since, MAX_ALLOC_SITES,
+	    BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct age_key, __s64, age_bins, MAX_AGE_BINS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(checkpoint, __u64, 1);  /* the current checkpoint (ns), 0: none */
 
 /* Objects whose type name was not readable in the kernel keep its pointer. */
