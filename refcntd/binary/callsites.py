@@ -84,6 +84,7 @@ class ModuleScan:
         self.plt_slots = plt_slots
         self.results = {t: TargetScan(t) for t in targets}
         self._functions = _functions(image)
+        self._big = prefilter.code_bytes(image) >= prefilter.MIN_CODE_BYTES
         self._sweep()
         self._check_gaps()
         self._check_data()
@@ -93,7 +94,7 @@ class ModuleScan:
         """Decode every function (a big module's shares in parallel: forked workers
         return what they found, merged in order: the same lists as one sweep)."""
         clusters = list(self._clusters())
-        shares = _shares(clusters, _workers(self.image))
+        shares = _shares(clusters, _workers(self._big))
         if len(shares) <= 1:
             self._sweep_clusters(clusters)
             return
@@ -153,7 +154,7 @@ class ModuleScan:
         """Every group of overlapping functions; in a big module only those a byte-level
         test (prefilter.py) says may name a target: the same sites and blockers."""
         clusters = _overlapping(self._functions)
-        if prefilter.code_bytes(self.image) < prefilter.MIN_CODE_BYTES:
+        if not self._big:
             return clusters
         ranges = [(f.start, f.size) for f in self._functions]
         keep = {id(self._functions[i]) for i in
@@ -265,12 +266,10 @@ class ModuleScan:
 MAX_WORKERS = 4
 
 
-def _workers(image: ElfImage) -> int:
-    """Sweep workers: one per CPU we may run on and our own background work does not
-    keep busy, for modules worth a fork."""
-    if prefilter.code_bytes(image) < prefilter.MIN_CODE_BYTES:
-        return 1
-    return max(1, min(MAX_WORKERS, cpus.free()))
+def _workers(big: bool) -> int:
+    """Sweep workers: for a module worth a fork, one per CPU we may run on and our own
+    background work does not keep busy."""
+    return max(1, min(MAX_WORKERS, cpus.free())) if big else 1
 
 
 def _shares(clusters: list[list[_Function]], n: int) -> list[list[list[_Function]]]:

@@ -327,6 +327,7 @@ class Kernel:
         self._bcc = bcc
         self.multi = multi
         self.opts, self.sites = opts, sites
+        self.checkpoint_ns = 0  # SITES: the checkpoint the kernel counts "since" from
         self._links: list[int] = []
         self._perf_fds: list[int] = []
         self.multi_links = 0  # how many multi-uprobe links attach_all made
@@ -753,7 +754,7 @@ class Kernel:
         """Every allocation site with live objects, per process: O(sites); `unnamed`:
         also the sites of objects whose type the kernel could not name, live or not
         (their operations are counted there, not per type)."""
-        names, cp = self.type_names(), getattr(self, "checkpoint_ns", 0)
+        names, cp = self.type_names(), self.checkpoint_ns
         since: dict[bytes, tuple[int, int]] = {}
         if cp:
             for keys, values, n in _lookup_batches(self.bpf["since"]):

@@ -136,20 +136,19 @@ def render_sites(p: ProcessSites, since: bool) -> str:
     return "\n".join(visible(line) for line in lines) + "\n"
 
 
-def site_group_json(g: SiteGroup) -> dict[str, object]:
-    return {"type": g.type_name, "objects": g.since, "mean_age_ns": g.since_mean_age_ns,
-            "live": g.live, "created": g.created, "stack_truncated": g.stack_truncated,
-            "unwind": unwind_json(g.unwind), "stack": [frame_json(f) for f in g.frames]}
+def site_group_json(g: SiteGroup, since: bool) -> dict[str, object]:
+    """`objects`: what the view counts (created since the checkpoint, with their mean
+    age, or live)."""
+    counted: dict[str, object] = {"objects": g.since, "mean_age_ns": g.since_mean_age_ns} \
+        if since else {"objects": g.live}
+    return {"type": g.type_name, **counted, "live": g.live, "created": g.created,
+            "stack_truncated": g.stack_truncated, "unwind": unwind_json(g.unwind),
+            "stack": [frame_json(f) for f in g.frames]}
 
 
 def sites_json(p: ProcessSites, since: bool) -> dict[str, object]:
-    """`objects`: what the view counts (created since the checkpoint, or live)."""
-    groups = [site_group_json(g) for g in p.groups]
-    if not since:
-        for out, g in zip(groups, p.groups, strict=True):
-            out["objects"] = g.live
-            del out["mean_age_ns"]
-    return {"pid": p.pid, "comm": p.comm, "command": p.command, "groups": groups}
+    return {"pid": p.pid, "comm": p.comm, "command": p.command,
+            "groups": [site_group_json(g, since) for g in p.groups]}
 
 
 def render_anomaly(a: AnomalyFinding) -> list[str]:

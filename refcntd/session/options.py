@@ -34,8 +34,8 @@ def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOpti
                          loader_probe=has_loader,
                          history=opts.history, history_depth=opts.history_depth,
                          comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
-                         sites=opts.sites, max_alloc_sites=_env_size(
-                             "REFCNTD_MAX_ALLOC_SITES", 65536),
+                         sites=opts.sites, max_alloc_sites=_env_int(
+                             "REFCNTD_MAX_ALLOC_SITES", 65536, 1 << 22),
                          unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"
                          else btf.unwind_offsets(), ringbuf_pages=ringbuf_pages())
 
@@ -43,17 +43,15 @@ def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOpti
 def ringbuf_pages() -> int:
     """REFCNTD_RINGBUF_PAGES: the events ring buffer's size in pages (a power of 2; 1024,
     4 MiB, by default).  Smaller only to test that capture keeps up."""
-    raw = os.environ.get("REFCNTD_RINGBUF_PAGES", "1024")
-    pages = int(raw) if raw.isdigit() else 0
-    if pages < 1 or pages & (pages - 1) or pages > 1 << 18:
-        raise UsageError(f"REFCNTD_RINGBUF_PAGES={raw}: a power of 2 from 1 to 262144")
-    return pages
+    return _env_int("REFCNTD_RINGBUF_PAGES", 1024, 1 << 18, power_of_two=True)
 
 
-def _env_size(name: str, default: int) -> int:
-    """A kernel table's size from the environment: smaller only to test what happens
-    when it is full (REFCNTD_MAX_ALLOC_SITES)."""
+def _env_int(name: str, default: int, high: int, power_of_two: bool = False) -> int:
+    """A kernel table's size from the environment (REFCNTD_RINGBUF_PAGES,
+    REFCNTD_MAX_ALLOC_SITES): smaller only to test what happens when it is full."""
     raw = os.environ.get(name, str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= 1 << 22:
-        raise UsageError(f"{name}={raw}: an integer from 1 to {1 << 22}")
-    return int(raw)
+    value = int(raw) if raw.isdigit() else 0
+    if not 1 <= value <= high or (power_of_two and value & (value - 1)):
+        shape = "a power of 2" if power_of_two else "an integer"
+        raise UsageError(f"{name}={raw}: {shape} from 1 to {high}")
+    return value

@@ -223,15 +223,18 @@ class Tracer:
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
             self.worker.submit(self._prune_types)
+        if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
+            # creation-time bins no longer needed go, scraped or not (attach never is)
+            self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
+            self.worker.submit(self._prune_age_bins)
+
+    def _prune_age_bins(self) -> None:
+        """On the worker: reading the age bins removes those no longer needed."""
+        self.kernel.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
 
     def _prune_types(self) -> None:
         """On the worker: a long-running program can name more types over its life than
-        the kernel's type table holds; types nothing uses any more make room.  With
-        SITES, creation-time bins no longer needed go too, scraped or not (a long
-        attach is never scraped)."""
-        if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
-            self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
-            self.kernel.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+        the kernel's type table holds; types nothing uses any more make room."""
         if self.kernel.type_count() < self._max_types * PRUNE_TYPES_AT:
             return
         keep = self.kernel.types_in_use() | self._fixed_ids

@@ -24,9 +24,9 @@ def test_prefiltered_parallel_sweep_equals_the_full_sweep(monkeypatch):
     stubs = callsites.plt_stubs(image)
     for n in names:  # libcrypto calls its own exported functions through its PLT
         targets.update({stub: f"{n}@plt" for stub, _ in stubs.get(n, [])})
-    monkeypatch.setattr(callsites, "_workers", lambda image: 2)
+    monkeypatch.setattr(callsites, "_workers", lambda big: 2)
     fast = callsites.ModuleScan(image, targets)
-    monkeypatch.setattr(callsites, "_workers", lambda image: 1)
+    monkeypatch.setattr(callsites, "_workers", lambda big: 1)
     monkeypatch.setattr(prefilter, "MIN_CODE_BYTES", 1 << 40)
     full = callsites.ModuleScan(image, targets)
     assert sum(len(r.sites) for r in full.results.values()) > 100  # a real amount of work
@@ -46,11 +46,11 @@ def test_a_failed_worker_share_is_swept_here(monkeypatch):
     targets = {s.vaddr: "CRYPTO_free" for s in image.symbols.get("CRYPTO_free", [])}
     targets.update({stub: "CRYPTO_free@plt"
                     for stub, _ in callsites.plt_stubs(image).get("CRYPTO_free", [])})
-    monkeypatch.setattr(callsites, "_workers", lambda image: 1)
+    monkeypatch.setattr(callsites, "_workers", lambda big: 1)
     alone = callsites.ModuleScan(image, targets)
 
     def broken(*_args: object, **_kw: object) -> bytes:
         raise RuntimeError("no")
     monkeypatch.setattr(callsites.pickle, "dumps", broken)
-    monkeypatch.setattr(callsites, "_workers", lambda image: 2)
+    monkeypatch.setattr(callsites, "_workers", lambda big: 2)
     assert _outcome(callsites.ModuleScan(image, targets)) == _outcome(alone)
