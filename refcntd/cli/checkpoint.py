@@ -1,4 +1,5 @@
-"""`refcntd checkpoint`: ask a running `serve` to mark the objects live now."""
+"""`refcntd checkpoint`: ask a running `serve` or `attach --listen` to mark the objects
+live now."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def call(url: str, method: str = "GET") -> bytes:
         raise UsageError(f"{url}: HTTP {err.code} {err.reason}") from None
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
-        raise UsageError(f"{url}: {reason}", "is `refcntd serve` running there?") from None
+        raise UsageError(f"{url}: {reason}", "is `refcntd serve` or `refcntd attach --listen` "
+                         "running there?") from None
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:

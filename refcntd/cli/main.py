@@ -76,14 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     draft.add_argument("--output", metavar="FILE", type=argtypes.output_path,
                        help="write there instead of stdout")
 
-    for name, what in (("checkpoint", "mark the objects live now in a running `serve`"),
+    for name, what in (("checkpoint", "mark the objects live now in a running `serve` or "
+                                      "`attach --listen`"),
                        ("diff", "objects created since the checkpoint and still live, per "
-                                "process and allocation stack, from a running `serve`")):
+                                "process and allocation stack, from a running `serve` or "
+                                "`attach --listen`")):
         cmd = sub.add_parser(name, help=what)
         cmd.add_argument("--config", default=str(DEFAULT_CONFIG),
                          help="serve's config, for its listen address "
                               f"(default {DEFAULT_CONFIG})")
-        cmd.add_argument("--url", help="serve's address instead, e.g. http://127.0.0.1:10271")
+        cmd.add_argument("--url", help="serve's address instead, e.g. http://127.0.0.1:10271, "
+                                       "or attach's --listen address")
         if name == "diff":
             cmd.add_argument("--json", action="store_true", help="JSON instead of text")
 
