@@ -48,4 +48,10 @@ fi
 if ! [ -d /sys/kernel/tracing/events ] && ! [ -d /sys/kernel/debug/tracing/events ]; then
     mount -t tracefs nodev /sys/kernel/tracing
 fi
+# Compile the BPF programs for this kernel now (about 30 s once; a second after):
+# attach, run and serve then start without waiting for clang.
+if [ "$(id -u)" = 0 ]; then
+    .venv/bin/refcntd prebuild --quiet \
+        || echo "setup.sh: refcntd prebuild failed (above); each start will compile instead"
+fi
 echo "setup.sh: ready (.venv/bin/refcntd)"

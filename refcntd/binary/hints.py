@@ -45,9 +45,9 @@ def probe_count_hint(binary: str, spec: Spec, cache_dir: Path | None = None
     """The probe count of the last plan for this file and spec (0 if unknown), and
     whether it held processes for modules mapped later (exported call-site mode).
 
-    The BPF program is compiled before the analysis, with room for a guessed
+    The BPF program's maps are made before the analysis, with room for a guessed
     number of probes; call-site mode can need thousands.  A wrong hint costs
-    only a second (maps-only) compile."""
+    making the maps again (their sizes are derived from the cached layout)."""
     key = _hint_key(binary, spec)
     value = _hints(cache_dir).get(key) if key else None
     return (int(value[0]), bool(value[1])) if value else (0, False)

@@ -1,4 +1,4 @@
-"""Command line: `refcntd check | attach | run | report | spec | serve`.
+"""Command line: `refcntd check | attach | run | report | spec | serve | prebuild`.
 
 main() is the one exit point: it turns RefcntdError into one line on stderr
 and its exit code.  Each command lives in its own module.
@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "or attach's --listen address")
         if name == "diff":
             cmd.add_argument("--json", action="store_true", help="JSON instead of text")
+
+    pre = sub.add_parser("prebuild", help="compile the BPF programs now (after installing, "
+                                          "or a kernel or bcc upgrade), so that attach, run "
+                                          "and serve start without waiting for clang")
+    pre.add_argument("--quiet", action="store_true", help="print nothing")
 
     serve = sub.add_parser("serve", help="trace configured programs continuously; export "
                                          "Prometheus metrics and write reports")

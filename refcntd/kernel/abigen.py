@@ -152,12 +152,48 @@ def render(h: Header) -> str:
     return "\n".join(out)
 
 
+_MAP_DECL = re.compile(r"^(BPF_(?:PERCPU_)?(?:ARRAY|HASH)|BPF_F_TABLE|BPF_TABLE|BPF_PROG_ARRAY"
+                       r"|BPF_RINGBUF_OUTPUT)\((.*?)\);", re.M | re.S)
+
+
+def map_declarations(texts: list[str]) -> dict[str, tuple[str, str, str]]:
+    """Every map the BPF sources declare: name -> (key type, value type, size), each
+    type a struct name of the header or a scalar C type ("" for the ring buffer's
+    none), the size as written (a number or a macro).  The loader reads and writes
+    maps created without bcc through these types, and sizes them from the flags."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for text in texts:
+        for m in _MAP_DECL.finditer(_COMMENT.sub("", text)):
+            args = [" ".join(a.split()).removeprefix("struct ") for a in m[2].split(",")]
+            macro = m[1]
+            if macro in ("BPF_ARRAY", "BPF_PERCPU_ARRAY"):
+                out[args[0]] = ("int", args[1], args[2])
+            elif macro in ("BPF_HASH", "BPF_PERCPU_HASH"):
+                out[args[0]] = (args[1], args[2], args[3])
+            elif macro in ("BPF_TABLE", "BPF_F_TABLE"):
+                out[args[3]] = (args[1], args[2], args[4])
+            elif macro == "BPF_PROG_ARRAY":
+                out[args[0]] = ("int", "int", args[1])
+            else:
+                out[args[0]] = ("", "", args[1])
+    return out
+
+
+def render_maps(maps: dict[str, tuple[str, str, str]]) -> str:
+    lines = ["", "# name -> (key type, value type, size as declared) of every map in bpf/",
+             "MAPS: dict[str, tuple[str, str, str]] = {"]
+    lines += [f'    "{name}": ("{k}", "{v}", "{n}"),' for name, (k, v, n) in sorted(maps.items())]
+    return "\n".join([*lines, "}", ""])
+
+
 def EXTERNAL_FIELDS() -> dict[str, list[Field]]:  # noqa: N802 - a table, named like one
     return {n: [Field(a, t, d) for a, t, d in fs] for n, fs in EXTERNAL.items()}
 
 
 def generate(header: Path = HEADER) -> str:
-    return render(parse(header.read_text()))
+    sources = sorted([*header.parent.glob("*.c"), *header.parent.glob("*.h")])
+    return render(parse(header.read_text())) + render_maps(
+        map_declarations([p.read_text() for p in sources]))
 
 
 def main() -> int:

@@ -8,18 +8,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import importlib.util
 import os
 import re
 import struct
+import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from refcntd.errors import EnvironmentProblem, ProbeError
-from refcntd.kernel import abi, cfi, perf_uprobe, progcache
+from refcntd.kernel import abi, bpfsys, cfi, perf_uprobe, progcache, setup
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
 from refcntd.kernel.cfi import CfiTable
@@ -132,141 +135,75 @@ def probe_slots(probe_count: int) -> int:
     return slots
 
 
-def prepare() -> Any:
-    """bcc, imported once kernel/setup.py's prepare() has readied the machine."""
-    return _import_bcc()
-
-
 def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) -> Program:
-    """bpf/refcntd.c ready to load: from the compiled-program cache (~0.3 s), or compiled
-    by bcc (2-4 s; the result is cached).  Also run ahead in a thread (precompile.py)."""
-    bcc = prepare()
+    """bpf/refcntd.c's maps created and its programs ready to load: from the
+    compiled-program cache without bcc (~0.05 s), else compiled by bcc (a full compile,
+    2-4 s, or a maps-only one for a new map layout, ~0.8 s; the results are cached).
+    Also run ahead in a thread (precompile.py)."""
     text, cflags = program_text(), bpf_cflags(opts, probe_count)
     key = progcache.entry_key(text, cflags, _toolchain())
+    sizes = progcache.sizing_flags(text, cflags)
     entry = progcache.load(CACHE_DIR, key) if cached else None
-    if entry is not None:
-        program = _from_cache(bcc, text, cflags, entry)
-        if program is not None:
-            return program
+    layout = progcache.load_layout(CACHE_DIR, key) if entry is not None else None
+    if layout is not None:
+        layout = resized(layout, sizes)
+    if layout is not None and not _fits(layout, opts):
+        layout = None
+    how = "cached programs, no compile"
+    if entry is None:
+        entry, layout = _compile(text, cflags, key, sizes, opts, full=True)
+        how = "BPF compile"
+    elif layout is None:
+        layout = _compile(text, cflags, key, sizes, opts, full=False)[1]
+        how = "maps-only compile + cached programs"
+    if "bcc" not in sys.modules:
+        how += " (bcc not loaded)"
+    return Program(entry, layout, opts, how)
+
+
+def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
+             opts: KernelOptions, full: bool) -> tuple[progcache.Entry, progcache.Layout]:
+    """bcc's compile (the whole program, or its map declarations only), kept in the
+    cache: the programs' instructions (full) and the maps as the kernel created them.
+    bcc's own maps and programs are closed: Program makes its own from these."""
+    bcc = _import_bcc()
+    source = text if full else progcache.maps_only(text)
     try:
-        bpf = bcc.BPF(text=text.encode(), cflags=cflags)
+        bpf = bcc.BPF(text=source.encode(), cflags=cflags)
     except Exception as err:  # bcc raises bare Exception for compile/load errors
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None
-    _save(bpf, key)
-    return Program(bpf, None)
-
-
-CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/unwind.h
-
-
-class Program:
-    """The loaded maps of bpf/refcntd.c and a way to load its programs.
-
-    Compiled now: bcc's module has everything (its tracepoint programs already
-    attached by bcc).  From the cache: `bpf` is a maps-only compile and the
-    programs' instructions come from the entry, with this compile's map fds.
-    """
-
-    def __init__(self, bpf: Any, entry: progcache.Entry | None) -> None:
-        self.bpf, self.entry = bpf, entry
-        self._loaded: dict[tuple[str, int, int], Any] = {}
-
-    @property
-    def from_cache(self) -> bool:
-        return self.entry is not None
-
-    def load_func(self, name: str, prog_type: int, attach_type: int = -1) -> Any:
-        """Loaded once per (name, type, attach type); bcc's own cache is by name only."""
-        key = (name, prog_type, attach_type)
-        if key not in self._loaded:
-            self._loaded[key] = self._load(name, prog_type, attach_type)
-        return self._loaded[key]
-
-    def preload(self, attach_type: int, unwanted: Callable[[], bool] = lambda: False) -> None:
-        """Load the probe programs now: the verifier's ~0.25 s then overlaps the analysis
-        when this runs in precompile's thread (which stops once it is `unwanted`).
-        on_body, the longest, is verified in a second thread meanwhile: the verifier
-        runs inside each bpf() call, without the GIL, so two use both cores."""
-        from bcc import BPF  # the loader is the one module that may import bcc
-
-        def load(names: tuple[str, ...]) -> None:
-            for name in names:
-                if unwanted():
-                    return
-                self.load_func(name, BPF.KPROBE, attach_type)
-        with ThreadPoolExecutor(2) as pool:
-            done = [pool.submit(load, ("on_body",)),
-                    pool.submit(load, ("on_probe", "on_unwind", "on_unwind_more"))]
-        for future in done:
-            future.result()
-
-    def _load(self, name: str, prog_type: int, attach_type: int) -> Any:
-        from bcc import BPF  # the loader is the one module that may import bcc
-        from bcc.libbcc import lib
-        raw, module = name.encode(), self.bpf.module
-        buf = None
-        if self.entry is None:
-            start, size = lib.bpf_function_start(module, raw), lib.bpf_function_size(module, raw)
-            if not start:
-                raise Exception(f"Unknown program {name}")  # bcc's kind of error
-        else:
-            fds = {m: self.bpf[m.encode()].map_fd for m in self.entry.maps}
-            code = self.entry.functions[name].relocated(fds)
-            buf = ctypes.create_string_buffer(code, len(code))
-            start, size = ctypes.addressof(buf), len(code)
-        fd = lib.bcc_func_load(module, prog_type, raw, start, size,
-                               lib.bpf_module_license(module), lib.bpf_module_kern_version(module),
-                               0, None, 0, None, attach_type)
-        if fd < 0:
-            raise Exception(f"Failed to load BPF program {name}: "  # bcc's kind of error
-                            f"{os.strerror(ctypes.get_errno())}")
-        return BPF.Function(self.bpf, raw, fd)
-
-    def attach_tracepoints(self) -> None:
-        """What bcc does for a compiled module at its start: TRACEPOINT_PROBE programs."""
-        from bcc import BPF  # the loader is the one module that may import bcc
-        assert self.entry is not None
-        for name in sorted(self.entry.functions):
-            if name.startswith("tracepoint__"):
-                self.bpf.funcs[name.encode()] = self.load_func(name, BPF.TRACEPOINT)
-                tp = name[len("tracepoint__"):].replace("__", ":")
-                self.bpf.attach_tracepoint(tp=tp.encode(), fn_name=name.encode())
-
-    def cleanup(self) -> None:
-        """bcc closes the programs it knows of (tracepoints); this closes the others."""
-        known = {id(fn) for fn in self.bpf.funcs.values()}
-        self.bpf.cleanup()
-        for fn in self._loaded.values():
-            if id(fn) not in known:
-                os.close(fn.fd)
-        self._loaded.clear()
-
-
-def _from_cache(bcc: Any, text: str, cflags: list[str], entry: progcache.Entry) -> Program | None:
-    """The cached programs over a maps-only compile; None (compile fully) if they do not fit."""
     try:
-        bpf = bcc.BPF(text=progcache.maps_only(text).encode(), cflags=cflags)
-    except Exception:  # noqa: BLE001 - the full compile says what is wrong
-        return None
-    program = Program(bpf, entry)
-    if set(_map_names(bpf)) != set(entry.maps):
-        program.cleanup()
-        return None
-    try:
-        program.attach_tracepoints()
-    except Exception:  # noqa: BLE001 - a refused program: compile it anew
-        program.cleanup()
-        progcache.discard(CACHE_DIR, entry.key)
-        return None
-    return program
+        _check_layout(bpf, opts)
+        names = _map_names(bpf)
+        fds = {name: bpf[name.encode()].map_fd for name in names}
+        infos = {name: bpfsys.map_info(fd) for name, fd in fds.items()}
+        btf_ids = {info.btf_id for info in infos.values() if info.btf_id}
+        btf = bpfsys.btf_blob(btf_ids.pop()) if len(btf_ids) == 1 else b""
+        specs = [progcache.MapSpec(name, info.type, info.key_size, info.value_size,
+                                   info.max_entries, info.map_flags,
+                                   info.btf_key_type_id if btf else 0,
+                                   info.btf_value_type_id if btf else 0)
+                 for name, info in infos.items()]
+        layout = progcache.Layout(key, tuple(specs), sizes, btf)
+        if not _fits(layout, opts):
+            raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
+                                     "run `python -m refcntd.kernel.abigen`")
+        progcache.store_layout(CACHE_DIR, layout)
+        if not full:
+            entry = progcache.load(CACHE_DIR, key)
+            assert entry is not None  # compile_program found it a moment ago
+            return entry, layout
+        entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
+        progcache.store(CACHE_DIR, entry)
+        return entry, layout
+    finally:
+        bpf.cleanup()
 
 
-def _save(bpf: Any, key: str) -> None:
-    """Keep a fresh compile's instructions; a program that refers to anything but maps is not."""
+def _functions(bpf: Any, fds: dict[str, int]) -> dict[str, progcache.Function]:
     from bcc.libbcc import lib  # the loader is the one module that may import bcc
-    maps = tuple(_map_names(bpf))
-    names_by_fd = {bpf[m.encode()].map_fd: m for m in maps}
+    names_by_fd = {fd: name for name, fd in fds.items()}
     functions = {}
     try:
         for i in range(lib.bpf_num_functions(bpf.module)):
@@ -274,28 +211,198 @@ def _save(bpf: Any, key: str) -> None:
             code = ctypes.string_at(lib.bpf_function_start(bpf.module, raw),
                                     lib.bpf_function_size(bpf.module, raw))
             functions[raw.decode()] = progcache.capture(code, names_by_fd)
-    except progcache.Unrelocatable:
-        return
-    progcache.store(CACHE_DIR, progcache.Entry(key, maps, functions))
+    except progcache.Unrelocatable as err:
+        raise EnvironmentProblem(f"the compiled BPF program refers to something other than "
+                                 f"its maps ({err}): refcntd cannot load it",
+                                 "report this with `refcntd check --verbose`") from None
+    return functions
+
+
+def resized(layout: progcache.Layout, sizes: dict[str, str]) -> progcache.Layout | None:
+    """`layout` with its maps sized by `sizes` (the sizing flags now), where each changed
+    macro is exactly some maps' declared size (abi.MAPS); None where it is not (a maps-only
+    compile records the layout then)."""
+    changed = {name for name in {*sizes, *layout.sizes}
+               if sizes.get(name) != layout.sizes.get(name)}
+    if not changed:
+        return layout
+    declared = [size for _, _, size in abi.MAPS.values()]
+    for name in changed:
+        value = sizes.get(name, "")
+        if not value.isdigit() or any(name in re.findall(r"\w+", size) and size != name
+                                      for size in declared):
+            return None
+    maps = []
+    for spec in layout.maps:
+        size = abi.MAPS.get(spec.name, ("", "", ""))[2]
+        if size in changed:
+            entries = int(sizes[size]) * (os.sysconf("SC_PAGE_SIZE")
+                                          if spec.map_type == bpfsys.MAP_RINGBUF else 1)
+            spec = replace(spec, max_entries=entries)
+        maps.append(spec)
+    return progcache.Layout(layout.key, tuple(maps), sizes, layout.btf)
+
+
+def map_types(name: str, spec: progcache.MapSpec, opts: KernelOptions) -> tuple[Any, Any]:
+    """A map's key and value as ctypes, from abi.MAPS (the declarations in bpf/);
+    bytes of the recorded sizes for the maps only the BPF side reads."""
+    key, value, _ = abi.MAPS.get(name, ("", "", ""))
+    return (_ctype(key, opts) or ctypes.c_uint8 * spec.key_size,
+            _ctype(value, opts) or ctypes.c_uint8 * spec.value_size)
+
+
+_SCALARS = {"int": ctypes.c_int32, "__u32": ctypes.c_uint32, "__u64": ctypes.c_uint64,
+            "__s64": ctypes.c_int64}
+
+
+def _ctype(name: str, opts: KernelOptions) -> Any:
+    if name == "hist_val":
+        return abi.hist_val_type(opts.history_depth)
+    return _SCALARS.get(name) or abi.STRUCTS.get(name)
+
+
+def _fits(layout: progcache.Layout, opts: KernelOptions) -> bool:
+    """Every map Python reads has the sizes abi.py says: a recorded layout from other
+    sources (or a header changed without abigen) is never used."""
+    for spec in layout.maps:
+        if spec.map_type == bpfsys.MAP_RINGBUF:
+            continue
+        key, value = map_types(spec.name, spec, opts)
+        if (ctypes.sizeof(key), ctypes.sizeof(value)) != (spec.key_size, spec.value_size):
+            return False
+    return any(spec.map_type == bpfsys.MAP_RINGBUF for spec in layout.maps)
+
+
+CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/unwind.h
+TRACEPOINT_PREFIX = "tracepoint__"  # bcc's TRACEPOINT_PROBE(category, event) functions
+
+
+class Program:
+    """bpf/refcntd.c's maps, created here, and its programs, loaded from their compiled
+    instructions with these maps' fds: the same whether compiled just now or cached."""
+
+    def __init__(self, entry: progcache.Entry, layout: progcache.Layout, opts: KernelOptions,
+                 how: str) -> None:
+        self.entry, self.how = entry, how
+        self.tables: dict[str, bpfsys.Table] = {}
+        self._loaded: dict[tuple[str, int, int], int] = {}
+        self._tracepoints: list[int] = []
+        self._ring: bpfsys.RingBuffer | None = None
+        btf_fd = -1
+        try:
+            if layout.btf:
+                with contextlib.suppress(OSError):  # without it, bpftool shows raw bytes only
+                    btf_fd = bpfsys.load_btf(layout.btf)
+            for spec in layout.maps:
+                fd = bpfsys.create_map(spec.name, spec.map_type, spec.key_size,
+                                       spec.value_size, spec.max_entries, spec.flags,
+                                       (btf_fd, spec.btf_key, spec.btf_value)
+                                       if btf_fd >= 0 else None)
+                key, value = map_types(spec.name, spec, opts)
+                self.tables[spec.name] = bpfsys.Table(spec.name, fd, spec.map_type, key,
+                                                      value, spec.max_entries)
+            missing = set(entry.maps) - set(self.tables)
+            if missing:
+                raise OSError(errno.ENOENT, f"maps not in the layout: {sorted(missing)}")
+        except OSError as err:
+            self.cleanup()
+            raise EnvironmentProblem(f"the BPF maps could not be created: {err}",
+                                     "is the locked-memory limit or the kernel's "
+                                     "BPF memory exhausted?") from None
+        finally:
+            if btf_fd >= 0:
+                os.close(btf_fd)  # the maps hold their own reference
+
+    @property
+    def from_cache(self) -> bool:
+        return not self.how.startswith("BPF compile")
+
+    def __getitem__(self, name: str) -> bpfsys.Table:
+        return self.tables[name]
+
+    def load_func(self, name: str, prog_type: int, attach_type: int = -1) -> int:
+        """A program's fd, loaded once per (name, type, attach type)."""
+        key = (name, prog_type, attach_type)
+        if key not in self._loaded:
+            function = self.entry.functions.get(name)
+            if function is None:
+                raise OSError(errno.ENOENT, f"Unknown program {name}")
+            code = function.relocated({m: t.map_fd for m, t in self.tables.items()})
+            self._loaded[key] = bpfsys.load_program(name, prog_type, code, attach_type)
+        return self._loaded[key]
+
+    def preload(self, attach_type: int, unwanted: Callable[[], bool] = lambda: False) -> None:
+        """Load the probe programs now: the verifier's ~0.25 s then overlaps the analysis
+        when this runs in precompile's thread (which stops once it is `unwanted`).
+        on_body, the longest, is verified in a second thread meanwhile: the verifier
+        runs inside each bpf() call, without the GIL, so two use both cores."""
+        def load(names: tuple[str, ...]) -> None:
+            for name in names:
+                if unwanted():
+                    return
+                self.load_func(name, bpfsys.PROG_KPROBE, attach_type)
+        with ThreadPoolExecutor(2) as pool:
+            done = [pool.submit(load, ("on_body",)),
+                    pool.submit(load, ("on_probe", "on_unwind", "on_unwind_more"))]
+        for future in done:
+            future.result()
+
+    def attach_tracepoints(self, tracefs: Path) -> None:
+        """The TRACEPOINT_PROBE programs (process exit, fork, exec, mmap), attached."""
+        for name in sorted(self.entry.functions):
+            if name.startswith(TRACEPOINT_PREFIX):
+                fd = self.load_func(name, bpfsys.PROG_TRACEPOINT)
+                category, event = name[len(TRACEPOINT_PREFIX):].split("__", 1)
+                perf_fd = perf_uprobe.open_tracepoint(tracefs, category, event)
+                self._tracepoints.append(perf_fd)
+                self._tracepoints.append(perf_uprobe.link_bpf(fd, perf_fd, 0))
+
+    def open_ring_buffer(self, name: str, callback: Callable[[Any, int, int], int]) -> None:
+        self._ring = bpfsys.RingBuffer(self.tables[name].map_fd, callback)
+
+    def poll(self, timeout_ms: int) -> None:
+        if self._ring is not None:
+            self._ring.poll(timeout_ms)
+
+    def cleanup(self) -> None:
+        """Close everything: links, programs, the ring buffer, maps."""
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        for fd in [*reversed(self._tracepoints), *self._loaded.values(),
+                   *(t.map_fd for t in self.tables.values())]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._tracepoints, self._loaded, self.tables = [], {}, {}
 
 
 _VERSION_H = "include/generated/uapi/linux/version.h"
 
 
 def _toolchain() -> dict[str, str]:
-    """What besides the text and flags shapes the instructions: bcc and the kernel headers."""
-    libbcc = next((line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                   if "/libbcc.so" in line), "libbcc: not mapped")
+    """What besides the text and flags shapes the instructions: bcc and the kernel headers
+    (found without importing bcc: a cached start never loads it)."""
     headers = os.environ.get("BCC_KERNEL_SOURCE", "")
-    return {"libbcc": progcache.file_identity(libbcc), "bcc": _bcc_version(),
+    spec = importlib.util.find_spec("bcc")
+    return {"libbcc": progcache.file_identity(_libbcc_path()),
+            "bcc": progcache.file_identity(spec.origin if spec and spec.origin else "bcc"),
             "headers": progcache.file_identity(headers),
             "version.h": progcache.file_identity(Path(headers) / _VERSION_H),
             "kernel": os.uname().release}
 
 
-def _bcc_version() -> str:
-    import bcc  # the loader is the one module that may import bcc
-    return str(getattr(bcc, "__version__", "?"))
+def _libbcc_path() -> str:
+    """Where the dynamic linker finds libbcc.so.0 for bcc (LD_LIBRARY_PATH, then the
+    system's library directories)."""
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    dirs = [*filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")),
+            f"/usr/local/lib/{arch}", "/usr/local/lib", f"/lib/{arch}", f"/usr/lib/{arch}",
+            "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+    for d in dirs:
+        path = Path(d) / "libbcc.so.0"
+        if path.exists():
+            return str(path)
+    return "libbcc.so.0: not found"
 
 
 def _import_bcc() -> Any:
@@ -323,8 +430,6 @@ class Kernel:
         site (the programs are then loaded as plain kprobe programs: the kernel links
         a multi-typed program to nothing else).
         """
-        bcc = prepare()
-        self._bcc = bcc
         self.multi = multi
         self.opts, self.sites = opts, sites
         self.checkpoint_ns = 0  # SITES: the checkpoint the kernel counts "since" from
@@ -341,33 +446,32 @@ class Kernel:
         self._cfi_rows_used = 0
         self.tables_not_loaded: list[str] = []  # cfi_rows full: shown as a note
         self.program = program if program is not None else compile_program(opts, len(sites))
-        self.bpf = self.program.bpf
+        self.bpf = self.program
         for attempt in (1, 2):
             try:
                 self._load()
                 break
-            except EnvironmentProblem:
-                raise
-            except Exception as err:  # bcc raises bare Exception for compile/load errors
-                if self.program.entry is None or attempt == 2:
-                    raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
+            except OSError as err:  # a program the kernel refused, or a tracepoint
+                if not self.program.from_cache or attempt == 2:
+                    self.program.cleanup()
+                    raise EnvironmentProblem(f"the BPF program failed to load: {err}",
                                              "check kernel headers (BCC_KERNEL_SOURCE)") from None
                 # A cached program the kernel refused: drop the entry and compile anew.
                 progcache.discard(CACHE_DIR, self.program.entry.key)
                 self.program.cleanup()
                 self.program = compile_program(opts, len(sites), cached=False)
-                self.bpf = self.program.bpf
+                self.bpf = self.program
 
     def _load(self) -> None:
-        self.layout_checked = _check_layout(self.bpf, self.opts)
         self._prog = self._load_chain("on_probe")
         self._load_tail_calls()
+        self.program.attach_tracepoints(setup.mounted_tracefs() or setup.TRACEFS)
 
     def _load_tail_calls(self) -> None:
         """on_probe -> on_unwind (the stack) -> on_body (the logic): see bpf/unwind.h."""
         progs = self.bpf["probe_progs"]
         for index, name in enumerate(CHAIN):
-            progs[ctypes.c_int(index)] = ctypes.c_int(self._load_chain(name).fd)
+            progs[ctypes.c_int(index)] = ctypes.c_int(self._load_chain(name))
 
     def _load_chain(self, name: str) -> Any:
         """A program of the tail-call chain, typed for BPF_TRACE_UPROBE_MULTI links.
@@ -377,7 +481,7 @@ class Kernel:
         chain gets one type; a multi-typed program cannot be linked to a perf
         event (EINVAL, measured on 6.18), so per-site mode loads plain ones.
         """
-        return self.program.load_func(name, self._bcc.BPF.KPROBE, self._attach_type())
+        return self.program.load_func(name, bpfsys.PROG_KPROBE, self._attach_type())
 
     def _attach_type(self) -> int:
         return perf_uprobe.BPF_TRACE_UPROBE_MULTI if self.multi else -1
@@ -442,7 +546,7 @@ class Kernel:
     def _link_multi(self, module: str, retprobe: bool, indexes: list[int]) -> None:
         sites = [self.sites[i] for i in indexes]
         self._links.append(perf_uprobe.link_uprobe_multi(
-            self._prog.fd, module, [s.file_offset for s in sites], indexes, retprobe,
+            self._prog, module, [s.file_offset for s in sites], indexes, retprobe,
             [s.ref_ctr_offset for s in sites]))
 
     def multi_notes(self) -> list[str]:
@@ -465,7 +569,7 @@ class Kernel:
             return
         self._perf_fds.append(perf_fd)
         try:
-            self._links.append(perf_uprobe.link_bpf(self._prog.fd, perf_fd, index))
+            self._links.append(perf_uprobe.link_bpf(self._prog, perf_fd, index))
         except perf_uprobe.UprobeError as err:
             self._failed(index, STAGE_LINK, err)
 
@@ -477,17 +581,17 @@ class Kernel:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
         cookies = [delta & 0xFFFFFFFFFFFFFFFF for _, delta in sites]  # two's complement
         try:
-            prog = self.program.load_func("on_loader", self._bcc.BPF.KPROBE, self._attach_type())
+            prog = self.program.load_func("on_loader", bpfsys.PROG_KPROBE, self._attach_type())
             if self.multi:
                 self._links.append(perf_uprobe.link_uprobe_multi(
-                    prog.fd, path, [offset for offset, _ in sites], cookies))
+                    prog, path, [offset for offset, _ in sites], cookies))
                 self.loader_links += 1
                 return None
             for (file_offset, _), cookie in zip(sites, cookies, strict=True):
                 perf_fd = perf_uprobe.open_uprobe(path, file_offset)
                 self._perf_fds.append(perf_fd)
-                self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, cookie))
-        except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
+                self._links.append(perf_uprobe.link_bpf(prog, perf_fd, cookie))
+        except OSError as err:  # UprobeError, or a program the kernel refused
             return str(err)
         return None
 
@@ -503,9 +607,7 @@ class Kernel:
         for fds in (self._links, self._perf_fds):
             _close_all(fds)
         self._links, self._perf_fds = [], []
-        if getattr(self, "bpf", None) is not None:
-            self.program.cleanup()
-            self.bpf = None
+        self.program.cleanup()  # closing twice closes nothing
 
     # ---- processes -------------------------------------------------------
     def register_process(self, tgid: int) -> int:
@@ -545,11 +647,10 @@ class Kernel:
             except BaseException as err:  # noqa: BLE001 - re-raised in poll()
                 self._callback_error = err
             return 0
-        self._on_raw = on_raw  # bcc keeps only a weak reference
-        self.bpf["events"].open_ring_buffer(on_raw)
+        self.program.open_ring_buffer("events", on_raw)
 
     def poll(self, timeout_ms: int) -> None:
-        self.bpf.ring_buffer_poll(timeout_ms)
+        self.program.poll(timeout_ms)
         if self._callback_error is not None:
             err, self._callback_error = self._callback_error, None
             raise err
@@ -922,17 +1023,17 @@ class Kernel:
     def attach_dlsym(self, path: str, offsets: list[int]) -> str | None:
         """Return probes on dlsym/dlvsym (file offsets in `path`); why not, if not."""
         try:
-            prog = self.program.load_func("on_dlsym_return", self._bcc.BPF.KPROBE,
+            prog = self.program.load_func("on_dlsym_return", bpfsys.PROG_KPROBE,
                                           self._attach_type())
             if self.multi:
                 self._links.append(perf_uprobe.link_uprobe_multi(
-                    prog.fd, path, offsets, [0] * len(offsets), True))
+                    prog, path, offsets, [0] * len(offsets), True))
                 return None
             for offset in offsets:
                 perf_fd = perf_uprobe.open_uprobe(path, offset, retprobe=True)
                 self._perf_fds.append(perf_fd)
-                self._links.append(perf_uprobe.link_bpf(prog.fd, perf_fd, 0))
-        except Exception as err:  # UprobeError, or bcc's bare Exception from load_func
+                self._links.append(perf_uprobe.link_bpf(prog, perf_fd, 0))
+        except OSError as err:  # UprobeError, or a program the kernel refused
             return str(err)
         return None
 
@@ -1038,31 +1139,15 @@ def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n:
     return [i for i in range(n) if tgids[i] == tgid and (gen is None or gens[i] == gen)]
 
 
-def _lookup_batches(table: Any) -> Iterator[tuple[ctypes.Array[Any], ctypes.Array[Any], int]]:
+def _lookup_batches(table: bpfsys.Table
+                    ) -> Iterator[tuple[ctypes.Array[Any], ctypes.Array[Any], int]]:
     """(keys, values, n) per BPF_MAP_LOOKUP_BATCH; the buffers are reused between batches."""
-    from bcc.libbcc import lib  # the loader is the one module that may import bcc
-    keys, values = (table.Key * BATCH)(), (table.Leaf * BATCH)()
-    token, count = ctypes.c_uint32(0), ctypes.c_uint32(0)
-    first = True
-    while True:
-        count.value = BATCH
-        res = lib.bpf_lookup_batch(table.map_fd, None if first else ctypes.byref(token),
-                                   ctypes.byref(token), ctypes.byref(keys),
-                                   ctypes.byref(values), ctypes.byref(count))
-        err = ctypes.get_errno()
-        if count.value:
-            yield keys, values, count.value
-        if res != 0:
-            if err == errno.ENOENT:
-                return
-            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
-        first = False
+    return table.lookup_batches(BATCH)
 
 
-def _take_all(table: Any) -> list[tuple[Any, Any]]:
-    """Every entry, removed from the map.  Not _items(): a batch lookup hands scalar
-    keys back as ints, and `held` is keyed by a plain tgid."""
-    items = list(table.items())
+def _take_all(table: bpfsys.Table) -> list[tuple[Any, Any]]:
+    """Every entry, removed from the map."""
+    items = _items(table)
     _delete(table, [k for k, _ in items])
     return items
 
@@ -1081,11 +1166,11 @@ def _cpu_sums(per_cpu: Any) -> Totals:
     return (a, b, c, d)
 
 
-def _items(table: Any) -> list[tuple[Any, Any]]:
+def _items(table: bpfsys.Table) -> list[tuple[Any, Any]]:
     try:
         return list(table.items_lookup_batch())
-    except Exception:  # older kernels / map types without batch ops
-        return list(table.items())
+    except OSError:  # older kernels / map types without batch ops
+        return table.items()
 
 
 def pack_probe_cfgs(sites: list[ProbeSite], type_ids: Callable[[str], int]) -> bytes:
@@ -1221,7 +1306,7 @@ def _decode_stack(value: abi.StackRec) -> StackRecord:
         if frame.status in (abi.FRAME_FILE, abi.FRAME_EXE_TEXT):
             ino, dev = struct.unpack_from("<QI", bytes(frame.build_id))
             file = (dev, ino)
-        frames.append(RawFrame(build_id, frame.offset if frame.status else 0, file,
+        frames.append(RawFrame(build_id, frame.offset_or_ip if frame.status else 0, file,
                                frame.status == abi.FRAME_EXE_TEXT))
     return StackRecord(tuple(value.ip[:nr]), tuple(frames), UnwindMethod(value.method),
                        Truncation(value.truncated), value.truncated_at)

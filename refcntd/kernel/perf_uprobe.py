@@ -1,4 +1,4 @@
-"""Uprobes opened directly on the kernel's uprobe PMU, linked to a BPF program.
+"""Uprobes (and tracepoints) opened directly as perf events, linked to a BPF program.
 
 We do not use bcc's attach_uprobe: bcc 0.26's Python binding passes a
 garbage ref_ctr_offset (bcc issue 5236), which makes the kernel write into
@@ -15,9 +15,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from refcntd.kernel.bpfsys import LINK_CREATE as BPF_LINK_CREATE
+from refcntd.kernel.bpfsys import NR_BPF
+
 NR_PERF_EVENT_OPEN = 298
-NR_BPF = 321
-BPF_LINK_CREATE = 28
+PERF_TYPE_TRACEPOINT = 2
 BPF_PERF_EVENT = 41
 BPF_TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type, Linux 6.6+
 BPF_F_UPROBE_MULTI_RETURN = 1
@@ -92,6 +94,24 @@ def open_uprobe(path: str, file_offset: int, retprobe: bool = False,
     if fd < 0:
         err = ctypes.get_errno()
         raise UprobeError(err, explain_errno(err))
+    return fd
+
+
+def open_tracepoint(tracefs: Path, category: str, event: str) -> int:
+    """A perf event fd for a kernel tracepoint, on every CPU and process."""
+    try:
+        tp_id = int((tracefs / "events" / category / event / "id").read_text())
+    except (OSError, ValueError) as err:
+        raise UprobeError(errno.ENOENT, f"no tracepoint {category}:{event} under "
+                                        f"{tracefs}: {err}") from None
+    attr = _PerfEventAttr(type=PERF_TYPE_TRACEPOINT, config=tp_id, sample_period=1,
+                          wakeup_events=1)
+    attr.size = ctypes.sizeof(attr)
+    fd: int = _libc.syscall(NR_PERF_EVENT_OPEN, ctypes.byref(attr), -1, 0, -1,
+                            PERF_FLAG_FD_CLOEXEC)
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise UprobeError(code, f"tracepoint {category}:{event}: {explain_errno(code)}")
     return fd
 
 

@@ -13,6 +13,15 @@ Keyed by the program text, the compile flags, the bcc library and the
 kernel headers: any change compiles again.  An entry carries a digest of its
 contents and is ignored when it does not match, or names a map the maps-only
 compile did not create: never trusted blindly.
+
+The maps themselves are described by a `Layout` beside the entry (type, key
+and value sizes, entries and flags of each, as the kernel reported them for
+bcc's maps, with the sizing flags they were made with): with both, a start
+creates the maps and loads the programs without bcc (kernel/bpfsys.py).
+Other sizes (`--max-objects`, more probe slots) are derived from the maps'
+declarations where each size is one macro; where that cannot be done, or a
+layout is missing or does not fit the ABI's types, one maps-only compile
+records it again.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from pathlib import Path
 
 from refcntd.paths import write_cache_json
 
-FORMAT = 1
+FORMAT = 2  # 2: a layout per option set, maps created without bcc
 KEEP = 64  # entries kept; the oldest go first (each is a few hundred KiB)
 
 _LD_IMM64 = 0x18
@@ -175,8 +184,65 @@ def _digest(body: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def entry_path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / "bpf" / f"{key[:32]}.json"
+@dataclass(frozen=True)
+class MapSpec:
+    name: str
+    map_type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+    btf_key: int = 0  # type ids in the layout's BTF (0: none)
+    btf_value: int = 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    key: str  # the entry's
+    maps: tuple[MapSpec, ...]
+    sizes: dict[str, str]  # the sizing flags (-DNAME=VALUE) the maps were made with
+    btf: bytes = b""  # the compile's BTF (the maps' key and value types), for bpftool
+
+
+def sizing_flags(text: str, cflags: list[str]) -> dict[str, str]:
+    """NAME -> VALUE of the flags entry_key leaves out (they only size maps)."""
+    return {m[1]: m[2] for flag in cflags if sizes_maps_only(text, flag)
+            for m in [re.fullmatch(r"-D(\w+)=?(.*)", flag)] if m}
+
+
+def load_layout(cache_dir: Path, key: str) -> Layout | None:
+    path = entry_path(cache_dir, key, "layout-")
+    try:
+        raw = json.loads(path.read_text())
+        body = raw["body"]
+        if raw.get("format") != FORMAT or raw["key"] != key or raw["digest"] != _digest(body):
+            return None
+        maps = tuple(MapSpec(str(m[0]), *(int(v) for v in m[1:8])) for m in body["maps"])
+        sizes = {str(k): str(v) for k, v in body["sizes"].items()}
+        btf = base64.b64decode(body["btf"], validate=True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    if not maps or len({m.name for m in maps}) != len(maps):
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)
+    return Layout(key, maps, sizes, btf)
+
+
+def store_layout(cache_dir: Path, layout: Layout) -> None:
+    body: dict[str, object] = {"maps": [[m.name, m.map_type, m.key_size, m.value_size,
+                                         m.max_entries, m.flags, m.btf_key, m.btf_value]
+                                        for m in layout.maps],
+                               "sizes": layout.sizes,
+                               "btf": base64.b64encode(layout.btf).decode()}
+    data = {"format": FORMAT, "key": layout.key, "body": body, "digest": _digest(body)}
+    path = entry_path(cache_dir, layout.key, "layout-")
+    if write_cache_json(path, data):
+        prune(path.parent)
+
+
+def entry_path(cache_dir: Path, key: str, prefix: str = "") -> Path:
+    return cache_dir / "bpf" / f"{prefix}{key[:32]}.json"
 
 
 def load(cache_dir: Path, key: str) -> Entry | None:
@@ -211,10 +277,10 @@ def store(cache_dir: Path, entry: Entry) -> None:
         prune(path.parent)
 
 
-def discard(cache_dir: Path, key: str) -> None:
+def discard(cache_dir: Path, key: str, prefix: str = "") -> None:
     """Drop an entry the kernel refused to load (it would be refused again)."""
     with contextlib.suppress(OSError):
-        entry_path(cache_dir, key).unlink()
+        entry_path(cache_dir, key, prefix).unlink()
 
 
 def prune(directory: Path, keep: int = KEEP) -> None:

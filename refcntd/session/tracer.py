@@ -91,8 +91,7 @@ def _load_kernel(kopts: KernelOptions, plan: Plan, early: BackgroundCompile | No
         with progress.stage("BPF compile (started before the analysis)"):
             program, waited = early.take(kopts, len(plan.sites))
         if program is not None:
-            how = "maps-only compile + cached programs" if program.from_cache else "BPF compile"
-            progress.note(f"{how}: {early.seconds:.2f} s, during the binary analysis "
+            progress.note(f"{program.how}: {early.seconds:.2f} s, during the binary analysis "
                           f"(waited {waited:.2f} s for it after)")
         else:
             progress.note("BPF compile: the early compile did not fit the plan; compiling again")

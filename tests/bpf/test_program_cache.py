@@ -1,8 +1,7 @@
 """A warm start loads the cached programs and reports exactly what a compile does.
 
-The cache is only worth having if it is used (a layout change that made the
-maps-only compile miss a map would silently fall back to compiling), and only
-acceptable if a bad entry can never change a report.
+The cache is only worth having if it is used (a warm start must not even load
+bcc), and only acceptable if a bad entry or layout can never change a report.
 """
 
 from __future__ import annotations
@@ -10,14 +9,18 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
+from dataclasses import replace
 
 import pytest
 from conftest import refcntd
 from test_run import assert_perflike_truth
 
-from refcntd.kernel import progcache
+from refcntd.kernel import loader, progcache
 
-CACHED = "maps-only compile + cached programs"
+CACHED = "cached programs, no compile (bcc not loaded)"
+MAPS_ONLY = "maps-only compile + cached programs"
 
 
 def run(exe, tmp_path, cache, name, *extra):
@@ -37,8 +40,10 @@ def shape(report):
             for g in report["processes"][0]["groups"]]
 
 
-def entries(cache):
-    return sorted((cache / "bpf").glob("*.json"))
+def entries(cache, prefix=""):
+    """The programs' entries, or with prefix "layout-" the maps' layouts."""
+    return sorted(p for p in (cache / "bpf").glob(f"{prefix}*.json")
+                  if prefix or not p.name.startswith("layout-"))
 
 
 @pytest.mark.parametrize("extra", [[], ["--history", "all"]], ids=["default", "history"])
@@ -47,10 +52,66 @@ def test_second_run_loads_the_cached_programs(bpf, build, tmp_path, extra):
     cold = run(exe, tmp_path, cache, "cold", *extra)
     assert CACHED not in cold.stderr and "BPF compile" in cold.stderr, cold.stderr
     (entry,) = entries(cache)
+    layouts = entries(cache, "layout-")
     warm = run(exe, tmp_path, cache, "warm", *extra)
     assert CACHED in warm.stderr, warm.stderr
-    assert entries(cache) == [entry]
+    assert entries(cache) == [entry] and entries(cache, "layout-") == layouts
     assert shape(warm.report) == shape(cold.report)
+
+
+def test_a_missing_or_wrong_layout_costs_one_maps_only_compile(bpf, build, tmp_path):
+    """Without the maps' layout (other map sizes), or with one whose sizes do not fit
+    abi.py (its digest intact): one maps-only compile records it again."""
+    exe, cache = build.perflike("O2"), tmp_path / "cache"
+    run(exe, tmp_path, cache, "cold")
+    for layout in entries(cache, "layout-"):
+        layout.unlink()
+    again = run(exe, tmp_path, cache, "again")
+    assert MAPS_ONLY in again.stderr and CACHED not in again.stderr, again.stderr
+    (layout,) = entries(cache, "layout-")
+    data = json.loads(layout.read_text())
+    loaded = progcache.load_layout(cache, data["key"])
+    objs = next(m for m in loaded.maps if m.name == "objs")
+    wrong = tuple(replace(m, value_size=m.value_size + 8) if m is objs else m
+                  for m in loaded.maps)
+    progcache.store_layout(cache, progcache.Layout(data["key"], wrong, loaded.sizes))
+    assert progcache.load_layout(cache, data["key"]).maps == wrong
+    fixed = run(exe, tmp_path, cache, "fixed")
+    assert MAPS_ONLY in fixed.stderr, fixed.stderr
+    assert progcache.load_layout(cache, data["key"]).maps == loaded.maps
+    warm = run(exe, tmp_path, cache, "warm")
+    assert CACHED in warm.stderr, warm.stderr
+
+
+def test_other_map_sizes_are_derived_without_a_compile(bpf, build, tmp_path):
+    """--max-objects and the probe slots only size maps: the layout recorded at other
+    sizes is resized from the declarations, and the maps really have the new sizes."""
+    exe, cache = build.perflike("O2"), tmp_path / "cache"
+    run(exe, tmp_path, cache, "cold")
+    (layout,) = entries(cache, "layout-")
+    other = run(exe, tmp_path, cache, "other", "--max-objects", "4096")
+    assert CACHED in other.stderr, other.stderr
+    assert entries(cache, "layout-") == [layout]
+    key = json.loads(layout.read_text())["key"]
+    sizes = {**progcache.load_layout(cache, key).sizes, "MAX_OBJECTS": "4096"}
+    derived = loader.resized(progcache.load_layout(cache, key), sizes)
+    assert next(m for m in derived.maps if m.name == "objs").max_entries == 4096
+
+
+def test_prebuild_leaves_nothing_to_compile(bpf, build, tmp_path):
+    """`refcntd prebuild` (setup.sh runs it): the first run of a binary never seen,
+    with another probe count than prebuild's, compiles nothing and loads no bcc."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "REFCNTD_CACHE": str(cache)}
+    built = subprocess.run([sys.executable, "-m", "refcntd", "prebuild"], env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.count("BPF compile") >= 4, built.stdout
+    again = subprocess.run([sys.executable, "-m", "refcntd", "prebuild"], env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "BPF compile" not in again.stdout, again.stdout
+    first = run(build.perflike("O2"), tmp_path, cache, "first")
+    assert CACHED in first.stderr, first.stderr
 
 
 def test_an_entry_the_kernel_refuses_is_replaced(bpf, build, tmp_path):

@@ -151,3 +151,48 @@ def test_file_identity_changes_with_the_file(tmp_path):
     f.write_bytes(b"three")
     assert progcache.file_identity(f) != first
     assert progcache.file_identity(tmp_path / "gone").endswith("missing")
+
+
+def layout(sizes: dict[str, str]) -> progcache.Layout:
+    maps = (progcache.MapSpec("objs", 1, 16, 64, int(sizes["MAX_OBJECTS"]), 1, 3, 4),
+            progcache.MapSpec("events", 27, 0, 0, int(sizes["RINGBUF_PAGES"]) * 4096, 0),
+            progcache.MapSpec("stats", 6, 4, 8, 40, 0))
+    return progcache.Layout("k" * 64, maps, sizes, b"\x9f\xeb\x01\x00btf")
+
+
+def test_a_layout_round_trips_and_a_bad_one_is_ignored(tmp_path):
+    kept = layout({"MAX_OBJECTS": "1024", "RINGBUF_PAGES": "8"})
+    progcache.store_layout(tmp_path, kept)
+    assert progcache.load_layout(tmp_path, "k" * 64) == kept
+    assert progcache.load_layout(tmp_path, "j" * 64) is None
+    path = progcache.entry_path(tmp_path, "k" * 64, "layout-")
+    data = json.loads(path.read_text())
+    data["body"]["maps"][0][4] = 99  # edited without its digest
+    path.write_text(json.dumps(data))
+    assert progcache.load_layout(tmp_path, "k" * 64) is None
+
+
+def test_other_sizes_are_derived_from_the_declarations(monkeypatch):
+    """A changed sizing macro that is exactly some maps' declared size resizes them
+    (the ring buffer in pages); anything else is left to a maps-only compile."""
+    old = layout({"MAX_OBJECTS": "1024", "RINGBUF_PAGES": "8"})
+    new = loader.resized(old, {"MAX_OBJECTS": "4096", "RINGBUF_PAGES": "16"})
+    assert new is not None
+    sizes = {m.name: m.max_entries for m in new.maps}
+    assert sizes == {"objs": 4096, "events": 16 * 4096, "stats": 40}
+    assert new.btf == old.btf and new.maps[0].btf_key == 3
+    assert loader.resized(old, old.sizes) is old
+    assert loader.resized(old, {"MAX_OBJECTS": "lots", "RINGBUF_PAGES": "8"}) is None
+    monkeypatch.setitem(loader.abi.MAPS, "twice", ("int", "__u64", "MAX_OBJECTS * 2"))
+    assert loader.resized(old, {"MAX_OBJECTS": "4096", "RINGBUF_PAGES": "8"}) is None
+
+
+def test_every_sizing_flag_of_the_real_program_is_a_plain_map_size():
+    """Otherwise every new --max-objects or probe count would cost a maps-only compile."""
+    text = loader.program_text()
+    opts = loader.KernelOptions(filtered=False, has_delete=True, sites=True, history=("all",),
+                                unwind_offsets={"OFF_X": 1})
+    sizes = progcache.sizing_flags(text, loader.bpf_cflags(opts, 16))
+    declared = {size for _, _, size in loader.abi.MAPS.values()}
+    assert set(sizes) >= {"MAX_OBJECTS", "MAX_PROBES", "RINGBUF_PAGES"}
+    assert set(sizes) <= declared, set(sizes) - declared
