@@ -141,7 +141,8 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
     2-4 s, or a maps-only one for a new map layout, ~0.8 s; the results are cached).
     Also run ahead in a thread (precompile.py)."""
     text, cflags = program_text(), bpf_cflags(opts, probe_count)
-    key = progcache.entry_key(text, cflags, _toolchain())
+    headers = "".join(p.read_text() for p in sorted(BPF_DIR.glob("*.h")))  # refcntd.h too
+    key = progcache.entry_key(text + headers, cflags, _toolchain())
     sizes = progcache.sizing_flags(text, cflags)
     entry = progcache.load(CACHE_DIR, key) if cached else None
     layout = progcache.load_layout(CACHE_DIR, key) if entry is not None else None
@@ -149,23 +150,27 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
         layout = resized(layout, sizes)
     if layout is not None and not _fits(layout, opts):
         layout = None
-    how = "cached programs, no compile"
+    how, checked = "cached programs, no compile", frozenset[str]()
     if entry is None:
-        entry, layout = _compile(text, cflags, key, sizes, opts, full=True)
+        entry, layout, checked = _compile(text, cflags, key, sizes, opts, full=True)
         how = "BPF compile"
     elif layout is None:
-        layout = _compile(text, cflags, key, sizes, opts, full=False)[1]
+        layout, checked = _compile(text, cflags, key, sizes, opts, full=False)[1:]
         how = "maps-only compile + cached programs"
     if "bcc" not in sys.modules:
         how += " (bcc not loaded)"
-    return Program(entry, layout, opts, how)
+    program = Program(entry, layout, opts, how)
+    program.layout_checked = checked
+    return program
 
 
 def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
-             opts: KernelOptions, full: bool) -> tuple[progcache.Entry, progcache.Layout]:
+             opts: KernelOptions, full: bool
+             ) -> tuple[progcache.Entry, progcache.Layout, frozenset[str]]:
     """bcc's compile (the whole program, or its map declarations only), kept in the
     cache: the programs' instructions (full) and the maps as the kernel created them.
-    bcc's own maps and programs are closed: Program makes its own from these."""
+    bcc's own maps and programs are closed: Program makes its own from these.  Also
+    the structs compared field by field with abi.py (_check_layout)."""
     bcc = _import_bcc()
     source = text if full else progcache.maps_only(text)
     try:
@@ -174,7 +179,7 @@ def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None
     try:
-        _check_layout(bpf, opts)
+        checked = frozenset(_check_layout(bpf, opts))
         names = _map_names(bpf)
         fds = {name: bpf[name.encode()].map_fd for name in names}
         infos = {name: bpfsys.map_info(fd) for name, fd in fds.items()}
@@ -193,10 +198,10 @@ def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
         if not full:
             entry = progcache.load(CACHE_DIR, key)
             assert entry is not None  # compile_program found it a moment ago
-            return entry, layout
+            return entry, layout, checked
         entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
         progcache.store(CACHE_DIR, entry)
-        return entry, layout
+        return entry, layout, checked
     finally:
         bpf.cleanup()
 
@@ -284,6 +289,7 @@ class Program:
     def __init__(self, entry: progcache.Entry, layout: progcache.Layout, opts: KernelOptions,
                  how: str) -> None:
         self.entry, self.how = entry, how
+        self.layout_checked = frozenset[str]()  # structs compared with bcc's (a compile)
         self.tables: dict[str, bpfsys.Table] = {}
         self._loaded: dict[tuple[str, int, int], int] = {}
         self._tracepoints: list[int] = []
