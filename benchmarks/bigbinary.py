@@ -8,7 +8,11 @@ in a fresh process (wall time and peak RSS from wait4):
 * the candidate DWARF scans (benchmarks/dwarfscan.py) on the same binary;
 * `refcntd check` cold (empty cache) and warm, for the default spec and for
   the obj_* spec whose inlined copies and clones the binary carries;
-* with root, `refcntd attach` until its probes are installed;
+* with root, `refcntd attach` until its probes are installed: the very first
+  start (nothing cached: full BPF compile), a binary never analysed (the BPF
+  programs cached, as `refcntd prebuild` leaves them), and warm;
+* each `check` and attach row REPEATS times (`--repeats`), reported as the
+  median with the range;
 * with `--before TREE` (a checkout of an older refcntd), the same `check`
   there, as the baseline.
 
@@ -64,25 +68,38 @@ def _reaped(cmd: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None
             "status": proc.returncode, "stdout": out_f.read(), "stderr": err_f.read()[-2000:]}
 
 
-def check_runs(exe: Path, tree: Path, label: str) -> list[dict[str, object]]:
+def check_runs(exe: Path, tree: Path, label: str, repeats: int) -> list[dict[str, object]]:
+    """Per spec: `check` cold (a new cache directory) then warm, `repeats` times."""
     rows = []
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, REFCNTD_CACHE=cache)
-        for spec in SPECS:
-            for temp in ("cold", "warm"):
-                run = _reaped([sys.executable, "-m", "refcntd", "check", "--binary", str(exe),
-                               "--spec", spec], cwd=tree, env=env)
-                rows.append({"refcntd": label, "spec": spec, "cache": temp,
-                             "seconds": run["seconds"], "rss_mib": run["rss_mib"],
-                             "status": run["status"],
-                             "inlined": "inlined at" in str(run["stdout"]),
-                             "cached": "from the analysis cache" in str(run["stdout"]),
-                             "incomplete": "INCOMPLETE" in str(run["stdout"])})
+    for spec in SPECS:
+        runs: dict[str, list[dict[str, object]]] = {"cold": [], "warm": []}
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, REFCNTD_CACHE=cache)
+                for temp in ("cold", "warm"):
+                    runs[temp].append(_reaped([sys.executable, "-m", "refcntd", "check",
+                                               "--binary", str(exe), "--spec", spec],
+                                              cwd=tree, env=env))
+        for temp, done in runs.items():
+            last = done[-1]
+            rows.append({"refcntd": label, "spec": spec, "cache": temp, **_spread(done),
+                         "status": last["status"],
+                         "inlined": "inlined at" in str(last["stdout"]),
+                         "cached": "from the analysis cache" in str(last["stdout"]),
+                         "incomplete": "INCOMPLETE" in str(last["stdout"])})
     return rows
 
 
-ATTACH_CACHES = ("all cold: empty cache (DWARF scan and full BPF compile)",
-                 "new binary: compiled-program cache warm, no DWARF answers",
+def _spread(runs: list[dict[str, object]]) -> dict[str, object]:
+    """Median seconds and peak RSS of repeated runs, with the range of the seconds."""
+    secs = sorted(float(r["seconds"]) for r in runs)  # type: ignore[arg-type]
+    rss = sorted(float(r["rss_mib"]) for r in runs)  # type: ignore[arg-type]
+    return {"seconds": secs[len(secs) // 2], "range": f"{secs[0]}-{secs[-1]}",
+            "rss_mib": rss[len(rss) // 2], "runs": len(runs)}
+
+
+ATTACH_CACHES = ("first start on the machine: empty cache (DWARF scan and full BPF compile)",
+                 "cold: binary never analysed, BPF programs cached (as prebuild leaves them)",
                  "warm: both caches")
 
 
@@ -95,17 +112,21 @@ def bcc_baseline() -> dict[str, object]:
     return {"seconds": run["seconds"], "rss_mib": run["rss_mib"], "status": run["status"]}
 
 
-def attach_times(exe: Path) -> list[dict[str, object]]:
+def attach_times(exe: Path, repeats: int) -> list[dict[str, object]]:
     """`refcntd attach` with each cache temperature (ATTACH_CACHES), in one cache dir:
-    the second run drops the DWARF answers but keeps the compiled programs."""
+    the first start once, then `repeats` cold starts (the DWARF answers and the
+    call-site scans dropped before each, the compiled programs kept) and warm ones."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, REFCNTD_CACHE=cache)
         rows = []
         for label in ATTACH_CACHES:
-            if label.startswith("new binary"):
-                for entry in (Path(cache) / "analysis").glob("*.json"):
-                    entry.unlink()
-            rows.append({"cache": label, **attach_time(exe, env)})
+            runs = []
+            for _ in range(1 if label.startswith("first") else repeats):
+                if label.startswith("cold"):
+                    for entry in (Path(cache) / "analysis").glob("*"):
+                        entry.unlink()
+                runs.append(attach_time(exe, env))
+            rows.append({"cache": label, **runs[-1], **_spread(runs)})
         return rows
 
 
@@ -131,17 +152,17 @@ def attach_time(exe: Path, env: dict[str, str]) -> dict[str, object]:
             "ready": "attached" in line, "line": line.strip(), "stages": stages}
 
 
-def measure(shape: bigsource.Shape, out: Path, before: Path | None, attach: bool
-            ) -> dict[str, object]:
+def measure(shape: bigsource.Shape, out: Path, before: Path | None, attach: bool,
+            repeats: int) -> dict[str, object]:
     exe = bigsource.build(out / "bigbuild", shape)
     data: dict[str, object] = {"dies": bigsource.count_dies(exe), "shape": vars(shape),
                                "binary_mib": round(exe.stat().st_size / 2**20, 1)}
     data["candidates"] = candidates(exe)
-    data["check"] = check_runs(exe, ROOT, "this tree")
+    data["check"] = check_runs(exe, ROOT, "this tree", repeats)
     if before is not None:
-        data["check"] += check_runs(exe, before, "before")
+        data["check"] += check_runs(exe, before, "before", repeats)
     if attach and os.geteuid() == 0:
-        data["attach"] = attach_times(exe)
+        data["attach"] = attach_times(exe, repeats)
         data["bcc_baseline"] = bcc_baseline()
     return data
 
@@ -156,10 +177,13 @@ def render(data: dict[str, object], machine: dict[str, object]) -> str:
              "|---|---|---|---|---|"]
     lines += [f"| {r['candidate']} | {r['seconds']} | {r['scan_seconds']} | {r['rss_mib']} | "
               f"{json.dumps(r['found'])} |" for r in data["candidates"]]  # type: ignore[attr-defined]
-    lines += ["", "## `refcntd check --binary` (fresh process each; cache in a new directory)",
-              "", "| refcntd | spec | cache | wall s | peak RSS MiB | exit | inlined copies "
-              "reported | scan incomplete | DWARF from cache |", "|---" * 9 + "|"]
+    lines += ["", "## `refcntd check --binary` (fresh process each; cold: a new cache "
+              "directory; median of the runs)", "",
+              "| refcntd | spec | cache | wall s (median) | range | runs | peak RSS MiB | exit | "
+              "inlined copies reported | scan incomplete | DWARF from cache |",
+              "|---" * 11 + "|"]
     lines += [f"| {r['refcntd']} | {r['spec']} | {r['cache']} | {r['seconds']} | "
+              f"{r.get('range', '-')} | {r.get('runs', 1)} | "
               f"{r['rss_mib']} | {r['status']} | {r['inlined']} | {r['incomplete']} | "
               f"{r.get('cached', '-')} |"
               for r in data["check"]]  # type: ignore[attr-defined]
@@ -168,8 +192,9 @@ def render(data: dict[str, object], machine: dict[str, object]) -> str:
         lines.append(f"\nbcc alone (import, compile and load a trivial program): peak RSS "
                      f"{base['rss_mib']} MiB, {base['seconds']} s")  # type: ignore[index]
     for r in data.get("attach", []):  # type: ignore[attr-defined]
-        lines.append(f"\nattach to probes installed, {r.get('cache', '?')}: {r['seconds']} s, "
-                     f"peak RSS {r['rss_mib']} MiB; --verbose said:")
+        lines.append(f"\nattach to probes installed, {r.get('cache', '?')}: {r['seconds']} s "
+                     f"(median of {r.get('runs', 1)}, range {r.get('range', '-')} s), "
+                     f"peak RSS {r['rss_mib']} MiB; --verbose said (last run):")
         lines += [f"    {stage}" for stage in r["stages"]]
     return "\n".join(lines) + "\n"
 
@@ -181,10 +206,13 @@ def main() -> int:
     parser.add_argument("--build", type=Path, help="where to build (default: OUT)")
     parser.add_argument("--before", type=Path, help="an older refcntd checkout, as baseline")
     parser.add_argument("--no-attach", action="store_true", help="skip the attach timing")
+    parser.add_argument("--repeats", type=int, help="runs per check/attach row "
+                                                     "(default 5, 1 with --smoke)")
     args = parser.parse_args()
     from run import machine
     shape = bigsource.SMOKE if args.smoke else bigsource.FULL
-    data = measure(shape, args.build or args.out, args.before, not args.no_attach)
+    repeats = args.repeats or (1 if args.smoke else 5)
+    data = measure(shape, args.build or args.out, args.before, not args.no_attach, repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "bigbinary-smoke" if args.smoke else "bigbinary"
     text = render(data, machine())

@@ -319,7 +319,9 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
     mode, why = sitemode.decide(requested, entry, calls)
     if mode == sitemode.MODE_ENTRY:
         return why
-    plan.sites += [_call_site(role, sym, module, point, why_prefix) for point in calls.points]
+    locations = function_locations(role)  # once, not per site: plans have thousands
+    plan.sites += [_call_site(role, sym, module, point, why_prefix, locations)
+                   for point in calls.points]
     plan.decisions.append(sitemode.ModeDecision(role.role, sym.name, module,
                                                 sitemode.MODE_CALLSITES, len(calls.points),
                                                 calls.cost, why_prefix + why,
@@ -335,7 +337,8 @@ def _plan_call_sites(plan: Plan, role: RoleSpec, image: ElfImage, module: str, s
 
 
 def _call_site(role: RoleSpec, sym: Symbol | CrossModule, module: str,
-               point: sitemode.SitePoint, why_prefix: str) -> ProbeSite:
+               point: sitemode.SitePoint, why_prefix: str,
+               locations: ArgLocations | None = None) -> ProbeSite:
     """One call-site probe of `sym` (defined in `module`), possibly in another module."""
     is_saver = point.kind == "save"
     name, vaddr = (sym.function, sym.symbol_vaddr) if isinstance(sym, CrossModule) \
@@ -344,7 +347,7 @@ def _call_site(role: RoleSpec, sym: Symbol | CrossModule, module: str,
         "init_entry" if is_saver else role.role, name, point.module or module, vaddr,
         point.vaddr - vaddr, point.file_offset, point.cost,
         f"{why_prefix}{point.kind} site in {point.caller or '?'}", point.caller_sp,
-        point.kind == "return", role, **function_locations(role),
+        point.kind == "return", role, **(locations or function_locations(role)),
         mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length,
         site_cond=point.cond, callee_module=module if point.module else "")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from refcntd.binary import cpus
 from refcntd.errors import EnvironmentProblem, ProbeError
 from refcntd.kernel import abi, bpfsys, cfi, perf_uprobe, progcache, setup
 from refcntd.kernel import columns as objcols
@@ -174,7 +175,8 @@ def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
     bcc = _import_bcc()
     source = text if full else progcache.maps_only(text)
     try:
-        bpf = bcc.BPF(text=source.encode(), cflags=cflags)
+        with cpus.busy():  # an analysis running beside it leaves this CPU to clang
+            bpf = bcc.BPF(text=source.encode(), cflags=cflags)
     except Exception as err:  # bcc raises bare Exception for compile/load errors
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None

@@ -1,9 +1,11 @@
 """Compile the BPF program in a thread while the binary is analysed.
 
-bcc's compile takes about 2 s here and depends only on the options and on
-the number of probe slots (a power of two, see loader.probe_slots), both
-known before the analysis: so attach and run start it first.  bcc's compile
-is a ctypes call, which releases the GIL: the analysis runs meanwhile.  When
+bcc's compile takes about 3.5 s here (a cached one about 0.1 s, and the
+kernel's verification of the probe programs 0.25 s) and depends only on the
+options and on the number of probe slots (a power of two, see
+loader.probe_slots), both known before the analysis: so attach and run start
+it first.  bcc's compile and the bpf() calls are ctypes calls, which release
+the GIL: the analysis runs meanwhile.  When
 the analysis ends with other options (more probes than guessed, no ld.so
 probe), the early program is dropped and the right one compiled as before.
 """
@@ -14,7 +16,6 @@ import contextlib
 import threading
 import time
 
-from refcntd.binary import cpus
 from refcntd.kernel import loader, perf_uprobe
 from refcntd.kernel.loader import KernelOptions, Program
 
@@ -32,8 +33,7 @@ class BackgroundCompile:
     def _run(self) -> None:
         t0 = time.monotonic()
         try:
-            with cpus.busy():  # the analysis's sweep leaves this CPU to clang
-                self.program = loader.compile_program(self.opts, self.slots)
+            self.program = loader.compile_program(self.opts, self.slots)
             with contextlib.suppress(Exception):  # refused: Kernel loads again and says why
                 self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI,  # Kernel's default
                                      lambda: self._unwanted)
