@@ -114,16 +114,19 @@ def bcc_baseline() -> dict[str, object]:
 
 def attach_times(exe: Path, repeats: int) -> list[dict[str, object]]:
     """`refcntd attach` with each cache temperature (ATTACH_CACHES), in one cache dir:
-    the first start once, then `repeats` cold starts (the DWARF answers and the
-    call-site scans dropped before each, the compiled programs kept) and warm ones."""
+    the first start once, then `repeats` cold starts (the DWARF answers, call-site
+    scans and ld.so plans dropped before each, the compiled programs kept) and warm
+    ones."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, REFCNTD_CACHE=cache)
         rows = []
         for label in ATTACH_CACHES:
             runs = []
             for _ in range(1 if label.startswith("first") else repeats):
-                if label.startswith("cold"):
-                    for entry in (Path(cache) / "analysis").glob("*"):
+                if label.startswith("cold"):  # all but bpf/ and the kernel headers
+                    for entry in [*(Path(cache) / "analysis").glob("*"),
+                                  *Path(cache).glob("callsites-*.json"),
+                                  *Path(cache).glob("ldso-*.json")]:
                         entry.unlink()
                 runs.append(attach_time(exe, env))
             rows.append({"cache": label, **runs[-1], **_spread(runs)})

@@ -25,7 +25,11 @@ def map_ids(pid: int) -> dict[str, int]:
     """The ids of the BPF maps the process holds open, by name (from its fds' fdinfo)."""
     ids = set()
     for info in Path(f"/proc/{pid}/fdinfo").iterdir():
-        for line in info.read_text().splitlines():
+        try:
+            text = info.read_text()
+        except FileNotFoundError:  # an fd the daemon closed meanwhile
+            continue
+        for line in text.splitlines():
             if line.startswith("map_id:"):
                 ids.add(int(line.split()[1]))
     return {bpftool("map", "show", "id", str(i))["name"]: i for i in ids}
