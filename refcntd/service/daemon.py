@@ -220,6 +220,9 @@ class Daemon:
 
     def _attach_binary(self, runtime: TargetRuntime, path: str) -> None:
         target = runtime.target
+        # Taken before reading the file: a binary still being copied in that fails as
+        # "not an ELF file" is retried once it changed, even if the copy ends meanwhile.
+        stamp = _stamp(path)
         try:
             opts = TraceOptions(history=target.history, comm_filter=target.comm,
                                 cgroup_id=_cgroup_id(target.cgroup), sites=True)
@@ -238,7 +241,7 @@ class Daemon:
         except RefcntdError as err:
             runtime.failed[path] = err.message
             runtime.identity[path] = _identity(path)
-            runtime.failed_stamp[path] = _stamp(path)
+            runtime.failed_stamp[path] = stamp
             runtime.stats.attach_errors = len(runtime.failed)
             log.error("target=%s binary=%s cannot attach: %s", target.name, path, err.message)
             if self.strict:

@@ -277,6 +277,32 @@ def test_new_binary_matching_a_glob_is_attached_at_exec(bpf, build, tmp_path):
         f"binary={late} appeared" in serve.log
 
 
+def test_a_binary_seen_half_copied_is_attached_once_complete(bpf, build, tmp_path):
+    """Deploying by copy: the watcher can see the file before its last byte is written
+    ("not an ELF file"); once it is complete, its first exec attaches it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy(build.perflike("O2"), bindir / "first")
+    full = build.program("waiter", [FIXTURES / "waiter.c"], "O2").read_bytes()
+    late = bindir / "second"
+    with Serve(tmp_path, target_yaml("apps", f"{bindir}/*")) as serve:
+        late.write_bytes(full[:40])  # an ELF header cut short
+        serve.wait_log(f"binary={late} cannot attach")
+        late.write_bytes(full)
+        late.chmod(0o755)
+        proc = subprocess.Popen([str(late)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        serve.wait_log(f"binary={late} attached")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+        serve.wait_log(f"target=apps pid={proc.pid} ")
+        m = serve.scrape()
+        assert serve.stop() == 0
+    assert metric(m, "refcntd_leaked_objects_total", target="apps", type="session") == 1
+
+
 def test_serve_probes_exported_stubs_at_call_sites_in_plugins(bpf, build, tmp_path):
     """System-wide: -O2 stubs exported by the traced program, called through the PLT of
     a library and of a plugin dlopen'ed by each run; the plugin is scanned while the
