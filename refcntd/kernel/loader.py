@@ -149,31 +149,27 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
     layout = progcache.load_layout(CACHE_DIR, key) if entry is not None else None
     if layout is not None:
         layout = resized(layout, sizes)
-    if layout is not None and not _fits(layout, opts):
+    if entry is not None and layout is not None and not _fits(layout, opts, entry.maps):
         layout = None
-    how, checked = "cached programs, no compile", frozenset[str]()
-    if entry is None:
-        entry, layout, checked = _compile(text, cflags, key, sizes, opts, full=True)
-        how = "BPF compile"
-    elif layout is None:
-        layout, checked = _compile(text, cflags, key, sizes, opts, full=False)[1:]
-        how = "maps-only compile + cached programs"
+    how, checked, from_cache = "cached programs, no compile", frozenset[str](), entry is not None
+    if entry is None or layout is None:
+        how = "BPF compile" if entry is None else "maps-only compile + cached programs"
+        entry, layout, checked = _compile(text, cflags, key, sizes, opts, entry)
     if "bcc" not in sys.modules:
         how += " (bcc not loaded)"
-    program = Program(entry, layout, opts, how)
-    program.layout_checked = checked
-    return program
+    return Program(entry, layout, opts, how, from_cache, checked)
 
 
 def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
-             opts: KernelOptions, full: bool
+             opts: KernelOptions, entry: progcache.Entry | None
              ) -> tuple[progcache.Entry, progcache.Layout, frozenset[str]]:
-    """bcc's compile (the whole program, or its map declarations only), kept in the
-    cache: the programs' instructions (full) and the maps as the kernel created them.
-    bcc's own maps and programs are closed: Program makes its own from these.  Also
-    the structs compared field by field with abi.py (_check_layout)."""
+    """bcc's compile, kept in the cache: the whole program when there is no `entry`
+    (its instructions are kept), else the map declarations only; the maps as the
+    kernel created them either way.  bcc's own maps and programs are closed: Program
+    makes its own from these.  Also the structs compared field by field with abi.py
+    (_check_layout)."""
     bcc = _import_bcc()
-    source = text if full else progcache.maps_only(text)
+    source = text if entry is None else progcache.maps_only(text)
     try:
         with cpus.busy():  # an analysis running beside it leaves this CPU to clang
             bpf = bcc.BPF(text=source.encode(), cflags=cflags)
@@ -193,16 +189,15 @@ def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
                                    info.btf_value_type_id if btf else 0)
                  for name, info in infos.items()]
         layout = progcache.Layout(key, tuple(specs), sizes, btf)
-        if not _fits(layout, opts):
+        compiled = entry is None
+        if entry is None:
+            entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
+        if not _fits(layout, opts, entry.maps):
             raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
                                      "run `python -m refcntd.kernel.abigen`")
+        if compiled:
+            progcache.store(CACHE_DIR, entry)
         progcache.store_layout(CACHE_DIR, layout)
-        if not full:
-            entry = progcache.load(CACHE_DIR, key)
-            assert entry is not None  # compile_program found it a moment ago
-            return entry, layout, checked
-        entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
-        progcache.store(CACHE_DIR, entry)
         return entry, layout, checked
     finally:
         bpf.cleanup()
@@ -268,16 +263,17 @@ def _ctype(name: str, opts: KernelOptions) -> Any:
     return _SCALARS.get(name) or abi.STRUCTS.get(name)
 
 
-def _fits(layout: progcache.Layout, opts: KernelOptions) -> bool:
-    """Every map Python reads has the sizes abi.py says: a recorded layout from other
-    sources (or a header changed without abigen) is never used."""
+def _fits(layout: progcache.Layout, opts: KernelOptions, needed: Iterable[str]) -> bool:
+    """The layout has every map the programs refer to (`needed`), and each map Python
+    reads has the sizes abi.py says: a layout recorded otherwise (or a header changed
+    without abigen) is never used."""
     for spec in layout.maps:
         if spec.map_type == bpfsys.MAP_RINGBUF:
             continue
         key, value = map_types(spec.name, spec, opts)
         if (ctypes.sizeof(key), ctypes.sizeof(value)) != (spec.key_size, spec.value_size):
             return False
-    return any(spec.map_type == bpfsys.MAP_RINGBUF for spec in layout.maps)
+    return set(needed) <= {spec.name for spec in layout.maps}
 
 
 CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/unwind.h
@@ -289,9 +285,11 @@ class Program:
     instructions with these maps' fds: the same whether compiled just now or cached."""
 
     def __init__(self, entry: progcache.Entry, layout: progcache.Layout, opts: KernelOptions,
-                 how: str) -> None:
-        self.entry, self.how = entry, how
-        self.layout_checked = frozenset[str]()  # structs compared with bcc's (a compile)
+                 how: str, from_cache: bool, layout_checked: frozenset[str]) -> None:
+        """`layout` fits `entry` (compile_program checked it); `how` says, for --verbose,
+        whether bcc compiled; `layout_checked`: the structs compared with bcc's."""
+        self.entry, self.how, self.from_cache = entry, how, from_cache
+        self.layout_checked = layout_checked
         self.tables: dict[str, bpfsys.Table] = {}
         self._loaded: dict[tuple[str, int, int], int] = {}
         self._tracepoints: list[int] = []
@@ -309,9 +307,6 @@ class Program:
                 key, value = map_types(spec.name, spec, opts)
                 self.tables[spec.name] = bpfsys.Table(spec.name, fd, spec.map_type, key,
                                                       value, spec.max_entries)
-            missing = set(entry.maps) - set(self.tables)
-            if missing:
-                raise OSError(errno.ENOENT, f"maps not in the layout: {sorted(missing)}")
         except OSError as err:
             self.cleanup()
             raise EnvironmentProblem(f"the BPF maps could not be created: {err}",
@@ -320,10 +315,6 @@ class Program:
         finally:
             if btf_fd >= 0:
                 os.close(btf_fd)  # the maps hold their own reference
-
-    @property
-    def from_cache(self) -> bool:
-        return not self.how.startswith("BPF compile")
 
     def __getitem__(self, name: str) -> bpfsys.Table:
         return self.tables[name]
@@ -454,7 +445,6 @@ class Kernel:
         self._cfi_rows_used = 0
         self.tables_not_loaded: list[str] = []  # cfi_rows full: shown as a note
         self.program = program if program is not None else compile_program(opts, len(sites))
-        self.bpf = self.program
         for attempt in (1, 2):
             try:
                 self._load()
@@ -468,7 +458,11 @@ class Kernel:
                 progcache.discard(CACHE_DIR, self.program.entry.key)
                 self.program.cleanup()
                 self.program = compile_program(opts, len(sites), cached=False)
-                self.bpf = self.program
+
+    @property
+    def bpf(self) -> Program:
+        """The program's maps by name (`kernel.bpf["objs"]`)."""
+        return self.program
 
     def _load(self) -> None:
         self._prog = self._load_chain("on_probe")
@@ -481,7 +475,7 @@ class Kernel:
         for index, name in enumerate(CHAIN):
             progs[ctypes.c_int(index)] = ctypes.c_int(self._load_chain(name))
 
-    def _load_chain(self, name: str) -> Any:
+    def _load_chain(self, name: str) -> int:
         """A program of the tail-call chain, typed for BPF_TRACE_UPROBE_MULTI links.
 
         The kernel lets programs share a prog array only when their

@@ -277,10 +277,10 @@ def store(cache_dir: Path, entry: Entry) -> None:
         prune(path.parent)
 
 
-def discard(cache_dir: Path, key: str, prefix: str = "") -> None:
+def discard(cache_dir: Path, key: str) -> None:
     """Drop an entry the kernel refused to load (it would be refused again)."""
     with contextlib.suppress(OSError):
-        entry_path(cache_dir, key, prefix).unlink()
+        entry_path(cache_dir, key).unlink()
 
 
 def prune(directory: Path, keep: int = KEEP) -> None:
