@@ -15,8 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from refcntd.kernel.bpfsys import LINK_CREATE as BPF_LINK_CREATE
-from refcntd.kernel.bpfsys import NR_BPF
+from refcntd.kernel import bpfsys
 
 NR_PERF_EVENT_OPEN = 298
 PERF_TYPE_TRACEPOINT = 2
@@ -119,11 +118,10 @@ def link_bpf(prog_fd: int, perf_fd: int, cookie: int) -> int:
     """Attach a loaded BPF program to a perf event with a cookie; returns the link fd."""
     attr = _LinkCreateAttr(prog_fd=prog_fd, target_fd=perf_fd, attach_type=BPF_PERF_EVENT,
                            bpf_cookie=cookie)
-    fd: int = _libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise UprobeError(err, explain_errno(err))
-    return fd
+    try:
+        return bpfsys.call(bpfsys.LINK_CREATE, attr)
+    except OSError as err:
+        raise UprobeError(err.errno, explain_errno(err.errno or 0)) from None
 
 
 def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int],
@@ -147,11 +145,12 @@ def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list
                             cookies=ctypes.addressof(cooks), cnt=n,
                             ref_ctr_offsets=ctypes.addressof(refs) if refs else 0,
                             multi_flags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0)
-    fd = int(_libc.syscall(NR_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr)))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise UprobeError(err, MULTI_EINVAL if err == errno.EINVAL else explain_errno(err))
-    return fd
+    try:
+        return bpfsys.call(bpfsys.LINK_CREATE, attr)
+    except OSError as err:
+        code = err.errno or 0
+        raise UprobeError(code, MULTI_EINVAL if code == errno.EINVAL
+                          else explain_errno(code)) from None
 
 
 MULTI_EINVAL = ("invalid argument (EINVAL): a program not loaded for BPF_TRACE_UPROBE_MULTI "
