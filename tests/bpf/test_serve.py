@@ -252,6 +252,22 @@ def test_unwritable_report_dir_is_logged_counted_and_survived(bpf, build, tmp_pa
 
 
 
+def run_waiter_once_attached(serve, exe):
+    """Start the waiter fixture at `exe`, wait until serve attached it (at its exec,
+    before any object), let it finish, wait for its report; (process, final scrape)."""
+    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    serve.wait_log(f"binary={exe} attached")
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.wait(timeout=30) == 0
+    serve.wait_log(f"target=apps pid={proc.pid} ")
+    m = serve.scrape()
+    assert serve.stop() == 0
+    return proc, m
+
+
 def test_new_binary_matching_a_glob_is_attached_at_exec(bpf, build, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -261,16 +277,7 @@ def test_new_binary_matching_a_glob_is_attached_at_exec(bpf, build, tmp_path):
         late = bindir / "second"
         shutil.copy(build.program("waiter", [FIXTURES / "waiter.c"],
                                   "O2"), late)
-        proc = subprocess.Popen([str(late)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
-        assert proc.stdout.readline().strip() == "ready"
-        serve.wait_log(f"binary={late} attached")  # noticed at exec, before any object
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=30) == 0
-        serve.wait_log(f"target=apps pid={proc.pid} ")
-        m = serve.scrape()
-        assert serve.stop() == 0
+        proc, m = run_waiter_once_attached(serve, late)
     assert metric(m, "refcntd_leaked_objects_total", target="apps", type="session") == 1
     # noticed at its exec, or by the path watcher just before it
     assert f"new binary {late} (pid {proc.pid})" in serve.log or \
@@ -290,16 +297,7 @@ def test_a_binary_seen_half_copied_is_attached_once_complete(bpf, build, tmp_pat
         serve.wait_log(f"binary={late} cannot attach")
         late.write_bytes(full)
         late.chmod(0o755)
-        proc = subprocess.Popen([str(late)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
-        assert proc.stdout.readline().strip() == "ready"
-        serve.wait_log(f"binary={late} attached")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=30) == 0
-        serve.wait_log(f"target=apps pid={proc.pid} ")
-        m = serve.scrape()
-        assert serve.stop() == 0
+        _, m = run_waiter_once_attached(serve, late)
     assert metric(m, "refcntd_leaked_objects_total", target="apps", type="session") == 1
 
 
