@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             progress.configure(args.verbose, args.quiet)
         return _command(args.command)(args)
     except RefcntdError as err:
-        print(err.line(), file=sys.stderr)
+        # argv and file names may hold undecodable bytes (surrogates): shown escaped on
+        # any stream, never a UnicodeEncodeError instead of the message
+        print(err.line().encode("utf-8", "backslashreplace").decode(), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130
