@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import capstone
@@ -72,6 +72,32 @@ class _Function:
     name: str
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """What the sweep needs of one decoded function."""
+
+    end: int  # after the last decoded instruction (short of the function: undecodable bytes)
+    indirect: bool  # an indirect jmp: a jump table may reach any address in it
+    branch_targets: frozenset[int]  # of its direct branches (at least where `rows` is not empty)
+    rows: list[tuple[int, int, str, str]]  # (address, size, mnemonic, operands) to classify
+
+
+def _decode_one(md: capstone.Cs, image: ElfImage, fn: _Function) -> Decoded:
+    """Every instruction read from Python; rows: those whose operands hold a number."""
+    end, targets, indirect = fn.start, set(), False
+    rows: list[tuple[int, int, str, str]] = []
+    for addr, size, mnem, ops in md.disasm_lite(image.code_at(fn.start, fn.size), fn.start):
+        end = addr + size
+        indirect |= mnem.endswith("jmp") and not ops.startswith("0x")
+        if "0x" not in ops and "rip" not in ops:
+            continue  # no address in it: most instructions (the sweep's hot path)
+        rows.append((addr, size, mnem, ops))
+        branch = _branch_target(mnem, ops)
+        if branch is not None:
+            targets.add(branch)
+    return Decoded(end, indirect, frozenset(targets), rows)
+
+
 class ModuleScan:
     """One sweep of a module's code for a set of target addresses."""
 
@@ -85,6 +111,7 @@ class ModuleScan:
         self.results = {t: TargetScan(t) for t in targets}
         self._functions = _functions(image)
         self._big = prefilter.code_bytes(image) >= prefilter.MIN_CODE_BYTES
+        self._hits = prefilter.hits(image, targets) if self._big else None
         self._sweep()
         self._check_gaps()
         self._check_data()
@@ -132,11 +159,12 @@ class ModuleScan:
     def _sweep_clusters(self, clusters: Iterable[list[_Function]]) -> None:
         """Overlapping ranges (a symbol and its FDE, an alias) must agree on a site, or
         a mis-started decode could put a probe mid-instruction."""
-        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        clusters = list(clusters)
+        decoded = self._decode([fn for cluster in clusters for fn in cluster])
         for cluster in clusters:
             reports: dict[int, list[tuple[Site, TargetScan]]] = {}
             for fn in cluster:
-                for site, scan in self._sweep_function(md, fn):
+                for site, scan in self._sweep_function(fn, next(decoded)):
                     reports.setdefault(site.vaddr, []).append((site, scan))
             for addr, got in sorted(reports.items()):
                 covering = [f for f in cluster if f.start <= addr < f.start + f.size]
@@ -154,31 +182,33 @@ class ModuleScan:
         """Every group of overlapping functions; in a big module only those a byte-level
         test (prefilter.py) says may name a target: the same sites and blockers."""
         clusters = _overlapping(self._functions)
-        if not self._big:
+        if self._hits is None:
             return clusters
         ranges = [(f.start, f.size) for f in self._functions]
         keep = {id(self._functions[i]) for i in
-                prefilter.candidates(self.image, ranges, self.results)}
+                prefilter.candidates(ranges, self._hits, self.results)}
         return (c for c in clusters if any(id(f) in keep for f in c))
 
-    def _sweep_function(self, md: capstone.Cs, fn: _Function) -> list[tuple[Site, TargetScan]]:
-        code = self.image.code_at(fn.start, fn.size)
-        decoded, targets_seen, indirect = fn.start, set(), False
+    def _decode(self, functions: list[_Function]) -> Iterator[Decoded]:
+        """Each function's Decoded, in order: a big module's in numpy batches
+        (batchdecode.py), a small one's an instruction at a time."""
+        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        if self._hits is None:
+            return (_decode_one(md, self.image, fn) for fn in functions)
+        from refcntd.binary.batchdecode import BatchDecoder
+        batch = BatchDecoder(md, self.image, self._hits, self.results)
+        return batch.decode((fn.start, fn.size) for fn in functions)
+
+    def _sweep_function(self, fn: _Function, decoded: Decoded) -> list[tuple[Site, TargetScan]]:
         found: list[tuple[int, int, str, TargetScan]] = []
-        for addr, size, mnem, ops in md.disasm_lite(code, fn.start):
-            decoded = addr + size
-            indirect |= mnem.endswith("jmp") and not ops.startswith("0x")
-            if "0x" not in ops and "rip" not in ops:
-                continue  # no address in it: most instructions (the sweep's hot path)
-            branch = _branch_target(mnem, ops)
-            if branch is not None:
-                targets_seen.add(branch)
-            self._classify(fn, addr, size, mnem, ops, branch, found)
-        if decoded < fn.start + fn.size:
-            self._brute_force(decoded, fn.start + fn.size,
+        for addr, size, mnem, ops in decoded.rows:
+            self._classify(fn, addr, size, mnem, ops, _branch_target(mnem, ops), found)
+        if decoded.end < fn.start + fn.size:
+            self._brute_force(decoded.end, fn.start + fn.size,
                               f"undecodable bytes in {fn.name or hex(fn.start)}")
         return [(Site(addr, size, KIND_CALL if mnem == "call" else KIND_JMP, fn.name,
-                      addr + size, not indirect and addr + size not in targets_seen,
+                      addr + size,
+                      not decoded.indirect and addr + size not in decoded.branch_targets,
                       _condition(self.image.code_at(addr, 2)) or 0), scan)
                 for addr, size, mnem, scan in found]
 

@@ -9,15 +9,20 @@ bytes after the displacement), an absolute 32-bit immediate or displacement
 (the target or its negation), a 16-bit one for targets below 64 KiB, or a
 rel8 branch within 130 bytes of the target.  This test runs over every byte
 offset at once (numpy), a superset of what the sweep can find: the sweep then
-decodes only the functions with a hit, and finds exactly what a full sweep finds.
+decodes only the functions with a hit, reads from Python only the instructions
+holding one (batchdecode.py), and finds exactly what a full sweep finds.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from refcntd.binary.elf import ElfImage
+
+if TYPE_CHECKING:  # imported when needed: a small module's sweep never pays for numpy
+    import numpy as np
 
 MIN_CODE_BYTES = 1 << 20  # below this a full sweep is as fast as numpy's import
 CHUNK = 1 << 22  # bytes per vectorised pass: bounded memory (about 100 MiB of temporaries)
@@ -31,10 +36,9 @@ def code_bytes(image: ElfImage) -> int:
                if s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] != "SHT_NOBITS")
 
 
-def candidates(image: ElfImage, ranges: Sequence[tuple[int, int]], targets: Iterable[int]
-               ) -> set[int]:
-    """Indexes into `ranges` ((start, size), sorted by start) of the functions that may
-    name a target."""
+def hits(image: ElfImage, targets: Iterable[int]) -> np.ndarray:
+    """Sorted addresses of the code bytes where an operand naming a target could begin
+    (rel8 branches aside: see `candidates`)."""
     import numpy as np
     wanted = sorted(set(targets))
     rel = np.array(sorted({(t - k) & 0xFFFFFFFF for t in wanted for k in RIP_TAILS}),
@@ -43,7 +47,7 @@ def candidates(image: ElfImage, ranges: Sequence[tuple[int, int]], targets: Iter
                                {-t & 0xFFFFFFFF for t in wanted}), dtype=np.uint32)
     low = sorted({t & 0xFFFF for t in wanted if t < 0x10000} |
                  {-t & 0xFFFF for t in wanted if t < 0x10000})
-    hits: list[int] = []
+    found = [np.zeros(0, dtype=np.uint64)]
     for section in image.elffile().iter_sections():
         if not section["sh_flags"] & SHF_EXECINSTR or section["sh_type"] == "SHT_NOBITS":
             continue
@@ -60,13 +64,20 @@ def candidates(image: ElfImage, ranges: Sequence[tuple[int, int]], targets: Iter
             if low:
                 w16 = (b[:-1] | (b[1:] << 8))[:len(w32)]
                 mask |= np.isin(w16, np.array(low, dtype=np.uint32))
-            hits.extend(int(i) + base + start for i in np.flatnonzero(mask))
+            found.append(np.flatnonzero(mask).astype(np.uint64) + np.uint64(base + start))
+    return np.sort(np.concatenate(found))
+
+
+def candidates(ranges: Sequence[tuple[int, int]], hit_addresses: np.ndarray,
+               targets: Iterable[int]) -> set[int]:
+    """Indexes into `ranges` ((start, size), sorted by start) of the functions that may
+    name a target: those with a hit, and those a rel8 branch to a target could be in."""
     starts = [s for s, _ in ranges]
     longest = max((size for _, size in ranges), default=0)
     found: set[int] = set()
-    for addr in hits:
+    for addr in hit_addresses.tolist():
         found |= _containing(ranges, starts, longest, addr, addr + 1)
-    for t in wanted:  # rel8 branches: the functions around the target
+    for t in set(targets):
         found |= _containing(ranges, starts, longest, t - REL8_REACH, t + REL8_REACH)
     return found
 

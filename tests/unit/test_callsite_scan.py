@@ -1,12 +1,16 @@
 """Call-site discovery on real compiled code: every way into a function is a
-site or a named blocker (no root needed)."""
+site or a named blocker (no root needed).  Every test runs on both sweeps: a
+small module's (each instruction read from Python) and a big module's
+(capstone's records read by numpy, batchdecode.py), forced here on small code."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import cc
 
+from refcntd.binary import prefilter
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, plt_stubs
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.plan import resolve_library
@@ -41,6 +45,13 @@ int main(void) { return 0; }
 """
 
 
+@pytest.fixture(autouse=True, params=["per-instruction", "batch"])
+def sweep(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "batch":
+        monkeypatch.setattr(prefilter, "MIN_CODE_BYTES", 0)
+    return str(request.param)
+
+
 def scan(tmp_path: Path, source: str, flags: list[str], names: tuple[str, ...] = ("stub",)
          ) -> tuple[ElfImage, ModuleScan]:
     src = tmp_path / "t.c"
@@ -67,6 +78,32 @@ def test_direct_calls_and_tail_jumps_are_sites(tmp_path):
     conds = {s.caller: s.cond for s in result.results[image.symbols["stub"][0].vaddr].sites}
     assert conds["cond_tail"] == 0x15 and conds["tail_jump"] == 0  # jne: cc 5
     assert blockers_of(image, result, "stub") == ""
+
+
+HOSTILE = ASM.replace("int main(void) { return 0; }", r"""
+FN(bnd_tail, "bnd jmp stub");
+FN(near_rel8, "test %rdi, %rdi\n je 1f\n jmp stub\n1: ret");
+FN(by_table, "push %rbx\n call stub\n pop %rbx\n jmp *(%rdi)");
+FN(garbage, ".byte 0x06\n call stub\n ret");
+FN(rip_ref, "lea stub(%rip), %rax\n ret");
+int main(void) { return 0; }
+""")
+
+
+def test_hostile_code_gives_sites_and_blockers_on_both_sweeps(tmp_path):
+    """A prefixed branch, a rel8 jump, a call in a function with an indirect jump,
+    undecodable bytes before a call, a RIP-relative address: each found, each named."""
+    image, result = scan(tmp_path, HOSTILE, [])
+    sites = {s.caller: s for s in result.results[image.symbols["stub"][0].vaddr].sites}
+    assert (sites["near_rel8"].kind, sites["near_rel8"].length) == (KIND_JMP, 2)  # jmp rel8
+    assert (sites["cond_tail"].kind, sites["cond_tail"].length) == (KIND_JMP, 2)  # jne rel8
+    assert sites["by_table"].kind == KIND_CALL and not sites["by_table"].after_exclusive
+    assert sites.get("plain_call", sites.get("pc_alias")).after_exclusive
+    assert "bnd_tail" not in sites and "garbage" not in sites
+    text = blockers_of(image, result, "stub")
+    assert "prefixed branch at bnd_tail+0x0" in text and "bnd jmp" in text
+    assert "undecodable bytes in garbage" in text and "may be a branch to it" in text
+    assert "address taken at rip_ref+0x0" in text
 
 
 def test_return_probes_need_an_exclusive_return_point(tmp_path):
