@@ -12,16 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from refcntd import __version__
-from refcntd.binary import dwarfinfo
+from refcntd.binary import cpus, dwarfinfo
 from refcntd.binary.elf import ElfImage
+from refcntd.binary.forked import Forked
 from refcntd.binary.hints import spec_key
 from refcntd.inputs.spec import Spec
 from refcntd.paths import CACHE_DIR, write_cache_json
 
 FORMAT = 1
+FORK_SCAN_BYTES = 1 << 20  # of .debug_info: a smaller scan is not worth a fork
 
 
 def _digest(payload: object) -> str:
@@ -39,6 +42,7 @@ class DwarfFacts:
     clones: dict[str, dict[int, int] | None] = field(default_factory=dict)
     loaded: bool = False  # answers came from a valid cache entry
     dirty: bool = False  # something was computed that the entry lacks
+    _scanning: Forked[dwarfinfo.InlinedScan] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.loaded = self._load()
@@ -58,14 +62,35 @@ class DwarfFacts:
         name = f"{key['build_id']}-{key['spec']}-{__version__}.json"
         return (self.cache_dir or CACHE_DIR) / "analysis" / name
 
+    def start_scan(self) -> None:
+        """Begin the inlined-copy scan in a forked child (the call-site sweep runs
+        meanwhile) when its answer is not cached, there is DWARF worth a CPU to scan,
+        and a CPU for it."""
+        if self._scan_key() in self.inlined or self._scanning is not None or \
+                _debug_info_bytes(self.image) < FORK_SCAN_BYTES or cpus.free() < 2:
+            return
+        self._scanning = Forked(partial(dwarfinfo.inlined_copies, self.image,
+                                        self._all_names()))
+
     def inlined_copies(self, names: set[str]) -> dwarfinfo.InlinedScan:
         """Of `names`; one scan serves every role of the spec (a scan costs a pass)."""
-        k = ",".join(sorted(self._all_names()))
+        k = self._scan_key()
         if k not in self.inlined:
-            self.inlined[k] = dwarfinfo.inlined_copies(self.image, self._all_names())
+            scan = self._scanning.result() if self._scanning is not None else None
+            self._scanning = None
+            self.inlined[k] = scan or dwarfinfo.inlined_copies(self.image, self._all_names())
             self.dirty = True
         scan = self.inlined[k]
         return replace(scan, copies=tuple(c for c in scan.copies if c.function in names))
+
+    def finish(self) -> None:
+        """Reap start_scan's child if nothing asked for its answer (the plan failed)."""
+        if self._scanning is not None:
+            self._scanning.result()
+            self._scanning = None
+
+    def _scan_key(self) -> str:
+        return ",".join(sorted(self._all_names()))
 
     def _all_names(self) -> set[str]:
         return {f for role in self.spec.entries for f in role.functions}
@@ -106,6 +131,11 @@ class DwarfFacts:
             return False
         self.inlined, self.clones = inlined, clones
         return True
+
+
+def _debug_info_bytes(image: ElfImage) -> int:
+    section = image.elffile().get_section_by_name(".debug_info")
+    return int(section["sh_size"]) if section is not None else 0
 
 
 def _scan_json(scan: dwarfinfo.InlinedScan) -> dict[str, object]:

@@ -96,16 +96,19 @@ class BatchDecoder:
         # Python reads what may name a target; an instruction it finds nothing in is a no-op
         picked = np.flatnonzero(to_target | self._has_hit(addr, end))
         first = np.concatenate(([0], np.cumsum(counts)))
+        starts = np.array([s for s, _ in batch], dtype=np.uint64)
+        ends = np.where(counts > 0, end[np.maximum(first[1:] - 1, 0)], starts)
         jumps_before = np.concatenate(([0], np.cumsum(jumps)))
-        for i, start in enumerate(s for s, _ in batch):
-            lo, hi = int(first[i]), int(first[i + 1])
-            mine = picked[np.searchsorted(picked, lo):np.searchsorted(picked, hi)]
-            targets = value[np.searchsorted(branch, lo):np.searchsorted(branch, hi)] \
-                if len(mine) else value[:0]
-            yield Decoded(end=int(end[hi - 1]) if hi > lo else start,
-                          indirect=bool(jumps_before[hi] > jumps_before[lo]),
-                          branch_targets=frozenset(targets.tolist()),
-                          rows=[_row(rec[j], int(addr[j]), int(end[j] - addr[j])) for j in mine])
+        indirect = (jumps_before[first[1:]] > jumps_before[first[:-1]]).tolist()
+        rows_at = np.searchsorted(picked, first).tolist()  # function i: rows_at[i:i + 2]
+        branches_at = np.searchsorted(branch, first).tolist()
+        rows = [_row(rec[j], int(addr[j]), int(end[j] - addr[j])) for j in picked]
+        values = value.tolist()
+        for i, function_end in enumerate(ends.tolist()):
+            mine = rows[rows_at[i]:rows_at[i + 1]]
+            yield Decoded(function_end, indirect[i],
+                          frozenset(values[branches_at[i]:branches_at[i + 1]] if mine else ()),
+                          mine)
 
     def _has_hit(self, addr: np.ndarray, end: np.ndarray) -> np.ndarray:
         """Whether a prefilter hit lies in [addr, end) of each instruction."""

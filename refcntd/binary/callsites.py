@@ -17,11 +17,10 @@ function are checked for rel32 branches to the target by brute force.
 
 from __future__ import annotations
 
-import os
-import pickle
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import capstone
 from elftools.dwarf.callframe import FDE
@@ -31,6 +30,7 @@ from elftools.elf.sections import Section, SymbolTableSection
 
 from refcntd.binary import cpus, ehframe, prefilter
 from refcntd.binary.elf import ElfImage
+from refcntd.binary.forked import Forked
 
 _RIP_REL = re.compile(r"\[rip ([+-]) (0x[0-9a-f]+|\d+)\]")
 _HEX = re.compile(r"(?<![\w\[])(0x[0-9a-f]+)")
@@ -122,13 +122,10 @@ class ModuleScan:
         return what they found, merged in order: the same lists as one sweep)."""
         clusters = list(self._clusters())
         shares = _shares(clusters, _workers(self._big))
-        if len(shares) <= 1:
-            self._sweep_clusters(clusters)
-            return
-        children = [self._fork_sweep(share) for share in shares[1:]]
-        self._sweep_clusters(shares[0])  # this process takes the first share meanwhile
-        for share, (pid, pipe) in zip(shares[1:], children, strict=True):
-            found = _collect(pid, pipe)
+        workers = [Forked(partial(self._swept_apart, share)) for share in shares[1:]]
+        self._sweep_clusters(shares[0] if shares else [])  # this process's share meanwhile
+        for share, worker in zip(shares[1:], workers, strict=True):
+            found = worker.result()
             if found is None:  # the worker failed: its share is swept here
                 self._sweep_clusters(share)
                 continue
@@ -136,25 +133,13 @@ class ModuleScan:
                 self.results[target].sites += sites
                 self.results[target].blockers += blockers
 
-    def _fork_sweep(self, share: list[list[_Function]]) -> tuple[int, int]:
-        """A forked worker sweeping `share`; it writes what it found, pickled, to a pipe."""
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker: never returns
-            code = 1
-            try:
-                os.close(read)
-                self.results = {t: TargetScan(t) for t in self.results}
-                self._sweep_clusters(share)
-                data = pickle.dumps({t: (r.sites, r.blockers) for t, r in self.results.items()
-                                     if r.sites or r.blockers})
-                with os.fdopen(write, "wb") as out:
-                    out.write(data)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        return pid, read
+    def _swept_apart(self, share: list[list[_Function]]
+                     ) -> dict[int, tuple[list[Site], list[str]]]:
+        """In a worker: what `share` holds, per target."""
+        self.results = {t: TargetScan(t) for t in self.results}
+        self._sweep_clusters(share)
+        return {t: (r.sites, r.blockers) for t, r in self.results.items()
+                if r.sites or r.blockers}
 
     def _sweep_clusters(self, clusters: Iterable[list[_Function]]) -> None:
         """Overlapping ranges (a symbol and its FDE, an alias) must agree on a site, or
@@ -184,10 +169,10 @@ class ModuleScan:
         clusters = _overlapping(self._functions)
         if self._hits is None:
             return clusters
-        ranges = [(f.start, f.size) for f in self._functions]
-        keep = {id(self._functions[i]) for i in
-                prefilter.candidates(ranges, self._hits, self.results)}
-        return (c for c in clusters if any(id(f) in keep for f in c))
+        clusters = list(clusters)
+        spans = [(c[0].start, max(f.start + f.size for f in c)) for c in clusters]
+        keep = prefilter.candidates(spans, self._hits, self.results)
+        return (c for i, c in enumerate(clusters) if i in keep)
 
     def _decode(self, functions: list[_Function]) -> Iterator[Decoded]:
         """Each function's Decoded, in order: a big module's in numpy batches
@@ -316,17 +301,6 @@ def _shares(clusters: list[list[_Function]], n: int) -> list[list[list[_Function
             shares.append(run)
             run = []
     return [*shares, run] if run else shares
-
-
-def _collect(pid: int, pipe: int) -> dict[int, tuple[list[Site], list[str]]] | None:
-    """A sweep worker's findings; None when it failed."""
-    with os.fdopen(pipe, "rb") as source:
-        data = source.read()
-    _, status = os.waitpid(pid, 0)
-    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
-        return None
-    found: dict[int, tuple[list[Site], list[str]]] = pickle.loads(data)
-    return found
 
 
 def _where(fn: _Function, addr: int, mnem: str, ops: str) -> str:

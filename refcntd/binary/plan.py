@@ -192,18 +192,23 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
     facts: dict[str, DwarfFacts] = {}
-    for role in spec.entries:
-        module = str(main.path.resolve())
-        if role.library:
-            module = resolve_library(role.library, main)
-            if module not in images:
-                images[module] = ElfImage(module)
-        if role.usdt:
-            _plan_usdt(plan, role, images[module], module)
-        else:
-            if module not in facts:
-                facts[module] = DwarfFacts(images[module], spec)
-            _plan_role(plan, role, facts[module], module)
+    try:
+        for role in spec.entries:
+            module = str(main.path.resolve())
+            if role.library:
+                module = resolve_library(role.library, main)
+                if module not in images:
+                    images[module] = ElfImage(module)
+            if role.usdt:
+                _plan_usdt(plan, role, images[module], module)
+            else:
+                if module not in facts:
+                    facts[module] = DwarfFacts(images[module], spec)
+                    facts[module].start_scan()
+                _plan_role(plan, role, facts[module], module)
+    finally:
+        for f in facts.values():
+            f.finish()
     for f in facts.values():
         f.save()
     plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}

@@ -15,7 +15,6 @@ holding one (batchdecode.py), and finds exactly what a full sweep finds.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -68,28 +67,18 @@ def hits(image: ElfImage, targets: Iterable[int]) -> np.ndarray:
     return np.sort(np.concatenate(found))
 
 
-def candidates(ranges: Sequence[tuple[int, int]], hit_addresses: np.ndarray,
+def candidates(spans: Sequence[tuple[int, int]], hit_addresses: np.ndarray,
                targets: Iterable[int]) -> set[int]:
-    """Indexes into `ranges` ((start, size), sorted by start) of the functions that may
-    name a target: those with a hit, and those a rel8 branch to a target could be in."""
-    starts = [s for s, _ in ranges]
-    longest = max((size for _, size in ranges), default=0)
-    found: set[int] = set()
-    for addr in hit_addresses.tolist():
-        found |= _containing(ranges, starts, longest, addr, addr + 1)
+    """Indexes into `spans` ([start, end), sorted and disjoint: groups of overlapping
+    functions) of those that may name a target: with a hit, or near enough a target
+    for a rel8 branch to reach it."""
+    import numpy as np
+    starts = np.array([s for s, _ in spans], dtype=np.uint64)
+    ends = np.array([e for _, e in spans], dtype=np.uint64)
+    where = np.searchsorted(starts, hit_addresses, side="right") - 1
+    inside = (where >= 0) & (hit_addresses < ends[np.maximum(where, 0)])
+    found = set(where[inside].tolist())
     for t in set(targets):
-        found |= _containing(ranges, starts, longest, t - REL8_REACH, t + REL8_REACH)
+        first = int(np.searchsorted(ends, max(t - REL8_REACH, 0), side="right"))
+        found.update(range(first, int(np.searchsorted(starts, t + REL8_REACH))))
     return found
-
-
-def _containing(ranges: Sequence[tuple[int, int]], starts: list[int], longest: int,
-                lo: int, hi: int) -> set[int]:
-    """Indexes of the ranges that overlap [lo, hi)."""
-    out = set()
-    i = bisect.bisect_left(starts, lo - longest)
-    while i < len(ranges) and ranges[i][0] < hi:
-        start, size = ranges[i]
-        if start + size > lo:
-            out.add(i)
-        i += 1
-    return out

@@ -76,3 +76,36 @@ def test_bad_entries_are_rebuilt(program: Path, cache: Path, damage: str) -> Non
     rebuilt = json.loads(entry.read_text())
     assert rebuilt["key"]["refcntd"] != "x" and rebuilt["key"]["spec"] != "x"
     assert "dwarf answers: from the analysis cache" in _check(program)
+
+
+def test_dwarf_scan_in_a_child_gives_the_same_answers(program: Path, cache: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inlined-copy scan forked beside the call-site sweep (here whatever the size
+    of the DWARF, on two CPUs) answers as the scan in this process; a child that fails
+    (its answer cannot be pickled) costs time, not answers."""
+    from refcntd.binary import cpus, forked
+    monkeypatch.setattr(analysiscache, "FORK_SCAN_BYTES", 0)
+    monkeypatch.setattr(cpus, "free", lambda: 2)
+    started: list[int] = []
+    real_fork = forked.os.fork
+
+    def counted() -> int:
+        pid = real_fork()
+        if pid:
+            started.append(pid)
+        return pid
+    monkeypatch.setattr(forked.os, "fork", counted)
+    in_child = _check(program)
+    assert len(started) == 1 and "obj_get was inlined at 3 call site(s)" in in_child
+    for entry in (cache / "analysis").glob("*.json"):
+        entry.unlink()
+    monkeypatch.setattr(analysiscache, "FORK_SCAN_BYTES", 1 << 60)
+    assert _check(program) == in_child  # no child: the same text
+    for entry in (cache / "analysis").glob("*.json"):
+        entry.unlink()
+    monkeypatch.setattr(analysiscache, "FORK_SCAN_BYTES", 0)
+
+    def broken(*_args: object, **_kw: object) -> bytes:
+        raise RuntimeError("no")
+    monkeypatch.setattr(forked.pickle, "dumps", broken)
+    assert _check(program) == in_child and len(started) == 2

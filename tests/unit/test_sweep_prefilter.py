@@ -1,11 +1,12 @@
-"""The big-module sweep (byte prefilter + forked workers) finds exactly what one
-full sequential sweep finds, on Debian's libcrypto as installed (2.6 MB of -O2 code)."""
+"""The big-module sweep (byte prefilter, capstone's records read by numpy, forked
+workers) finds exactly what one full sequential sweep reading every instruction
+from Python finds, on Debian's libcrypto as installed (2.6 MB of -O2 code)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from refcntd.binary import callsites, prefilter
+from refcntd.binary import callsites, forked, prefilter
 from refcntd.binary.elf import ElfImage
 
 LIBCRYPTO = Path("/usr/lib/x86_64-linux-gnu/libcrypto.so.3")
@@ -51,6 +52,6 @@ def test_a_failed_worker_share_is_swept_here(monkeypatch):
 
     def broken(*_args: object, **_kw: object) -> bytes:
         raise RuntimeError("no")
-    monkeypatch.setattr(callsites.pickle, "dumps", broken)
+    monkeypatch.setattr(forked.pickle, "dumps", broken)
     monkeypatch.setattr(callsites, "_workers", lambda big: 2)
     assert _outcome(callsites.ModuleScan(image, targets)) == _outcome(alone)
