@@ -78,7 +78,9 @@ class DwarfFacts:
         if k not in self.inlined:
             scan = self._scanning.result() if self._scanning is not None else None
             self._scanning = None
-            self.inlined[k] = scan or dwarfinfo.inlined_copies(self.image, self._all_names())
+            if scan is None:  # no child, or it failed: scanned here
+                scan = dwarfinfo.inlined_copies(self.image, self._all_names())
+            self.inlined[k] = scan
             self.dirty = True
         scan = self.inlined[k]
         return replace(scan, copies=tuple(c for c in scan.copies if c.function in names))

@@ -123,7 +123,7 @@ class ModuleScan:
         clusters = list(self._clusters())
         shares = _shares(clusters, _workers(self._big))
         workers = [Forked(partial(self._swept_apart, share)) for share in shares[1:]]
-        self._sweep_clusters(shares[0] if shares else [])  # this process's share meanwhile
+        self._sweep_clusters(shares[0])  # this process's share meanwhile
         for share, worker in zip(shares[1:], workers, strict=True):
             found = worker.result()
             if found is None:  # the worker failed: its share is swept here
