@@ -28,8 +28,9 @@ from run import EXAMPLES, machine, sh  # noqa: E402
 
 from refcntd.binary.plan import build_plan  # noqa: E402
 from refcntd.inputs.spec import load_spec  # noqa: E402
-from refcntd.kernel.loader import Kernel, KernelOptions  # noqa: E402
+from refcntd.kernel.loader import Kernel  # noqa: E402
 from refcntd.kernel.perf_uprobe import held_fds  # noqa: E402
+from refcntd.kernel.program import KernelOptions  # noqa: E402
 from refcntd.kernel.setup import prepare  # noqa: E402
 
 

@@ -238,7 +238,8 @@ def map_bytes_per_object(n: int) -> dict:
     """bytes_memlock of the object map, empty and with n entries (kernel accounting)."""
     os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
     from refcntd.kernel import abi
-    from refcntd.kernel.loader import Kernel, KernelOptions
+    from refcntd.kernel.loader import Kernel
+    from refcntd.kernel.program import KernelOptions
     kernel = Kernel(KernelOptions(filtered=True, has_delete=True), [])
     try:
         objs = kernel.bpf["objs"]
@@ -273,7 +274,8 @@ def attach_sites(n: int, out: Path) -> dict:
     """Attach time against the number of call sites: a program calling the -O2 get stub
     from n places; the plan (code sweep), one multi-uprobe link, and one perf event per
     site for comparison; and `refcntd attach` from start to 'attached'."""
-    from refcntd.kernel.loader import Kernel, KernelOptions
+    from refcntd.kernel.loader import Kernel
+    from refcntd.kernel.program import KernelOptions
     src = out / f"sites-{n}.c"
     src.write_text('#include "refcnt.h"\nstruct obj { atomic_t refcnt; };\n'
                    "void many(struct obj *o)\n{\n" + "\trefcnt__get(o, refcnt);\n" * n +

@@ -17,7 +17,8 @@ import time
 from dataclasses import replace
 
 from refcntd.inputs.spec import load_spec
-from refcntd.kernel import loader, setup
+from refcntd.kernel import setup
+from refcntd.kernel.program import KernelOptions, compile_program
 from refcntd.paths import CACHE_DIR, SPEC_DIR
 from refcntd.session.options import TraceOptions, kernel_options
 
@@ -28,7 +29,7 @@ COMMANDS = (("attach/serve", False, True), ("run", True, False))
 def cmd_prebuild(args: argparse.Namespace) -> int:
     setup.prepare()
     specs = [load_spec(str(path)) for path in sorted(SPEC_DIR.glob("*.yaml"))]
-    done: list[loader.KernelOptions] = []  # not a set: the options hold a dict
+    done: list[KernelOptions] = []  # not a set: the options hold a dict
     for spec in specs:
         for command, filtered, sites in COMMANDS:
             for hold in (False, True):
@@ -38,7 +39,7 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
                     continue
                 done.append(kopts)
                 t0 = time.monotonic()
-                program = loader.compile_program(kopts, 16)
+                program = compile_program(kopts, 16)
                 program.cleanup()
                 if not args.quiet:
                     print(f"{command}, {'delete role' if spec.has_delete else 'no delete role'}"

@@ -3,7 +3,7 @@
 bcc's compile takes about 3.5 s here (a cached one about 0.1 s, and the
 kernel's verification of the probe programs 0.25 s) and depends only on the
 options and on the number of probe slots (a power of two, see
-loader.probe_slots), both known before the analysis: so attach and run start
+program.probe_slots), both known before the analysis: so attach and run start
 it first.  bcc's compile and the bpf() calls are ctypes calls, which release
 the GIL: the analysis runs meanwhile.  When
 the analysis ends with other options (more probes than guessed, no ld.so
@@ -16,13 +16,13 @@ import contextlib
 import threading
 import time
 
-from refcntd.kernel import loader, perf_uprobe
-from refcntd.kernel.loader import KernelOptions, Program
+from refcntd.kernel import perf_uprobe
+from refcntd.kernel.program import KernelOptions, Program, compile_program, probe_slots
 
 
 class BackgroundCompile:
     def __init__(self, opts: KernelOptions, probe_guess: int) -> None:
-        self.opts, self.slots = opts, loader.probe_slots(probe_guess)
+        self.opts, self.slots = opts, probe_slots(probe_guess)
         self.program: Program | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
@@ -33,7 +33,7 @@ class BackgroundCompile:
     def _run(self) -> None:
         t0 = time.monotonic()
         try:
-            self.program = loader.compile_program(self.opts, self.slots)
+            self.program = compile_program(self.opts, self.slots)
             with contextlib.suppress(Exception):  # refused: Kernel loads again and says why
                 self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI,  # Kernel's default
                                      lambda: self._unwanted)
@@ -50,7 +50,7 @@ class BackgroundCompile:
         bcc compiles at once in one process crash it (clang's state is shared),
         and a cold early compile fills the program cache for the second one
         (map sizes are not part of its key)."""
-        fits = opts == self.opts and loader.probe_slots(probe_count) <= self.slots
+        fits = opts == self.opts and probe_slots(probe_count) <= self.slots
         self._unwanted = not fits  # stop verifying programs that will be dropped
         t0 = time.monotonic()
         self._thread.join()

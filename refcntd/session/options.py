@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from refcntd.errors import UsageError
 from refcntd.inputs.spec import Spec
 from refcntd.kernel import btf
-from refcntd.kernel.loader import KernelOptions
+from refcntd.kernel.program import KernelOptions
 
 
 @dataclass

@@ -9,7 +9,7 @@ import os
 
 def test_every_map_struct_is_checked_against_the_compiled_program(bpf):
     from refcntd.kernel.kheaders import find_kernel_source
-    from refcntd.kernel.loader import KernelOptions, compile_program
+    from refcntd.kernel.program import KernelOptions, compile_program
 
     os.environ.setdefault("BCC_KERNEL_SOURCE", str(find_kernel_source()))
     from refcntd.kernel.btf import unwind_offsets

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, FIXTURES, Build, cc, functions, leak_summary, refcntd
 
-from refcntd.kernel.loader import HOLD_SPARE_PROBES
+from refcntd.kernel.program import HOLD_SPARE_PROBES
 
 TRUTH = {"obj": [1, 2, 4]}
 GETS_PUTS = [(1, 1), (2, 1), (3, 0)]

@@ -49,7 +49,8 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
     """The kernel refuses the BPF link (EMFILE: no descriptor left for the link after
     the uprobe took the last one); that probe must not be reported installed."""
     from refcntd.kernel import setup
-    from refcntd.kernel.loader import Kernel, KernelOptions
+    from refcntd.kernel.loader import Kernel
+    from refcntd.kernel.program import KernelOptions
     from refcntd.kernel.records import STAGE_LINK, STAGE_OPEN
     from refcntd.session.tracer import probe_statuses
 

@@ -17,7 +17,8 @@ import pytest
 from conftest import refcntd
 from test_run import assert_perflike_truth
 
-from refcntd.kernel import loader, progcache
+from refcntd.kernel import progcache
+from refcntd.kernel.program import resized
 
 CACHED = "cached programs, no compile (bcc not loaded)"
 MAPS_ONLY = "maps-only compile + cached programs"
@@ -94,7 +95,7 @@ def test_other_map_sizes_are_derived_without_a_compile(bpf, build, tmp_path):
     assert entries(cache, "layout-") == [layout]
     key = json.loads(layout.read_text())["key"]
     sizes = {**progcache.load_layout(cache, key).sizes, "MAX_OBJECTS": "4096"}
-    derived = loader.resized(progcache.load_layout(cache, key), sizes)
+    derived = resized(progcache.load_layout(cache, key), sizes)
     assert next(m for m in derived.maps if m.name == "objs").max_entries == 4096
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 from refcntd.kernel import abi, abigen
-from refcntd.kernel.loader import layout_difference
+from refcntd.kernel.program import layout_difference
 from refcntd.session.tracer import LOST_REASONS, NOTE_REASONS, type_id
 
 

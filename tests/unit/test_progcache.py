@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from refcntd.kernel import loader, progcache
+from refcntd.kernel import abi, progcache
+from refcntd.kernel.program import KernelOptions, bpf_cflags, program_text, resized
 
 LD_IMM64 = 0x18
 
@@ -24,7 +25,7 @@ def program(fd: int, src: int = 1) -> bytes:
 
 
 def test_maps_only_keeps_every_map_and_no_function():
-    text = loader.program_text()
+    text = program_text()
     stub = progcache.maps_only(text)
     maps = re.compile(r"^BPF_\w+\(.*\);", re.M)
     assert maps.findall(stub) == maps.findall(text) and len(maps.findall(text)) > 20
@@ -137,9 +138,9 @@ def test_flags_that_only_size_maps_are_not_part_of_the_key():
 
 
 def test_the_real_program_keys_on_options_not_sizes():
-    opts = loader.KernelOptions(filtered=True, has_delete=True)
-    text = loader.program_text()
-    sized = [f for f in loader.bpf_cflags(opts, 16) if progcache.sizes_maps_only(text, f)]
+    opts = KernelOptions(filtered=True, has_delete=True)
+    text = program_text()
+    sized = [f for f in bpf_cflags(opts, 16) if progcache.sizes_maps_only(text, f)]
     assert {f.split("=")[0] for f in sized} >= {"-DMAX_OBJECTS", "-DMAX_PROBES", "-DMAX_STACKS"}
     assert not any(f.startswith(("-DFILTERED", "-DHAS_DELETE")) for f in sized)
 
@@ -176,23 +177,23 @@ def test_other_sizes_are_derived_from_the_declarations(monkeypatch):
     """A changed sizing macro that is exactly some maps' declared size resizes them
     (the ring buffer in pages); anything else is left to a maps-only compile."""
     old = layout({"MAX_OBJECTS": "1024", "RINGBUF_PAGES": "8"})
-    new = loader.resized(old, {"MAX_OBJECTS": "4096", "RINGBUF_PAGES": "16"})
+    new = resized(old, {"MAX_OBJECTS": "4096", "RINGBUF_PAGES": "16"})
     assert new is not None
     sizes = {m.name: m.max_entries for m in new.maps}
     assert sizes == {"objs": 4096, "events": 16 * 4096, "stats": 40}
     assert new.btf == old.btf and new.maps[0].btf_key == 3
-    assert loader.resized(old, old.sizes) is old
-    assert loader.resized(old, {"MAX_OBJECTS": "lots", "RINGBUF_PAGES": "8"}) is None
-    monkeypatch.setitem(loader.abi.MAPS, "twice", ("int", "__u64", "MAX_OBJECTS * 2"))
-    assert loader.resized(old, {"MAX_OBJECTS": "4096", "RINGBUF_PAGES": "8"}) is None
+    assert resized(old, old.sizes) is old
+    assert resized(old, {"MAX_OBJECTS": "lots", "RINGBUF_PAGES": "8"}) is None
+    monkeypatch.setitem(abi.MAPS, "twice", ("int", "__u64", "MAX_OBJECTS * 2"))
+    assert resized(old, {"MAX_OBJECTS": "4096", "RINGBUF_PAGES": "8"}) is None
 
 
 def test_every_sizing_flag_of_the_real_program_is_a_plain_map_size():
     """Otherwise every new --max-objects or probe count would cost a maps-only compile."""
-    text = loader.program_text()
-    opts = loader.KernelOptions(filtered=False, has_delete=True, sites=True, history=("all",),
+    text = program_text()
+    opts = KernelOptions(filtered=False, has_delete=True, sites=True, history=("all",),
                                 unwind_offsets={"OFF_X": 1})
-    sizes = progcache.sizing_flags(text, loader.bpf_cflags(opts, 16))
-    declared = {size for _, _, size in loader.abi.MAPS.values()}
+    sizes = progcache.sizing_flags(text, bpf_cflags(opts, 16))
+    declared = {size for _, _, size in abi.MAPS.values()}
     assert set(sizes) >= {"MAX_OBJECTS", "MAX_PROBES", "RINGBUF_PAGES"}
     assert set(sizes) <= declared, set(sizes) - declared

@@ -1,0 +1,461 @@
+"""bpf/refcntd.c built for a set of options: its compile flags, the compiled-program
+cache, bcc's compile when the cache has no entry, and the maps and programs made from
+an entry (Program), the same whether compiled just now or cached.
+
+The only module that imports bcc (loader.py, which attaches and reads, does not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import importlib.util
+import os
+import re
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from refcntd.binary import cpus
+from refcntd.errors import EnvironmentProblem
+from refcntd.kernel import abi, bpfsys, perf_uprobe, progcache
+from refcntd.paths import BPF_DIR, CACHE_DIR
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    filtered: bool  # only processes registered in `procs` (run, --pid)
+    has_delete: bool
+    max_objects: int = 1 << 20
+    max_stacks: int = 8192
+    max_procs: int = 16384
+    max_types: int = 1024
+    max_graves: int = 16384
+    exit_code_offset: int | None = None
+    loader_probe: bool = False  # attach on_loader at ld.so's _dl_debug_state calls
+    history: tuple[str, ...] | None = None  # type names, ("all",), or None: no history
+    history_depth: int = 16  # events kept per object; a power of two
+    max_history: int = 65536  # objects with a history at once
+    max_sites: int = 16384
+    max_paths: int = 262144  # (object, path) counts of objects with history
+    comm_filter: tuple[str, ...] = ()  # system-wide: only these command names
+    cgroup_id: int | None = None  # system-wide: only this cgroup v2
+    unwind_offsets: dict[str, int] | None = None  # OFF_* for unwind.h; None: frame pointers only
+    max_cfi_rows: int = 1 << 22
+    max_modules: int = 1024
+    ringbuf_pages: int = 1024  # events ring buffer, pages (a power of 2)
+    hold: bool = False  # stop processes mapping unscanned modules (exported call-site mode)
+    sites: bool = False  # count live objects per allocation site and age (serve)
+    max_alloc_sites: int = 65536  # (process, type, allocation stack) with live objects
+    max_age_bins: int = 65536  # (process, type, creation-time bin) with live objects
+
+
+HOLD_SPARE_PROBES = 256  # probe slots left free for the call sites of modules mapped later
+
+def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
+    """Every -D the BPF program is compiled with, from one validated options object."""
+    flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
+             f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
+             f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
+             f"-DMAX_TYPES={opts.max_types}",
+             f"-DMAX_PROBES={probe_slots(probe_count + (HOLD_SPARE_PROBES if opts.hold else 0))}",
+             f"-DMAX_GRAVES={opts.max_graves}", f"-DRINGBUF_PAGES={opts.ringbuf_pages}"]
+    if opts.exit_code_offset is not None:
+        flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
+    flags.append(f"-DLOADER_PROBE={int(opts.loader_probe)}")
+    flags.append(f"-DFILTER_COMM={int(bool(opts.comm_filter))}")
+    if opts.cgroup_id is not None:
+        flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
+    flags.append(f"-DUNWIND={int(opts.unwind_offsets is not None)}")
+    flags.append(f"-DHOLD={int(opts.hold and opts.unwind_offsets is not None)}")  # holding
+    if opts.unwind_offsets is not None:
+        flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
+        flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
+    flags += [f"-DSITES={int(opts.sites)}", f"-DMAX_ALLOC_SITES={opts.max_alloc_sites}",
+              f"-DMAX_AGE_BINS={opts.max_age_bins}"]
+    flags += [f"-DHISTORY={int(opts.history is not None)}",
+              f"-DHISTORY_ALL={int(opts.history == ('all',))}",
+              f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
+              f"-DMAX_SITES={opts.max_sites}", f"-DMAX_PATHS={opts.max_paths}"]
+    return flags
+
+
+_INLINED = re.compile(r'^#include "(\w+\.h)"\s*/\* inlined by the loader \*/$', re.M)
+
+
+def program_text(main: Path = BPF_DIR / "refcntd.c") -> str:
+    """refcntd.c with the headers that use maps pasted in.
+
+    bcc rewrites `map.lookup(...)` only in the main source file; in an
+    #included file the call stays a call through a function pointer and the
+    program fails to load ("unknown opcode 8d").
+    """
+    return _INLINED.sub(lambda m: (main.parent / m[1]).read_text(), main.read_text())
+
+
+def probe_slots(probe_count: int) -> int:
+    """probe_cfgs' size: a power of two >= 16, so a compile started before the binary
+    analysis has counted the probes (kernel/precompile.py) usually has the right size."""
+    slots = 16
+    while slots < probe_count:
+        slots *= 2
+    return slots
+
+
+def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) -> Program:
+    """bpf/refcntd.c's maps created and its programs ready to load: from the
+    compiled-program cache without bcc (~0.05 s), else compiled by bcc (a full compile,
+    2-4 s, or a maps-only one for a new map layout, ~0.8 s; the results are cached).
+    Also run ahead in a thread (precompile.py)."""
+    text, cflags = program_text(), bpf_cflags(opts, probe_count)
+    headers = "".join(p.read_text() for p in sorted(BPF_DIR.glob("*.h")))  # refcntd.h too
+    key = progcache.entry_key(text + headers, cflags, _toolchain())
+    sizes = progcache.sizing_flags(text, cflags)
+    entry = progcache.load(CACHE_DIR, key) if cached else None
+    layout = progcache.load_layout(CACHE_DIR, key) if entry is not None else None
+    if layout is not None:
+        layout = resized(layout, sizes)
+    if entry is not None and layout is not None and not _fits(layout, opts, entry.maps):
+        layout = None
+    how, checked, from_cache = "cached programs, no compile", frozenset[str](), entry is not None
+    if entry is None or layout is None:
+        how = "BPF compile" if entry is None else "maps-only compile + cached programs"
+        entry, layout, checked = _compile(text, cflags, key, sizes, opts, entry)
+    if "bcc" not in sys.modules:
+        how += " (bcc not loaded)"
+    return Program(entry, layout, opts, how, from_cache, checked)
+
+
+def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
+             opts: KernelOptions, entry: progcache.Entry | None
+             ) -> tuple[progcache.Entry, progcache.Layout, frozenset[str]]:
+    """bcc's compile, kept in the cache: the whole program when there is no `entry`
+    (its instructions are kept), else the map declarations only; the maps as the
+    kernel created them either way.  bcc's own maps and programs are closed: Program
+    makes its own from these.  Also the structs compared field by field with abi.py
+    (_check_layout)."""
+    bcc = _import_bcc()
+    source = text if entry is None else progcache.maps_only(text)
+    try:
+        with cpus.busy():  # an analysis running beside it leaves this CPU to clang
+            bpf = bcc.BPF(text=source.encode(), cflags=cflags)
+    except Exception as err:  # bcc raises bare Exception for compile/load errors
+        raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
+                                 "check kernel headers (BCC_KERNEL_SOURCE)") from None
+    try:
+        checked = frozenset(_check_layout(bpf, opts))
+        names = _map_names(bpf)
+        fds = {name: bpf[name.encode()].map_fd for name in names}
+        infos = {name: bpfsys.map_info(fd) for name, fd in fds.items()}
+        btf_ids = {info.btf_id for info in infos.values() if info.btf_id}
+        btf = bpfsys.btf_blob(btf_ids.pop()) if len(btf_ids) == 1 else b""
+        specs = [progcache.MapSpec(name, info.type, info.key_size, info.value_size,
+                                   info.max_entries, info.map_flags,
+                                   info.btf_key_type_id if btf else 0,
+                                   info.btf_value_type_id if btf else 0)
+                 for name, info in infos.items()]
+        layout = progcache.Layout(key, tuple(specs), sizes, btf)
+        compiled = entry is None
+        if entry is None:
+            entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
+        if not _fits(layout, opts, entry.maps):
+            raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
+                                     "run `python -m refcntd.kernel.abigen`")
+        if compiled:
+            progcache.store(CACHE_DIR, entry)
+        progcache.store_layout(CACHE_DIR, layout)
+        return entry, layout, checked
+    finally:
+        bpf.cleanup()
+
+
+def _functions(bpf: Any, fds: dict[str, int]) -> dict[str, progcache.Function]:
+    from bcc.libbcc import lib  # the loader is the one module that may import bcc
+    names_by_fd = {fd: name for name, fd in fds.items()}
+    functions = {}
+    try:
+        for i in range(lib.bpf_num_functions(bpf.module)):
+            raw = lib.bpf_function_name(bpf.module, i)
+            code = ctypes.string_at(lib.bpf_function_start(bpf.module, raw),
+                                    lib.bpf_function_size(bpf.module, raw))
+            functions[raw.decode()] = progcache.capture(code, names_by_fd)
+    except progcache.Unrelocatable as err:
+        raise EnvironmentProblem(f"the compiled BPF program refers to something other than "
+                                 f"its maps ({err}): refcntd cannot load it",
+                                 "report this with `refcntd check --verbose`") from None
+    return functions
+
+
+def resized(layout: progcache.Layout, sizes: dict[str, str]) -> progcache.Layout | None:
+    """`layout` with its maps sized by `sizes` (the sizing flags now), where each changed
+    macro is exactly some maps' declared size (abi.MAPS); None where it is not (a maps-only
+    compile records the layout then)."""
+    changed = {name for name in {*sizes, *layout.sizes}
+               if sizes.get(name) != layout.sizes.get(name)}
+    if not changed:
+        return layout
+    declared = [size for _, _, size in abi.MAPS.values()]
+    for name in changed:
+        value = sizes.get(name, "")
+        if not value.isdigit() or any(name in re.findall(r"\w+", size) and size != name
+                                      for size in declared):
+            return None
+    maps = []
+    for spec in layout.maps:
+        size = abi.MAPS.get(spec.name, ("", "", ""))[2]
+        if size in changed:
+            entries = int(sizes[size]) * (os.sysconf("SC_PAGE_SIZE")
+                                          if spec.map_type == bpfsys.MAP_RINGBUF else 1)
+            spec = replace(spec, max_entries=entries)
+        maps.append(spec)
+    return progcache.Layout(layout.key, tuple(maps), sizes, layout.btf)
+
+
+def map_types(name: str, spec: progcache.MapSpec, opts: KernelOptions) -> tuple[Any, Any]:
+    """A map's key and value as ctypes, from abi.MAPS (the declarations in bpf/);
+    bytes of the recorded sizes for the maps only the BPF side reads."""
+    key, value, _ = abi.MAPS.get(name, ("", "", ""))
+    return (_ctype(key, opts) or ctypes.c_uint8 * spec.key_size,
+            _ctype(value, opts) or ctypes.c_uint8 * spec.value_size)
+
+
+_SCALARS = {"int": ctypes.c_int32, "__u32": ctypes.c_uint32, "__u64": ctypes.c_uint64,
+            "__s64": ctypes.c_int64}
+
+
+def _ctype(name: str, opts: KernelOptions) -> Any:
+    if name == "hist_val":
+        return abi.hist_val_type(opts.history_depth)
+    return _SCALARS.get(name) or abi.STRUCTS.get(name)
+
+
+def _fits(layout: progcache.Layout, opts: KernelOptions, needed: Iterable[str]) -> bool:
+    """The layout has every map the programs refer to (`needed`), and each map Python
+    reads has the sizes abi.py says: a layout recorded otherwise (or a header changed
+    without abigen) is never used."""
+    for spec in layout.maps:
+        if spec.map_type == bpfsys.MAP_RINGBUF:
+            continue
+        key, value = map_types(spec.name, spec, opts)
+        if (ctypes.sizeof(key), ctypes.sizeof(value)) != (spec.key_size, spec.value_size):
+            return False
+    return set(needed) <= {spec.name for spec in layout.maps}
+
+
+CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/unwind.h
+TRACEPOINT_PREFIX = "tracepoint__"  # bcc's TRACEPOINT_PROBE(category, event) functions
+
+
+class Program:
+    """bpf/refcntd.c's maps, created here, and its programs, loaded from their compiled
+    instructions with these maps' fds: the same whether compiled just now or cached."""
+
+    def __init__(self, entry: progcache.Entry, layout: progcache.Layout, opts: KernelOptions,
+                 how: str, from_cache: bool, layout_checked: frozenset[str]) -> None:
+        """`layout` fits `entry` (compile_program checked it); `how` says, for --verbose,
+        whether bcc compiled; `layout_checked`: the structs compared with bcc's."""
+        self.entry, self.how, self.from_cache = entry, how, from_cache
+        self.layout_checked = layout_checked
+        self.tables: dict[str, bpfsys.Table] = {}
+        self._loaded: dict[tuple[str, int, int], int] = {}
+        self._tracepoints: list[int] = []
+        self._ring: bpfsys.RingBuffer | None = None
+        btf_fd = -1
+        try:
+            if layout.btf:
+                with contextlib.suppress(OSError):  # without it, bpftool shows raw bytes only
+                    btf_fd = bpfsys.load_btf(layout.btf)
+            for spec in layout.maps:
+                fd = bpfsys.create_map(spec.name, spec.map_type, spec.key_size,
+                                       spec.value_size, spec.max_entries, spec.flags,
+                                       (btf_fd, spec.btf_key, spec.btf_value)
+                                       if btf_fd >= 0 else None)
+                key, value = map_types(spec.name, spec, opts)
+                self.tables[spec.name] = bpfsys.Table(spec.name, fd, spec.map_type, key,
+                                                      value, spec.max_entries)
+        except OSError as err:
+            self.cleanup()
+            raise EnvironmentProblem(f"the BPF maps could not be created: {err}",
+                                     "is the locked-memory limit or the kernel's "
+                                     "BPF memory exhausted?") from None
+        finally:
+            if btf_fd >= 0:
+                os.close(btf_fd)  # the maps hold their own reference
+
+    def __getitem__(self, name: str) -> bpfsys.Table:
+        return self.tables[name]
+
+    def load_func(self, name: str, prog_type: int, attach_type: int = -1) -> int:
+        """A program's fd, loaded once per (name, type, attach type)."""
+        key = (name, prog_type, attach_type)
+        if key not in self._loaded:
+            function = self.entry.functions.get(name)
+            if function is None:
+                raise OSError(errno.ENOENT, f"Unknown program {name}")
+            code = function.relocated({m: t.map_fd for m, t in self.tables.items()})
+            self._loaded[key] = bpfsys.load_program(name, prog_type, code, attach_type)
+        return self._loaded[key]
+
+    def preload(self, attach_type: int, unwanted: Callable[[], bool] = lambda: False) -> None:
+        """Load the probe programs now: the verifier's ~0.25 s then overlaps the analysis
+        when this runs in precompile's thread (which stops once it is `unwanted`).
+        on_body, the longest, is verified in a second thread meanwhile: the verifier
+        runs inside each bpf() call, without the GIL, so two use both cores."""
+        def load(names: tuple[str, ...]) -> None:
+            for name in names:
+                if unwanted():
+                    return
+                self.load_func(name, bpfsys.PROG_KPROBE, attach_type)
+        with ThreadPoolExecutor(2) as pool:
+            done = [pool.submit(load, ("on_body",)),
+                    pool.submit(load, ("on_probe", "on_unwind", "on_unwind_more"))]
+        for future in done:
+            future.result()
+
+    def attach_tracepoints(self, tracefs: Path) -> None:
+        """The TRACEPOINT_PROBE programs (process exit, fork, exec, mmap), attached."""
+        for name in sorted(self.entry.functions):
+            if name.startswith(TRACEPOINT_PREFIX):
+                fd = self.load_func(name, bpfsys.PROG_TRACEPOINT)
+                category, event = name[len(TRACEPOINT_PREFIX):].split("__", 1)
+                perf_fd = perf_uprobe.open_tracepoint(tracefs, category, event)
+                self._tracepoints.append(perf_fd)
+                self._tracepoints.append(perf_uprobe.link_bpf(fd, perf_fd, 0))
+
+    def open_ring_buffer(self, name: str, callback: Callable[[Any, int, int], int]) -> None:
+        self._ring = bpfsys.RingBuffer(self.tables[name].map_fd, callback)
+
+    def poll(self, timeout_ms: int) -> None:
+        if self._ring is not None:
+            self._ring.poll(timeout_ms)
+
+    def cleanup(self) -> None:
+        """Close everything: links, programs, the ring buffer, maps."""
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        for fd in [*reversed(self._tracepoints), *self._loaded.values(),
+                   *(t.map_fd for t in self.tables.values())]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._tracepoints, self._loaded, self.tables = [], {}, {}
+
+
+_VERSION_H = "include/generated/uapi/linux/version.h"
+
+
+def _toolchain() -> dict[str, str]:
+    """What besides the text and flags shapes the instructions: bcc and the kernel headers
+    (found without importing bcc: a cached start never loads it)."""
+    headers = os.environ.get("BCC_KERNEL_SOURCE", "")
+    spec = importlib.util.find_spec("bcc")
+    return {"libbcc": progcache.file_identity(_libbcc_path()),
+            "bcc": progcache.file_identity(spec.origin if spec and spec.origin else "bcc"),
+            "headers": progcache.file_identity(headers),
+            "version.h": progcache.file_identity(Path(headers) / _VERSION_H),
+            "kernel": os.uname().release}
+
+
+def _libbcc_path() -> str:
+    """Where the dynamic linker finds libbcc.so.0 for bcc (LD_LIBRARY_PATH, then the
+    system's library directories)."""
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    dirs = [*filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")),
+            f"/usr/local/lib/{arch}", "/usr/local/lib", f"/lib/{arch}", f"/usr/lib/{arch}",
+            "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+    for d in dirs:
+        path = Path(d) / "libbcc.so.0"
+        if path.exists():
+            return str(path)
+    return "libbcc.so.0: not found"
+
+
+def _import_bcc() -> Any:
+    try:
+        import bcc
+    except ImportError as err:
+        raise EnvironmentProblem(f"bcc is not importable ({err})",
+                                 "install python3-bpfcc and use a venv made with "
+                                 "--system-site-packages from /usr/bin/python3") from None
+    return bcc
+
+
+def _map_names(bpf: Any) -> list[str]:
+    from bcc.libbcc import lib  # the loader is the one module that may import bcc
+    lib.bpf_num_tables.restype = ctypes.c_ulonglong  # in libbcc, not declared by bcc's Python
+    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
+    lib.bpf_table_name.restype = ctypes.c_char_p
+    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
+    return [lib.bpf_table_name(bpf.module, i).decode()
+            for i in range(lib.bpf_num_tables(bpf.module))]
+
+
+def _check_layout(bpf: Any, opts: KernelOptions) -> set[str]:
+    """Every map whose key or value is a struct of bpf/refcntd.h must match abi.py exactly.
+
+    Returns the structs compared, so a test can see the check really ran.
+    """
+    mirrors = dict(abi.STRUCTS)
+    mirrors["hist_val"] = abi.hist_val_type(opts.history_depth)
+    checked: set[str] = set()
+    for name in _map_names(bpf):
+        table = bpf[name.encode()]
+        for what, theirs in (("key", table.Key), ("value", table.Leaf)):
+            if theirs.__name__.rsplit("_Array_", 1)[-1].isdigit():  # per-CPU values
+                theirs = theirs._type_
+            mine = mirrors.get(theirs.__name__)
+            if mine is None:
+                continue
+            checked.add(theirs.__name__)
+            if mine is not None:
+                problem = layout_difference(mine, theirs)
+                if problem:
+                    raise EnvironmentProblem(
+                        f"map {name}: {what} struct {theirs.__name__} differs between "
+                        f"bpf/refcntd.h as compiled and refcntd/kernel/abi.py: {problem}",
+                        "run `python -m refcntd.kernel.abigen` after changing the header")
+    return checked
+
+
+def layout_difference(mine: Any, theirs: Any, prefix: str = "") -> str:
+    """'' when both ctypes layouts have the same fields at the same offsets and sizes.
+
+    bcc's Python decoder keeps only the outer dimension of a 2-D array
+    (`char argv[8][128]` arrives as `char[8]`): such a field is compared by
+    offset and outer length, and the struct's total size is then not comparable.
+    """
+    if not hasattr(mine, "_fields_"):
+        if ctypes.sizeof(mine) != ctypes.sizeof(theirs):
+            return f"{prefix.rstrip('.') or 'size'}: {ctypes.sizeof(mine)} vs " \
+                   f"{ctypes.sizeof(theirs)} bytes"
+        return ""
+    ours = [f[0] for f in mine._fields_]
+    their_types = {f[0]: f[1] for f in getattr(theirs, "_fields_", [])
+                   if not f[0].startswith("__pad")}  # bcc names its own padding
+    if ours != list(their_types):
+        return f"{prefix}fields {ours} vs {list(their_types)}"
+    collapsed = False
+    for name, sub in mine._fields_:
+        a, b = getattr(mine, name), getattr(theirs, name)
+        if a.offset != b.offset:
+            return f"{prefix}{name}: offset {a.offset} vs {b.offset}"
+        if _collapsed_2d(sub, their_types[name]):
+            collapsed = True
+            continue
+        problem = layout_difference(sub, their_types[name], f"{prefix}{name}.")
+        if problem:
+            return problem
+    if not collapsed and ctypes.sizeof(mine) != ctypes.sizeof(theirs):
+        return f"{prefix or 'size: '}{ctypes.sizeof(mine)} vs {ctypes.sizeof(theirs)} bytes"
+    return ""
+
+
+def _collapsed_2d(mine: Any, theirs: Any) -> bool:
+    inner = getattr(mine, "_type_", None)
+    return (hasattr(inner, "_length_") and getattr(theirs, "_length_", None) == mine._length_
+            and not hasattr(getattr(theirs, "_type_", None), "_length_"))
