@@ -8,15 +8,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from refcntd.errors import EnvironmentProblem, ProbeError
-from refcntd.kernel import abi, bpfsys, cfi, perf_uprobe, progcache, setup
+from refcntd.kernel import abi, bpfsys, cfi, decode, perf_uprobe, progcache, setup
 from refcntd.kernel import columns as objcols
-from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Stat, Truncation, UnwindMethod
+from refcntd.kernel.abi import EventKind, Role, Stat
 from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
 from refcntd.kernel.perf_uprobe import MultiRefusal
@@ -27,12 +26,10 @@ from refcntd.kernel.records import (
     STAGE_OPEN,
     AgeBin,
     AnomalyRecord,
-    HistoryEvent,
     HistoryRecord,
     LifecycleEvent,
     ObjectRecord,
     ProbeFailure,
-    RawFrame,
     ReleasedSite,
     SiteCount,
     SiteLive,
@@ -45,7 +42,6 @@ from refcntd.paths import CACHE_DIR
 
 if TYPE_CHECKING:  # attach's start imports this module: not the binary analysis with it
     from refcntd.binary.plan import ProbeSite
-    from refcntd.binary.sdt import ArgLoc
 
 
 class Kernel:
@@ -133,7 +129,7 @@ class Kernel:
         """One entry per site, written in one batch (call-site plans have thousands);
         `packed`: pack_probe_cfgs' rows, built while the compile was still running."""
         if self.sites:
-            rows = packed if packed is not None else pack_probe_cfgs(self.sites, type_ids)
+            rows = packed if packed is not None else decode.pack_probe_cfgs(self.sites, type_ids)
             _update_array(self.bpf["probe_cfgs"], 0, abi.ProbeCfg, rows)
 
     def set_fixed_type(self, type_id: int, name: str) -> None:
@@ -276,10 +272,10 @@ class Kernel:
                 kind = ctypes.cast(data, ctypes.POINTER(ctypes.c_uint32)).contents.value
                 if kind == EventKind.ANOMALY:
                     raw = ctypes.cast(data, ctypes.POINTER(abi.Anomaly)).contents
-                    callback(_decode_anomaly(raw, self._type_name))
+                    callback(decode.decode_anomaly(raw, self._type_name))
                 else:
                     event = ctypes.cast(data, ctypes.POINTER(abi.Event)).contents
-                    callback(_decode_event(event))
+                    callback(decode.decode_event(event))
             except BaseException as err:  # noqa: BLE001 - re-raised in poll()
                 self._callback_error = err
             return 0
@@ -325,7 +321,7 @@ class Kernel:
                   if k.tgid == tgid and (gen is None or v.gen == gen)]
         _delete(objs, [k for k, _ in picked])
         history = self._history([k for k, _ in picked], tgid)
-        return [_decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
+        return [decode.decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
 
     def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns:
         """drain() as columns, for a process without history: the map is read BATCH entries
@@ -440,7 +436,7 @@ class Kernel:
                 values[key.addr] = value
         _delete(table, [k for k in keys if k.addr in values])
         paths = self._drain_paths(tgid)
-        return {addr: _decode_history(v, self.opts.history_depth,
+        return {addr: decode.decode_history(v, self.opts.history_depth,
                                       paths.get((addr, v.serial), ()))
                 for addr, v in values.items()}
 
@@ -505,7 +501,7 @@ class Kernel:
                 live, age_sum = since.get(bytes(k), (0, 0))
                 if v.live <= 0 and not live and not (unnamed and not k.type_id):
                     continue
-                out.append(_site_live(k, v, names, live, cp + (age_sum << 10) // live
+                out.append(decode.site_live(k, v, names, live, cp + (age_sum << 10) // live
                                       if live else 0))
         return out
 
@@ -524,20 +520,20 @@ class Kernel:
             table = self.bpf[name]
             _delete(table, [k for k, _ in _items(table)
                             if mine(k.site if name == "since" else k)])
-        return [_site_live(k, v, names, 0, 0) for k, v in picked]
+        return [decode.site_live(k, v, names, 0, 0) for k, v in picked]
 
     def age_bins(self, now_ns: int) -> list[AgeBin]:
         """Live objects per process, type and creation time (see age_view); bins no
         longer needed are removed.  O(types x bins), never O(objects)."""
         names, table = self.type_names(), self.bpf["age_bins"]
-        rows: list[AgeRow] = []
+        rows: list[decode.AgeRow] = []
         keys = []
         for batch, values, n in _lookup_batches(table):
             for i in range(n):
                 k = batch[i]
                 rows.append((k.tgid, k.gen, k.type_id, k.name_ptr, k.bin, int(values[i])))
                 keys.append(table.Key.from_buffer_copy(k))
-        bins, doomed = age_view(rows, now_ns)
+        bins, doomed = decode.age_view(rows, now_ns)
         _delete(table, [keys[i] for i in doomed])
         return [AgeBin(tgid, names.get(type_id, "") if type_id else "", name_ptr, start, end,
                        count) for (tgid, _gen, type_id, name_ptr), start, end, count in bins]
@@ -545,7 +541,7 @@ class Kernel:
     def live_objects(self) -> list[ObjectRecord]:
         self._finish_deletes()
         names = self.type_names()
-        return [_decode_object(keys[i], values[i], names)
+        return [decode.decode_object(keys[i], values[i], names)
                 for keys, values, n in _lookup_batches(self.bpf["objs"]) for i in range(n)]
 
     def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
@@ -681,7 +677,7 @@ class Kernel:
             return []
         self.sites.extend(sites)  # the plan's list: statuses follow
         _update_array(self.bpf["probe_cfgs"], first, abi.ProbeCfg,
-                      pack_probe_cfgs(sites, type_ids))
+                      decode.pack_probe_cfgs(sites, type_ids))
         indexes = list(range(first, first + len(sites)))
         self._attach(indexes)
         return indexes
@@ -704,7 +700,7 @@ class Kernel:
         except KeyError:  # freed: every entry is owned by one process, so never expected
             self.stacks_freed_early += 1
             return None
-        return _decode_stack(value)
+        return decode.decode_stack(value)
 
 
 def _update_array(table: Any, first: int, row_type: Any, packed: bytes) -> None:
@@ -807,159 +803,3 @@ def _items(table: bpfsys.Table) -> list[tuple[Any, Any]]:
         return list(table.items_lookup_batch())
     except OSError:  # older kernels / map types without batch ops
         return table.items()
-
-
-def pack_probe_cfgs(sites: list[ProbeSite], type_ids: Callable[[str], int]) -> bytes:
-    """probe_cfgs' rows for `sites`, in order (no kernel needed)."""
-    return b"".join(bytes(_probe_cfg(site, type_ids)) for site in sites)
-
-
-def _probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:
-    role = site.spec_role
-    cfg = abi.ProbeCfg(role=Role[site.role.upper()].value, caller_sp=site.caller_sp_offset,
-                          is_return=int(site.is_return), obj=_arg_loc(site.obj_loc),
-                          cond=site.site_cond)
-    if site.type_loc is not None:
-        cfg.type = _arg_loc(site.type_loc)
-    elif role.type_name is not None and role.type_name.constant is not None:
-        cfg.fixed_type = type_ids(str(role.type_name.constant))
-    if site.count_loc is not None:
-        cfg.count = _arg_loc(site.count_loc)
-    elif role.initial_count is not None and role.initial_count.constant is not None:
-        cfg.fixed_count = int(role.initial_count.constant)
-    _semantics(cfg, site)
-    return cfg
-
-
-def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
-    """The spec's per-role behaviour (README: spec reference) as probe flags."""
-    role = site.spec_role
-    cfg.flags = ((abi.PF_FREES_AT_ZERO if role.frees_at_zero else 0)
-                 | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
-                 | (abi.PF_OBJ_OUT if role.obj.out else 0)
-                 | (abi.PF_STATIC_IF if role.static_if else 0)
-                 | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0)
-                 | (abi.PF_MAY_LEAK_FLAG if role.may_be_leaked else 0)
-                 | (abi.PF_REVIVE if role.revives else 0))
-    if role.type_name is not None:
-        for i, offset in enumerate(role.type_name.deref):
-            cfg.type_deref[i] = offset + 1
-    if role.floating_flag is not None:
-        cfg.flag_offset, cfg.flag_mask = role.floating_flag
-    if role.static_if is not None:
-        cfg.static_offset, cfg.static_value = role.static_if
-    if role.may_be_leaked is not None:
-        cfg.kept_offset, cfg.kept_mask = role.may_be_leaked
-
-
-def _arg_loc(loc: ArgLoc) -> abi.ArgLoc:
-    return abi.ArgLoc(kind=loc.kind, size=loc.size, is_signed=int(loc.signed),
-                         reg_off=loc.reg_offset, value=loc.value)
-
-
-def _decode_stack(value: abi.StackRec) -> StackRecord:
-    nr = min(value.nr, abi.STACK_DEPTH)
-    frames = []
-    for frame in value.frame[:nr]:
-        build_id = bytes(frame.build_id).hex() if frame.status == 1 else None
-        file = None
-        if frame.status in (abi.FRAME_FILE, abi.FRAME_EXE_TEXT):
-            ino, dev = struct.unpack_from("<QI", bytes(frame.build_id))
-            file = (dev, ino)
-        frames.append(RawFrame(build_id, frame.offset_or_ip if frame.status else 0, file,
-                               frame.status == abi.FRAME_EXE_TEXT))
-    return StackRecord(tuple(value.ip[:nr]), tuple(frames), UnwindMethod(value.method),
-                       Truncation(value.truncated), value.truncated_at)
-
-
-def _decode_event(raw: abi.Event) -> LifecycleEvent:
-    argv = tuple(_argv_slot(bytes(raw.argv[i]))
-                 for i in range(min(raw.argc, abi.ARGV_SLOTS)))
-    return LifecycleEvent(EventKind(raw.kind), raw.tgid, raw.pid, raw.gen, raw.ts,
-                          raw.exit_code, raw.comm.decode(errors="replace"),
-                          raw.path.decode(errors="replace"), argv)
-
-
-def _decode_anomaly(raw: abi.Anomaly, type_name: Callable[[int], str]) -> AnomalyRecord:
-    where = StackRef(raw.stack_id, raw.caller_ip)
-    alloc = (StackRef(raw.alloc_stack_id, raw.alloc_caller_ip)
-             if raw.alloc_stack_id or raw.init_ns else None)
-    return AnomalyRecord(AnomalyKind(raw.anomaly), raw.tgid, raw.tid, raw.gen, raw.ts, raw.addr,
-                         raw.count_before, type_name(raw.type_id), raw.name_ptr, where, alloc,
-                         raw.init_ns, raw.released_ns)
-
-
-def _argv_slot(raw: bytes) -> str:
-    """One argv string; a slot filled to the end was cut short, and says so."""
-    text = raw.split(b"\0", 1)[0]
-    suffix = "..." if len(text) >= abi.ARGV_LEN - 1 else ""
-    return text.decode(errors="replace") + suffix
-
-
-AGE_FINE_HORIZON_NS = abi.AGE_FINE_HORIZON_S * 10**9  # older objects: coarse bins only
-AGE_FINE_WINDOW_NS = AGE_FINE_HORIZON_NS - 10 * 10**9  # fine bins read: surely complete
-AGE_COARSE_KEEP_NS = 3600 * 10**9  # empty coarse bins older than this are removed
-AgeRow = tuple[int, int, int, int, int, int]  # tgid, gen, type_id, name_ptr, bin, count
-Who = tuple[int, int, int, int]  # tgid, gen, type_id, name_ptr
-
-
-def _site_live(k: Any, v: Any, names: dict[int, str], since: int, since_mean: int
-               ) -> SiteLive:
-    return SiteLive(k.tgid, k.gen, names.get(k.type_id, "") if k.type_id else "", k.name_ptr,
-                    StackRef(k.stack_id, k.caller_ip), max(0, v.live), v.created, since,
-                    since_mean, (v.created, v.gets, v.puts, v.released))
-
-
-def age_view(rows: list[AgeRow], now_ns: int) -> tuple[list[tuple[Who, int, int, int]],
-                                                        list[int]]:
-    """The age_bins map as (who, start_ns, end_ns, live objects) and the rows to delete.
-
-    Every object is in a coarse bin (~2 min); those of the last AGE_FINE_WINDOW are
-    also in a fine bin (~1 s), read instead.  A fine bin is dropped once no increment
-    can reach it (the kernel counts no fine bin for an object older than its horizon),
-    an empty coarse bin an hour after it ended."""
-    fine_from = (now_ns - AGE_FINE_WINDOW_NS) >> abi.AGE_FINE_SHIFT  # complete after it
-    coarse: dict[tuple[Who, int], int] = {}
-    fine: list[tuple[Who, int, int]] = []
-    doomed = []
-    for i, (tgid, gen, type_id, name_ptr, b, count) in enumerate(rows):
-        who = (tgid, gen, type_id, name_ptr)
-        if b & abi.AGE_COARSE:
-            start = (b & ~abi.AGE_COARSE) << abi.AGE_COARSE_SHIFT
-            if count <= 0 and start + (1 << abi.AGE_COARSE_SHIFT) < now_ns - AGE_COARSE_KEEP_NS:
-                doomed.append(i)
-            else:
-                coarse[(who, start)] = count
-        elif b > fine_from:
-            fine.append((who, b << abi.AGE_FINE_SHIFT, count))
-        elif (b + 2) << abi.AGE_FINE_SHIFT < now_ns - AGE_FINE_HORIZON_NS:
-            doomed.append(i)
-    out = []
-    for who, start, count in fine:  # the coarse bins keep what the fine ones do not
-        c_start = start >> abi.AGE_COARSE_SHIFT << abi.AGE_COARSE_SHIFT
-        if (who, c_start) in coarse:
-            coarse[(who, c_start)] -= count
-        if count > 0:
-            out.append((who, start, start + (1 << abi.AGE_FINE_SHIFT), count))
-    cut = (fine_from + 1) << abi.AGE_FINE_SHIFT  # fine bins from here on
-    for (who, start), count in coarse.items():
-        if count > 0:
-            out.append((who, start, min(start + (1 << abi.AGE_COARSE_SHIFT), cut), count))
-    return out, doomed
-
-
-def _decode_object(key: abi.ObjKey, val: abi.ObjVal, names: dict[int, str],
-                   history: HistoryRecord | None = None) -> ObjectRecord:
-    type_name = names.get(val.type_id, "") if val.type_id else ""
-    return ObjectRecord(key.tgid, val.gen, key.addr, val.count, type_name, val.init_ns,
-                        val.stack_id, val.caller_ip, val.name_ptr, val.gets,
-                        val.puts, history)
-
-
-def _decode_history(value: ctypes.Structure, depth: int,
-                    sites: tuple[SiteCount, ...]) -> HistoryRecord:
-    kept = min(value.n, depth)
-    events = tuple(HistoryEvent(Role(e.op), e.count_after,
-                                StackRef(e.stack_id, e.caller_ip), e.ts)
-                   for e in value.e[:kept])
-    return HistoryRecord(value.n, events, sites, value.paths_lost)

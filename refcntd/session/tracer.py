@@ -24,7 +24,8 @@ from refcntd.analysis.model import (
 from refcntd.binary.plan import Plan, ProbeSite
 from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
-from refcntd.kernel.loader import Kernel, pack_probe_cfgs
+from refcntd.kernel.decode import pack_probe_cfgs
+from refcntd.kernel.loader import Kernel
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.procctl import die_with_parent
 from refcntd.kernel.program import KernelOptions

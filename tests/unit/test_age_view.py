@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from refcntd.kernel import abi
-from refcntd.kernel.loader import AGE_FINE_HORIZON_NS, age_view
+from refcntd.kernel.decode import AGE_FINE_HORIZON_NS, age_view
 
 FINE, COARSE = 1 << abi.AGE_FINE_SHIFT, 1 << abi.AGE_COARSE_SHIFT
 WHO = (7, 1, 99, 0)
