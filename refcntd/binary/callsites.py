@@ -25,8 +25,8 @@ from functools import partial
 import capstone
 from elftools.dwarf.callframe import FDE
 from elftools.elf.dynamic import DynamicSection
-from elftools.elf.relocation import Relocation, RelocationSection
-from elftools.elf.sections import Section, SymbolTableSection
+from elftools.elf.relocation import RelocationSection
+from elftools.elf.sections import SymbolTableSection
 
 from refcntd.binary import cpus, ehframe, prefilter
 from refcntd.binary.elf import ElfImage
@@ -252,30 +252,24 @@ class ModuleScan:
 
     def _check_relocations(self) -> None:
         """Relocations that produce the address at load time (PIE tables, GOT slots)."""
+        by_name: dict[str, list[int]] = {}
+        for target, name in self.names.items():
+            by_name.setdefault(name, []).append(target)
         for section in self.image.elffile().iter_sections():
             if section["sh_type"] not in ("SHT_RELA", "SHT_REL") or \
                     not section.name.startswith((".rela.dyn", ".rela.plt", ".rel.")):
                 continue
-            symtab = self.image.elffile().get_section(section["sh_link"])
-            if isinstance(section, RelocationSection):
-                for rel in section.iter_relocations():
-                    self._check_relocation(rel, symtab)
-
-    def _check_relocation(self, rel: Relocation, symtab: Section) -> None:
-        if rel["r_info_type"] == R_X86_64_JUMP_SLOT and rel["r_offset"] in self.plt_slots:
-            return
-        addend: int = rel["r_addend"] if rel.is_RELA() else 0
-        sym_index: int = rel["r_info_sym"]
-        value = addend
-        name = ""
-        if sym_index and isinstance(symtab, SymbolTableSection):
-            sym = symtab.get_symbol(sym_index)
-            name, value = sym.name, sym["st_value"] + addend
-        for target, scan in self.results.items():
-            if value == target or (name and name == self.names[target]):
-                scan.blockers.append(f"relocation at 0x{rel['r_offset']:x} yields its address"
-                                     f" ({'symbol ' + name if name else 'relative'}): reached "
-                                     "through a pointer, GOT or PLT slot")
+            for offset, rtype, name, value in self.image.relocations(section):
+                if rtype == R_X86_64_JUMP_SLOT and offset in self.plt_slots:
+                    continue
+                matched = set(by_name.get(name, ())) if name else set()
+                if value in self.results:
+                    matched.add(value)
+                for target in matched:  # each target's list keeps the relocations' order
+                    self.results[target].blockers.append(
+                        f"relocation at 0x{offset:x} yields its address"
+                        f" ({'symbol ' + name if name else 'relative'}): reached "
+                        "through a pointer, GOT or PLT slot")
 
 
 MAX_WORKERS = 4
@@ -446,16 +440,8 @@ def plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
 
 def _read_plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
     elf = image.elffile()
-    slot_names: dict[int, str] = {}
-    for section in elf.iter_sections():
-        if isinstance(section, RelocationSection) and section.name.startswith(".rela"):
-            symtab = elf.get_section(section["sh_link"])
-            if not isinstance(symtab, SymbolTableSection):
-                continue
-            for rel in section.iter_relocations():
-                if rel["r_info_type"] == R_X86_64_JUMP_SLOT and rel["r_info_sym"]:
-                    name = symtab.get_symbol(rel["r_info_sym"]).name.split("@", 1)[0]
-                    slot_names[rel["r_offset"]] = name
+    slot_names = {offset: name.split("@", 1)[0] for offset, rtype, name, _ in _rela(image)
+                  if rtype == R_X86_64_JUMP_SLOT and name}
     out: dict[str, list[tuple[int, int]]] = {}
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     for section_name in (".plt", ".plt.sec", ".plt.got"):
@@ -476,18 +462,13 @@ def _read_plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
 def address_imports(image: ElfImage, name: str) -> list[str]:
     """Relocations that put the address of the imported `name` in memory (GLOB_DAT:
     a function pointer or a -fno-plt call through the GOT; R_X86_64_64: a table)."""
-    elf = image.elffile()
-    found = []
-    for section in elf.iter_sections():
-        if not isinstance(section, RelocationSection) or not section.name.startswith(".rela"):
-            continue
-        symtab = elf.get_section(section["sh_link"])
-        if not isinstance(symtab, SymbolTableSection):
-            continue
-        for rel in section.iter_relocations():
-            if rel["r_info_sym"] and rel["r_info_type"] != R_X86_64_JUMP_SLOT and \
-                    symtab.get_symbol(rel["r_info_sym"]).name.split("@", 1)[0] == name:
-                found.append(f"relocation at 0x{rel['r_offset']:x} puts its address in "
-                             "memory (a function pointer, or a call through the GOT)")
-    return found
+    return [f"relocation at 0x{offset:x} puts its address in memory (a function pointer, "
+            "or a call through the GOT)" for offset, rtype, sym, _ in _rela(image)
+            if sym and rtype != R_X86_64_JUMP_SLOT and sym.split("@", 1)[0] == name]
 
+
+def _rela(image: ElfImage) -> Iterator[tuple[int, int, str, int]]:
+    """The relocations of every .rela* section (ElfImage.relocations' rows)."""
+    for section in image.elffile().iter_sections():
+        if isinstance(section, RelocationSection) and section.name.startswith(".rela"):
+            yield from image.relocations(section)

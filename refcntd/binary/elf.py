@@ -18,7 +18,7 @@ from typing import cast
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from elftools.elf.sections import NoteSection, Section, SymbolTableSection
 
 from refcntd.errors import BinaryError, InputFileError
 from refcntd.inputs.files import read_bytes
@@ -51,6 +51,7 @@ class ElfImage:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._data = _read_elf_bytes(self.path)
+        self._symbol_tables: dict[int, list[tuple[str, int]]] = {}
         try:
             from io import BytesIO
             self._elf = ELFFile(BytesIO(self._data))
@@ -122,6 +123,40 @@ class ElfImage:
                 continue
             end = strtab.find(b"\0", st_name)
             yield strtab[st_name:end if end >= 0 else None].decode(errors="replace"), value, size
+
+    def relocations(self, section: Section) -> list[tuple[int, int, str, int]]:
+        """(r_offset, r_type, symbol name or "", value) of a REL/RELA section, the value
+        being the symbol's st_value + the addend (the addend alone without a symbol).
+
+        Read with struct: pyelftools' parser costs ~25 us a relocation, 9 s for
+        libLLVM-14's 355 000."""
+        rela = section["sh_type"] == "SHT_RELA"
+        layout = struct.Struct("<QQq" if rela else "<QQ")
+        if section["sh_entsize"] != layout.size:
+            return []
+        symbols = self._symbol_values(section["sh_link"])
+        out = []
+        for entry in layout.iter_unpack(section.data()):
+            sym = entry[1] >> 32
+            name, value = symbols[sym] if 0 < sym < len(symbols) else ("", 0)
+            out.append((entry[0], entry[1] & 0xFFFFFFFF, name,
+                        value + (entry[2] if rela else 0)))
+        return out
+
+    def _symbol_values(self, index: int) -> list[tuple[str, int]]:
+        """(name, st_value) of every entry of the symbol table at section `index`."""
+        if index not in self._symbol_tables:
+            rows: list[tuple[str, int]] = []
+            section = self._elf.get_section(index) if index else None
+            if isinstance(section, SymbolTableSection) and section["sh_entsize"] == 24:
+                strtab = self._elf.get_section(section["sh_link"]).data()
+                for st_name, _info, _other, _shndx, value, _size in struct.iter_unpack(
+                        "<IBBHQQ", section.data()):
+                    end = strtab.find(b"\0", st_name)
+                    rows.append((strtab[st_name:end if end >= 0 else None].decode(
+                        errors="replace"), value))
+            self._symbol_tables[index] = rows
+        return self._symbol_tables[index]
 
     @cached_property
     def has_symtab(self) -> bool:
