@@ -13,6 +13,7 @@ signature for a side channel.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -99,6 +100,18 @@ class Reporter:
 
 
 REPORTER = Reporter()
+
+
+def _in_forked_child() -> None:
+    """A forked analysis worker (binary/forked.py) shows nothing: its parent shows the
+    progress.  Nor may it wait on the lock: another thread of the parent (the timer
+    drawing the bar) may have held it at the fork, and no thread would release it."""
+    REPORTER._lock = threading.Lock()
+    REPORTER._timer = None
+    REPORTER.quiet = True
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def configure(verbose: bool, quiet: bool, stream: TextIO | None = None) -> Reporter:
