@@ -26,8 +26,8 @@ import capstone
 from elftools.dwarf.callframe import FDE
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.relocation import RelocationSection
-from elftools.elf.sections import SymbolTableSection
 
+from refcntd import progress
 from refcntd.binary import cpus, ehframe, prefilter
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.forked import Forked
@@ -146,7 +146,9 @@ class ModuleScan:
         a mis-started decode could put a probe mid-instruction."""
         clusters = list(clusters)
         decoded = self._decode([fn for cluster in clusters for fn in cluster])
-        for cluster in clusters:
+        for done, cluster in enumerate(clusters):
+            if done % PROGRESS_EVERY == 0:  # a big module's sweep takes seconds: show it moving
+                progress.advance(done, len(clusters))
             reports: dict[int, list[tuple[Site, TargetScan]]] = {}
             for fn in cluster:
                 for site, scan in self._sweep_function(fn, next(decoded)):
@@ -273,6 +275,7 @@ class ModuleScan:
 
 
 MAX_WORKERS = 4
+PROGRESS_EVERY = 512  # clusters swept between progress updates
 
 
 def _workers(big: bool) -> int:
@@ -386,17 +389,14 @@ def _find_all(blob: bytes, needle: bytes) -> Iterable[int]:
         i = blob.find(needle, i + 1)
 
 
+STB_LOCAL, STV_DEFAULT, STV_PROTECTED = 0, 0, 3
+
+
 def dynamic_export(image: ElfImage, name: str) -> bool:
     """Whether other modules can bind to `name` (PLT imports, dlsym, later dlopens)."""
-    dynsym = image.elffile().get_section_by_name(".dynsym")
-    if not isinstance(dynsym, SymbolTableSection):
-        return False
-    for sym in dynsym.iter_symbols():
-        if sym.name.split("@", 1)[0] == name and sym["st_shndx"] != "SHN_UNDEF" and \
-                sym["st_info"]["bind"] != "STB_LOCAL" and \
-                sym["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
-            return True
-    return False
+    return any(sym.name.split("@", 1)[0] == name and sym.shndx != 0 and
+               sym.info >> 4 != STB_LOCAL and sym.other & 3 in (STV_DEFAULT, STV_PROTECTED)
+               for sym in image.dynamic_symbols())
 
 
 def needed(image: ElfImage) -> list[str]:
@@ -410,10 +410,8 @@ def needed(image: ElfImage) -> list[str]:
 
 def imports(image: ElfImage, name: str) -> bool:
     """Whether the module binds to `name` from another one (an undefined .dynsym entry)."""
-    dynsym = image.elffile().get_section_by_name(".dynsym")
-    return isinstance(dynsym, SymbolTableSection) and any(
-        s.name.split("@", 1)[0] == name and s["st_shndx"] == "SHN_UNDEF"
-        for s in dynsym.iter_symbols())
+    return any(sym.name.split("@", 1)[0] == name and sym.shndx == 0
+               for sym in image.dynamic_symbols())
 
 
 _PLT_STUBS: dict[tuple[str, str | None, int, int], dict[str, list[tuple[int, int]]]] = {}

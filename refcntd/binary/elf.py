@@ -45,13 +45,24 @@ class Segment:
     executable: bool
 
 
+@dataclass(frozen=True)
+class SymbolRow:
+    """One symbol table entry as the file has it."""
+
+    name: str
+    value: int
+    info: int  # bind << 4 | type
+    other: int  # visibility in the low 2 bits
+    shndx: int  # 0: undefined (imported)
+
+
 class ElfImage:
     """One ELF file opened for analysis; raises BinaryError for anything unusable."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._data = _read_elf_bytes(self.path)
-        self._symbol_tables: dict[int, list[tuple[str, int]]] = {}
+        self._symbol_tables: dict[int, list[SymbolRow]] = {}
         try:
             from io import BytesIO
             self._elf = ELFFile(BytesIO(self._data))
@@ -143,18 +154,27 @@ class ElfImage:
                         value + (entry[2] if rela else 0)))
         return out
 
+    def dynamic_symbols(self) -> list[SymbolRow]:
+        """Every .dynsym entry, defined or not, any type (read with struct: pyelftools'
+        parser costs seconds on a library with 100 000 of them)."""
+        index = self._elf.get_section_index(".dynsym")
+        return self._symbol_table(index) if index is not None else []
+
     def _symbol_values(self, index: int) -> list[tuple[str, int]]:
-        """(name, st_value) of every entry of the symbol table at section `index`."""
+        return [(row.name, row.value) for row in self._symbol_table(index)]
+
+    def _symbol_table(self, index: int) -> list[SymbolRow]:
+        """Every entry of the symbol table at section `index` ([] if it is none)."""
         if index not in self._symbol_tables:
-            rows: list[tuple[str, int]] = []
+            rows: list[SymbolRow] = []
             section = self._elf.get_section(index) if index else None
             if isinstance(section, SymbolTableSection) and section["sh_entsize"] == 24:
                 strtab = self._elf.get_section(section["sh_link"]).data()
-                for st_name, _info, _other, _shndx, value, _size in struct.iter_unpack(
+                for st_name, info, other, shndx, value, _size in struct.iter_unpack(
                         "<IBBHQQ", section.data()):
                     end = strtab.find(b"\0", st_name)
-                    rows.append((strtab[st_name:end if end >= 0 else None].decode(
-                        errors="replace"), value))
+                    rows.append(SymbolRow(strtab[st_name:end if end >= 0 else None].decode(
+                        errors="replace"), value, info, other, shndx))
             self._symbol_tables[index] = rows
         return self._symbol_tables[index]
 
