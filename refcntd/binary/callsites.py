@@ -220,7 +220,7 @@ class ModuleScan:
     def _check_gaps(self) -> None:
         """Executable bytes no known function covers: brute-force rel32 branches."""
         covered = sorted((f.start, f.start + f.size) for f in self._functions)
-        for section in self.image.elffile().iter_sections():
+        for section in self.image.sections:
             if not section["sh_flags"] & SHF_EXECINSTR or section["sh_type"] == "SHT_NOBITS":
                 continue
             pos, end = section["sh_addr"], section["sh_addr"] + section["sh_size"]
@@ -241,7 +241,7 @@ class ModuleScan:
 
     def _check_data(self) -> None:
         """A function pointer in a table or variable: the address stored in data."""
-        for section in self.image.elffile().iter_sections():
+        for section in self.image.sections:
             flags = section["sh_flags"]
             if not flags & SHF_ALLOC or flags & SHF_EXECINSTR or \
                     section["sh_type"] in _SEMANTIC_SECTIONS:
@@ -257,7 +257,7 @@ class ModuleScan:
         by_name: dict[str, list[int]] = {}
         for target, name in self.names.items():
             by_name.setdefault(name, []).append(target)
-        for section in self.image.elffile().iter_sections():
+        for section in self.image.sections:
             if section["sh_type"] not in ("SHT_RELA", "SHT_REL") or \
                     not section.name.startswith((".rela.dyn", ".rela.plt", ".rel.")):
                 continue
@@ -467,6 +467,6 @@ def address_imports(image: ElfImage, name: str) -> list[str]:
 
 def _rela(image: ElfImage) -> Iterator[tuple[int, int, str, int]]:
     """The relocations of every .rela* section (ElfImage.relocations' rows)."""
-    for section in image.elffile().iter_sections():
+    for section in image.sections:
         if isinstance(section, RelocationSection) and section.name.startswith(".rela"):
             yield from image.relocations(section)

@@ -176,6 +176,23 @@ def _library_dirs(exe: ElfImage | None) -> list[str]:
 
 
 def _ldconfig_dirs() -> list[str]:
+    """The directories of ld.so's cache, read once per version of /etc/ld.so.cache (a
+    program's load set resolves dozens of sonames; `ldconfig -p` is a process each)."""
+    try:
+        stamp = os.stat(LD_SO_CACHE).st_mtime_ns
+    except OSError:
+        stamp = 0
+    if stamp not in _LDCONFIG:
+        _LDCONFIG.clear()
+        _LDCONFIG[stamp] = _run_ldconfig()
+    return list(_LDCONFIG[stamp])
+
+
+LD_SO_CACHE = "/etc/ld.so.cache"
+_LDCONFIG: dict[int, list[str]] = {}  # the cache's mtime -> its directories
+
+
+def _run_ldconfig() -> list[str]:
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):

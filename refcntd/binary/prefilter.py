@@ -31,7 +31,7 @@ RIP_TAILS = (0, 1, 2, 4)  # bytes of immediate after a RIP-relative displacement
 
 
 def code_bytes(image: ElfImage) -> int:
-    return sum(s["sh_size"] for s in image.elffile().iter_sections()
+    return sum(s["sh_size"] for s in image.sections
                if s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] != "SHT_NOBITS")
 
 
@@ -47,7 +47,7 @@ def hits(image: ElfImage, targets: Iterable[int]) -> np.ndarray:
     low = sorted({t & 0xFFFF for t in wanted if t < 0x10000} |
                  {-t & 0xFFFF for t in wanted if t < 0x10000})
     found = [np.zeros(0, dtype=np.uint64)]
-    for section in image.elffile().iter_sections():
+    for section in image.sections:
         if not section["sh_flags"] & SHF_EXECINSTR or section["sh_type"] == "SHT_NOBITS":
             continue
         data, base = section.data(), section["sh_addr"]

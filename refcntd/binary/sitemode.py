@@ -301,16 +301,18 @@ def load_set(binary: str, image: ElfImage, resolve: Callable[[str, ElfImage], st
         order: list[ElfImage] = []
         seen: set[Path] = set()
         for start in [*roots, image]:  # the traced library last, if the program lacks it
+            if start.path.resolve() in seen:
+                continue
+            seen.add(start.path.resolve())
             queue = [start]
             while queue:
                 module = queue.pop(0)
-                real = module.path.resolve()
-                if real in seen:
-                    continue
-                seen.add(real)
                 order.append(module)
                 for soname in callsites.needed(module):
                     with contextlib.suppress(BinaryError):
-                        queue.append(ElfImage(resolve(soname, module)))
+                        real = Path(resolve(soname, module)).resolve()
+                        if real not in seen:  # each file read once, not once per importer
+                            seen.add(real)
+                            queue.append(ElfImage(real))
         _LOAD_SETS[key] = order
     return _LOAD_SETS[key]

@@ -5,6 +5,7 @@ small module's (each instruction read from Python) and a big module's
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,18 @@ def test_probe_mode_option():
     assert parse_modes("get=callsites,put=entry") == {"*": "auto", "get": "callsites",
                                                       "put": "entry"}
     assert decide(MODE_CALLSITES, Refusal('lock'), CallSitePlan())[0] == MODE_CALLSITES
+
+
+def test_ldconfig_runs_once_per_version_of_its_cache(tmp_path, monkeypatch):
+    """A load set resolves dozens of sonames: `ldconfig -p` runs again only when
+    /etc/ld.so.cache changes (a library installed while serve runs)."""
+    from refcntd.binary import plan as planmod
+    cache = tmp_path / "ld.so.cache"
+    cache.write_text("1")
+    runs: list[int] = []
+    monkeypatch.setattr(planmod, "LD_SO_CACHE", str(cache))
+    monkeypatch.setattr(planmod, "_run_ldconfig", lambda: runs.append(1) or [f"/lib{len(runs)}"])
+    monkeypatch.setattr(planmod, "_LDCONFIG", {})
+    assert planmod._ldconfig_dirs() == planmod._ldconfig_dirs() == ["/lib1"]
+    os.utime(cache, ns=(1, 10**18))
+    assert planmod._ldconfig_dirs() == ["/lib2"] and len(runs) == 2
