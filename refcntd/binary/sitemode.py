@@ -23,6 +23,7 @@ from refcntd.binary import callsites, probepoint
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, TargetScan
 from refcntd.binary.elf import ElfImage, Symbol
 from refcntd.errors import BinaryError, UsageError
+from refcntd.inputs.files import file_stamp
 from refcntd.paths import CACHE_DIR
 
 MODE_ENTRY = "entry"
@@ -287,32 +288,52 @@ def scan_targets(image: ElfImage, names: list[str], clone_of: Callable[[str], li
     return targets, frozenset(slots)
 
 
-_LOAD_SETS: dict[tuple[str, str], list[ElfImage]] = {}
+MAX_LOAD_SETS = 8  # programs whose load sets are kept: each holds its files' bytes
+Stamped = tuple[list[ElfImage], list[tuple[int, ...] | None]]  # the modules, their file_stamps
+_LOAD_SETS: dict[tuple[str, str], Stamped] = {}  # least recently used first
 
 
 def load_set(binary: str, image: ElfImage, resolve: Callable[[str, ElfImage], str]
              ) -> list[ElfImage]:
     """The traced program and every library ld.so loads with it (DT_NEEDED, transitively,
     breadth first as ld.so searches them), found by `resolve` the way ld.so would; a
-    traced library is followed by its own dependencies."""
+    traced library is followed by its own dependencies.  Kept for the next plan of the
+    same program (serve re-plans) while none of its files has changed since it was read
+    (an upgraded library has other call sites)."""
     key = (binary, str(image.path))
-    if key not in _LOAD_SETS:
-        roots = [ElfImage(binary)] if binary and binary != str(image.path) else []
-        order: list[ElfImage] = []
-        seen: set[Path] = set()
-        for start in [*roots, image]:  # the traced library last, if the program lacks it
-            if start.path.resolve() in seen:
-                continue
-            seen.add(start.path.resolve())
-            queue = [start]
-            while queue:
-                module = queue.pop(0)
-                order.append(module)
-                for soname in callsites.needed(module):
-                    with contextlib.suppress(BinaryError):
-                        real = Path(resolve(soname, module)).resolve()
-                        if real not in seen:  # each file read once, not once per importer
-                            seen.add(real)
-                            queue.append(ElfImage(real))
-        _LOAD_SETS[key] = order
-    return _LOAD_SETS[key]
+    kept = _LOAD_SETS.pop(key, None)
+    if kept is None or [file_stamp(m.path) for m in kept[0]] != kept[1]:
+        kept = _read_load_set(binary, image, resolve)
+    _LOAD_SETS[key] = kept
+    while len(_LOAD_SETS) > MAX_LOAD_SETS:
+        del _LOAD_SETS[next(iter(_LOAD_SETS))]
+    return kept[0]
+
+
+def _read_load_set(binary: str, image: ElfImage, resolve: Callable[[str, ElfImage], str]
+                   ) -> Stamped:
+    order: list[ElfImage] = []
+    stamps = {image.path: file_stamp(image.path)}
+    seen: set[Path] = set()
+
+    def read(path: str | Path) -> ElfImage:
+        stamp = file_stamp(path)  # before the read: a change meanwhile shows next time
+        module = ElfImage(path)
+        stamps[module.path] = stamp
+        return module
+    roots = [read(binary)] if binary and binary != str(image.path) else []
+    for start in [*roots, image]:  # the traced library last, if the program lacks it
+        if start.path.resolve() in seen:
+            continue
+        seen.add(start.path.resolve())
+        queue = [start]
+        while queue:
+            module = queue.pop(0)
+            order.append(module)
+            for soname in callsites.needed(module):
+                with contextlib.suppress(BinaryError):
+                    real = Path(resolve(soname, module)).resolve()
+                    if real not in seen:  # each file read once, not once per importer
+                        seen.add(real)
+                        queue.append(read(real))
+    return order, [stamps[m.path] for m in order]

@@ -64,3 +64,13 @@ def _kind(mode: int) -> str:
         if test(mode):
             return kind
     return "is not a regular file"
+
+
+def file_stamp(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+    """(device, inode, size, mtime) of the file at `path`: changes when it is rewritten or
+    replaced; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns

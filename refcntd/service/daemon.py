@@ -27,6 +27,7 @@ from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, Target, load_config
+from refcntd.inputs.files import file_stamp
 from refcntd.outputs import report
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint
@@ -168,7 +169,7 @@ class Daemon:
         for path, ident in sorted(present.items()):
             if ident is None or path in runtime.tracers:
                 continue
-            if path in runtime.failed and runtime.failed_stamp.get(path) == _stamp(path):
+            if path in runtime.failed and runtime.failed_stamp.get(path) == file_stamp(path):
                 continue  # failed on this very file: retry only when it changes
             runtime.failed.pop(path, None)
             log.info("target=%s binary=%s appeared: attaching", name, path)
@@ -222,7 +223,7 @@ class Daemon:
         target = runtime.target
         # Taken before reading the file: a binary still being copied in that fails as
         # "not an ELF file" is retried once it changed, even if the copy ends meanwhile.
-        stamp = _stamp(path)
+        stamp = file_stamp(path)
         try:
             opts = TraceOptions(history=target.history, comm_filter=target.comm,
                                 cgroup_id=_cgroup_id(target.cgroup), sites=True)
@@ -273,7 +274,7 @@ class Daemon:
                 if exe in runtime.identity and runtime.identity[exe] != _identity(exe):
                     self._follow(runtime)  # replaced since attached: don't wait for the timer
                 retry = exe not in runtime.failed or \
-                    runtime.failed_stamp.get(exe) != _stamp(exe)
+                    runtime.failed_stamp.get(exe) != file_stamp(exe)
                 if exe not in runtime.tracers and retry and \
                         fnmatch.fnmatch(exe, runtime.target.path):
                     runtime.failed.pop(exe, None)
@@ -393,15 +394,6 @@ def _identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _stamp(path: str) -> tuple[int, ...] | None:
-    """(device, inode, size, mtime) of the file at `path`: changes when it is rewritten."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _with_since(runtime: TargetRuntime) -> dict[str, tuple[Tracer, float]]:

@@ -257,3 +257,19 @@ def test_ldconfig_runs_once_per_version_of_its_cache(tmp_path, monkeypatch):
     assert planmod._ldconfig_dirs() == planmod._ldconfig_dirs() == ["/lib1"]
     os.utime(cache, ns=(1, 10**18))
     assert planmod._ldconfig_dirs() == ["/lib2"] and len(runs) == 2
+
+
+def test_load_set_is_read_again_when_a_library_is_replaced(tmp_path):
+    """serve re-plans a program: a library upgraded in between (another file at the same
+    path) has other call sites, so its load set is read again, not reused."""
+    exe, lib = exported(tmp_path, LIB_USER)
+    first = {m.path.name: m for m in load_set(str(exe.path), exe, resolve_library)}
+    assert load_set(str(exe.path), exe, resolve_library)[1] is first["libuser.so"]  # kept
+    src = tmp_path / "user.c"
+    src.write_text(LIB_USER + "void use_more(void) { stub(); stub(); stub(); }\n")
+    new = tmp_path / "libuser.new.so"
+    cc(new, [src], ["-O2", "-fPIC", "-shared", "-Wl,-soname,libuser.so"])
+    os.replace(new, lib.path)  # as a package upgrade does: a new inode at the same path
+    again = {m.path.name: m for m in load_set(str(exe.path), exe, resolve_library)}
+    assert again["libuser.so"] is not first["libuser.so"]
+    assert "use_more" in again["libuser.so"].symbols and "use_more" not in lib.symbols
