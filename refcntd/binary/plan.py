@@ -182,10 +182,12 @@ def _ldconfig_dirs() -> list[str]:
         stamp = os.stat(LD_SO_CACHE).st_mtime_ns
     except OSError:
         stamp = 0
-    if stamp not in _LDCONFIG:
+    dirs = _LDCONFIG.get(stamp)
+    if dirs is None:  # (a local: serve's threads may plan at once)
+        dirs = _run_ldconfig()
         _LDCONFIG.clear()
-        _LDCONFIG[stamp] = _run_ldconfig()
-    return list(_LDCONFIG[stamp])
+        _LDCONFIG[stamp] = dirs
+    return list(dirs)
 
 
 LD_SO_CACHE = "/etc/ld.so.cache"

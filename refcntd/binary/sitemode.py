@@ -306,7 +306,7 @@ def load_set(binary: str, image: ElfImage, resolve: Callable[[str, ElfImage], st
         kept = _read_load_set(binary, image, resolve)
     _LOAD_SETS[key] = kept
     while len(_LOAD_SETS) > MAX_LOAD_SETS:
-        del _LOAD_SETS[next(iter(_LOAD_SETS))]
+        _LOAD_SETS.pop(next(iter(_LOAD_SETS)), None)
     return kept[0]
 
 
