@@ -394,9 +394,9 @@ STB_LOCAL, STV_DEFAULT, STV_PROTECTED = 0, 0, 3
 
 def dynamic_export(image: ElfImage, name: str) -> bool:
     """Whether other modules can bind to `name` (PLT imports, dlsym, later dlopens)."""
-    return any(sym.name.split("@", 1)[0] == name and sym.shndx != 0 and
-               sym.info >> 4 != STB_LOCAL and sym.other & 3 in (STV_DEFAULT, STV_PROTECTED)
-               for sym in image.dynamic_symbols())
+    return any(sym.shndx != 0 and sym.info >> 4 != STB_LOCAL and
+               sym.other & 3 in (STV_DEFAULT, STV_PROTECTED)
+               for sym in image.dynamic_symbols_named(name))
 
 
 def needed(image: ElfImage) -> list[str]:
@@ -410,8 +410,7 @@ def needed(image: ElfImage) -> list[str]:
 
 def imports(image: ElfImage, name: str) -> bool:
     """Whether the module binds to `name` from another one (an undefined .dynsym entry)."""
-    return any(sym.name.split("@", 1)[0] == name and sym.shndx == 0
-               for sym in image.dynamic_symbols())
+    return any(sym.shndx == 0 for sym in image.dynamic_symbols_named(name))
 
 
 _PLT_STUBS: dict[tuple[str, str | None, int, int], dict[str, list[tuple[int, int]]]] = {}

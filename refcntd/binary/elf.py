@@ -63,6 +63,7 @@ class ElfImage:
         self.path = Path(path)
         self._data = _read_elf_bytes(self.path)
         self._symbol_tables: dict[int, list[SymbolRow]] = {}
+        self._relocations: dict[int, list[tuple[int, int, str, int]]] = {}
         try:
             from io import BytesIO
             self._elf = ELFFile(BytesIO(self._data))
@@ -146,19 +147,20 @@ class ElfImage:
         being the symbol's st_value + the addend (the addend alone without a symbol).
 
         Read with struct: pyelftools' parser costs ~25 us a relocation, 9 s for
-        libLLVM-14's 355 000."""
-        rela = section["sh_type"] == "SHT_RELA"
-        layout = struct.Struct("<QQq" if rela else "<QQ")
-        if section["sh_entsize"] != layout.size:
-            return []
-        symbols = self._symbol_values(section["sh_link"])
-        out = []
-        for entry in layout.iter_unpack(section.data()):
-            sym = entry[1] >> 32
-            name, value = symbols[sym] if 0 < sym < len(symbols) else ("", 0)
-            out.append((entry[0], entry[1] & 0xFFFFFFFF, name,
-                        value + (entry[2] if rela else 0)))
-        return out
+        libLLVM-14's 355 000.  Read once per section: the planner asks per function."""
+        key = section["sh_offset"]
+        if key not in self._relocations:
+            rela = section["sh_type"] == "SHT_RELA"
+            layout = struct.Struct("<QQq" if rela else "<QQ")
+            symbols = self._symbol_table(section["sh_link"])
+            rows = []
+            for entry in layout.iter_unpack(section.data()) \
+                    if section["sh_entsize"] == layout.size else ():
+                sym = symbols[entry[1] >> 32] if 0 < entry[1] >> 32 < len(symbols) else None
+                rows.append((entry[0], entry[1] & 0xFFFFFFFF, sym.name if sym else "",
+                             (sym.value if sym else 0) + (entry[2] if rela else 0)))
+            self._relocations[key] = rows
+        return self._relocations[key]
 
     def dynamic_symbols(self) -> list[SymbolRow]:
         """Every .dynsym entry, defined or not, any type (read with struct: pyelftools'
@@ -166,8 +168,17 @@ class ElfImage:
         index = self._elf.get_section_index(".dynsym")
         return self._symbol_table(index) if index is not None else []
 
-    def _symbol_values(self, index: int) -> list[tuple[str, int]]:
-        return [(row.name, row.value) for row in self._symbol_table(index)]
+    def dynamic_symbols_named(self, name: str) -> list[SymbolRow]:
+        """The .dynsym entries called `name` (a version suffix `@...` ignored)."""
+        return self._dynamic_by_name.get(name, [])
+
+    @cached_property
+    def _dynamic_by_name(self) -> dict[str, list[SymbolRow]]:
+        """By name, built once: the planner asks per function and module of a load set."""
+        out: dict[str, list[SymbolRow]] = {}
+        for row in self.dynamic_symbols():
+            out.setdefault(row.name.split("@", 1)[0], []).append(row)
+        return out
 
     def _symbol_table(self, index: int) -> list[SymbolRow]:
         """Every entry of the symbol table at section `index` ([] if it is none)."""
