@@ -31,6 +31,7 @@ from refcntd import progress
 from refcntd.binary import cpus, ehframe, prefilter
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.forked import Forked
+from refcntd.inputs.files import file_stamp
 
 _RIP_REL = re.compile(r"\[rip ([+-]) (0x[0-9a-f]+|\d+)\]")
 _HEX = re.compile(r"(?<![\w\[])(0x[0-9a-f]+)")
@@ -413,26 +414,28 @@ def imports(image: ElfImage, name: str) -> bool:
     return any(sym.shndx == 0 for sym in image.dynamic_symbols_named(name))
 
 
-_PLT_STUBS: dict[tuple[str, str | None, int, int], dict[str, list[tuple[int, int]]]] = {}
+_PLT_STUBS: dict[str, tuple[object, dict[str, list[tuple[int, int]]]]] = {}  # path -> last
 
 
 def plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
     """Imported function name -> [(PLT stub address, its GOT slot)]; read once per
-    file (the plan asks for each role, and for the module itself and its importers).
+    version of the file (the plan asks for each role, and for the module itself and
+    its importers; `serve` outlives files replaced in place).
 
     A call from this module to another module's F is `call F@plt`, and the
     stub jumps through the GOT slot ld.so fills with F's address: probing the
     calls to the stub is probing the calls to F.  Found from the JUMP_SLOT
     relocations and the stubs' `jmp [rip + slot]` in .plt, .plt.sec, .plt.got.
     """
-    try:
-        st = image.path.stat()  # `serve` outlives files replaced in place
-    except OSError:
+    stamp = file_stamp(image.path)
+    if stamp is None:
         return _read_plt_stubs(image)
-    key = (str(image.path), image.build_id, st.st_size, st.st_mtime_ns)
-    if key not in _PLT_STUBS:
-        _PLT_STUBS[key] = _read_plt_stubs(image)
-    return _PLT_STUBS[key]
+    version = (image.build_id, stamp)
+    kept = _PLT_STUBS.get(str(image.path))
+    if kept is None or kept[0] != version:
+        kept = (version, _read_plt_stubs(image))
+        _PLT_STUBS[str(image.path)] = kept
+    return kept[1]
 
 
 def _read_plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
