@@ -7,8 +7,10 @@
 #   - gcc and systemtap-sdt-dev to build the examples and test fixtures;
 #     libglib2.0-dev + pkg-config for the GLib fixture, debuginfod for the
 #     test that symbolizes through a debuginfod server
-#   - a venv in .venv, made from /usr/bin/python3 with --system-site-packages
-#     so it sees bcc, with refcntd installed editable
+#   - a venv in .venv, made from /usr/bin/python3, that sees Debian's bcc
+#     package and nothing else of Debian's Python: every other dependency
+#     comes from PyPI at the version pyproject.toml asks for, whatever the
+#     machine had installed (tests/unit/test_environment.py checks it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +29,10 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           # libdw: the DWARF scan for inlined copies and clones (binary/dwarfscan.py)
           libdw1
           # debuginfod: the separate-debug-file tests serve a directory on loopback
-          debuginfod)
+          debuginfod
+          # Debian's untyped pyelftools 0.29, pulled in on many machines: installed
+          # so every run proves the venv does not pick it up (test_environment.py)
+          python3-pyelftools)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
@@ -39,9 +44,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ]; then
-    /usr/bin/python3 -m venv --system-site-packages .venv
+# A venv made with --system-site-packages (as setup.sh once did) let Debian's
+# python3-* packages satisfy pip's requirements: start it again without them.
+if grep -qs "include-system-site-packages = true" .venv/pyvenv.cfg; then
+    rm -rf .venv
 fi
+if [ ! -x .venv/bin/python ]; then
+    /usr/bin/python3 -m venv .venv
+fi
+# bcc (Debian's python3-bpfcc, not on PyPI, standard library only) is the one
+# package taken from Debian's site: linked in by itself.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
     | grep -v "^WARNING: Location" || true
 

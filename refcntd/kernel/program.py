@@ -380,8 +380,9 @@ def _import_bcc() -> Any:
         import bcc
     except ImportError as err:
         raise EnvironmentProblem(f"bcc is not importable ({err})",
-                                 "install python3-bpfcc and use a venv made with "
-                                 "--system-site-packages from /usr/bin/python3") from None
+                                 "install python3-bpfcc and use a venv made from /usr/bin/python3 "
+                                 "that sees it (--system-site-packages, or a link "
+                                 "to its bcc folder as scripts/setup.sh makes)") from None
     return bcc
 
 
