@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from refcntd.cli.early import early_compile, history_options
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.spec import load_spec
+from refcntd.inputs.webconfig import WebOptions, with_web_config
 from refcntd.kernel import setup
 from refcntd.session.options import TraceOptions
 
@@ -27,6 +29,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         sites=True, **history_options(args))  # checkpoints and diffs
     spec = load_spec(args.spec)
+    args.web = _web_options(args)  # a bad web configuration file fails before any probe
     args.binary = os.path.abspath(args.binary)  # before bcc's compile changes cwd a moment
     setup.prepare()  # before the early compile: it needs the kernel headers
     early = early_compile(spec, args.pid is not None, opts, args.binary)
@@ -45,6 +48,12 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return 0 if result.tracing.complete else EXIT_INCOMPLETE
 
 
+def _web_options(args: argparse.Namespace) -> WebOptions:
+    web = WebOptions(enable_checkpoint=args.web_enable_checkpoint,
+                     show_cmdline=args.web_show_cmdline)
+    return with_web_config(web, args.web_config_file) if args.web_config_file else web
+
+
 def _views(tracer: Tracer, args: argparse.Namespace) -> Callable[[], None]:
     """Checkpoints and diffs of a long attach: SIGUSR1 marks, SIGUSR2 prints the diff,
     and with --listen the same HTTP routes as serve.  Signals only set flags: the
@@ -53,7 +62,9 @@ def _views(tracer: Tracer, args: argparse.Namespace) -> Callable[[], None]:
 
     from refcntd.service import httpserver
     from refcntd.service.checkpoint import Views
-    views = Views(lambda: {os.path.basename(args.binary): [tracer]}, threading.RLock())
+    web = args.web
+    views = Views(lambda: {os.path.basename(args.binary): [tracer]}, threading.RLock(),
+                  web.show_cmdline)
     asked: set[int] = set()
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: asked.add(s))
@@ -62,7 +73,11 @@ def _views(tracer: Tracer, args: argparse.Namespace) -> Callable[[], None]:
         ready = httpserver.Readiness()
         ready.set()
         try:
-            httpserver.start(host, port, CollectorRegistry(), ready, routes=views.routes())
+            httpserver.start(host, port, CollectorRegistry(), ready,
+                             routes=views.routes(web.enable_checkpoint), web=web)
+        except ssl.SSLError as err:
+            raise UsageError(f"TLS of {web.config_file}: {err.reason or err}",
+                             "check cert_file and key_file") from None
         except OSError as err:
             raise UsageError(f"cannot listen on {host}:{port}: {err.strerror}",
                              "choose another --listen address") from None

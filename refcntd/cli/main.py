@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="answer `refcntd checkpoint`/`diff` (POST /checkpoint, GET /diff, "
                           "GET /live) there while attached; SIGUSR1 sets a checkpoint and "
                           "SIGUSR2 prints the diff without it")
+    att.add_argument("--web-enable-checkpoint", action="store_true",
+                     help="with --listen: accept POST /checkpoint (off: any local user could "
+                          "change state; SIGUSR1 always works)")
+    att.add_argument("--web-show-cmdline", action="store_true",
+                     help="with --listen: show traced processes' command lines in /live, /diff")
+    att.add_argument("--web-config-file", metavar="FILE",
+                     help="with --listen: TLS and basic auth from an exporter-toolkit web "
+                          "configuration file")
     _spec_arg(att)
     _output_args(att)
     _progress_args(att)

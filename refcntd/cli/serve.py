@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib.metadata
+import ssl
 
 from refcntd import __version__
 from refcntd.errors import EXIT_INCOMPLETE, RefcntdError, UsageError
@@ -31,7 +32,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ready = httpserver.Readiness()
     try:
         httpserver.start(config.listen_host, config.listen_port, registry, ready, daemon.status,
-                         daemon.views.routes())
+                         daemon.views.routes(config.web.enable_checkpoint), config.web)
+    except ssl.SSLError as err:
+        raise UsageError(f"TLS of {config.web.config_file}: {err.reason or err}",
+                         "check cert_file and key_file") from None
     except OSError as err:
         raise UsageError(f"cannot listen on {config.listen_host}:{config.listen_port}: "
                          f"{err.strerror}", f"change 'listen' in {config.path}") from None

@@ -12,6 +12,7 @@ import yaml
 
 from refcntd.errors import ConfigError
 from refcntd.inputs.spec import Spec, load_spec
+from refcntd.inputs.webconfig import WebOptions, web_section
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 
 DEFAULT_CONFIG = Path("/etc/refcntd/refcntd.yaml")
@@ -55,11 +56,12 @@ class Config:
     report_dir: str
     retention: Retention
     targets: tuple[Target, ...] = field(default_factory=tuple)
+    web: WebOptions = field(default_factory=WebOptions)
 
 
 def load_config(path: str | Path = DEFAULT_CONFIG) -> Config:
     root = load_yaml(Path(path), "config")
-    top = root.mapping({"version", "listen", "report_dir", "retention", "targets"},
+    top = root.mapping({"version", "listen", "report_dir", "retention", "targets", "web"},
                        {"version", "targets"})
     top["version"].integer(1, 1)
     host, port = _listen(top.get("listen"))
@@ -71,7 +73,8 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> Config:
         if target.name in {t.name for t in targets}:
             raise node.fail(f"target name '{target.name}' is used twice")
         targets.append(target)
-    return Config(str(path), host, port, report_dir, retention, tuple(targets))
+    web = web_section(top["web"]) if "web" in top else WebOptions()
+    return Config(str(path), host, port, report_dir, retention, tuple(targets), web)
 
 
 def _listen(node: YNode | None) -> tuple[str, int]:

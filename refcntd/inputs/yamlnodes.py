@@ -55,6 +55,14 @@ class YNode:
                               f"missing required key '{name}'")
         return out
 
+    def pairs(self) -> Iterator[tuple[str, YNode]]:
+        """The (key, value) children of a mapping whose keys are data (user names)."""
+        if not self.is_mapping():
+            raise self.fail("expected a mapping")
+        for knode, vnode in self.node.value:
+            name = str(knode.value)
+            yield name, YNode(vnode, self.path, f"{self.key}.{name}", knode.start_mark.line + 1)
+
     def items(self) -> Iterator[YNode]:
         """The elements of a sequence (a single scalar counts as one element)."""
         if isinstance(self.node, yaml.SequenceNode):

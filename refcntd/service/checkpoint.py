@@ -47,8 +47,9 @@ class Views:
     are read (a target change waits; capture does not)."""
 
     def __init__(self, tracers: Callable[[], dict[str, list[Tracer]]],
-                 lock: AbstractContextManager[object]) -> None:
+                 lock: AbstractContextManager[object], show_cmdline: bool = False) -> None:
         self.tracers, self.lock = tracers, lock
+        self.show_cmdline = show_cmdline  # read as root: hidden unless the config shows it
         self.checkpoint: Checkpoint | None = None
 
     def mark(self) -> Checkpoint:
@@ -95,9 +96,15 @@ class Views:
                 "full)\n" if lost else ""))
         return "".join(parts)
 
-    def routes(self) -> dict[str, Route]:
-        """POST /checkpoint; GET /diff and GET /live: JSON, ?format=text, ?format=folded."""
+    def routes(self, enable_checkpoint: bool = False) -> dict[str, Route]:
+        """POST /checkpoint (only when enabled: it changes state, so a local user or a
+        web page must not reach it by default); GET /diff and GET /live: JSON,
+        ?format=text, ?format=folded."""
         def mark(method: str, _query: str) -> tuple[str, str, bytes]:
+            if not enable_checkpoint:
+                return ("403 Forbidden", "text/plain", b"POST /checkpoint is off: set "
+                        b"web.enable_checkpoint (serve) or --web-enable-checkpoint (attach); "
+                        b"SIGUSR1 always sets one\n")
             if method != "POST":
                 return "405 Method Not Allowed", "text/plain", b"POST to set a checkpoint\n"
             cp = self.mark()
@@ -117,15 +124,15 @@ class Views:
 
     def _read(self, since: bool) -> dict[str, list[tuple[Tracer, list[ProcessSites]]]]:
         with self.lock:
-            return {name: [(tr, sites(tr, since)) for tr in tracers]
+            return {name: [(tr, sites(tr, since, self.show_cmdline)) for tr in tracers]
                     for name, tracers in self.tracers().items()}
 
 
-def sites(tracer: Tracer, since: bool) -> list[ProcessSites]:
+def sites(tracer: Tracer, since: bool, show_cmdline: bool = True) -> list[ProcessSites]:
     """Per process, its live objects (`since`: created since the tracer's checkpoint)
     by (type, allocation stack); built on the tracer's report worker, the one thread
     that uses its symbolizer."""
-    return tracer.worker.call(lambda: _sites(tracer, since))
+    return tracer.worker.call(lambda: _sites(tracer, since, show_cmdline))
 
 
 def _lost(tracer: Tracer) -> int:
@@ -133,7 +140,7 @@ def _lost(tracer: Tracer) -> int:
     return tracer.kernel.stats().get(Stat.ALLOC_SITES_FULL, 0)
 
 
-def _sites(tracer: Tracer, since: bool) -> list[ProcessSites]:
+def _sites(tracer: Tracer, since: bool, show_cmdline: bool) -> list[ProcessSites]:
     by_pid: dict[int, list[SiteLive]] = {}
     for site in tracer.kernel.site_lives():
         by_pid.setdefault(site.tgid, []).append(site)
@@ -146,5 +153,5 @@ def _sites(tracer: Tracer, since: bool) -> list[ProcessSites]:
         command = read_cmdline(pid)
         session = tracker.sessions.get(pid)
         comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")
-        out.append(ProcessSites(pid, comm, command, groups))
+        out.append(ProcessSites(pid, comm, command if show_cmdline else [], groups))
     return out

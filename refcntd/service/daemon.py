@@ -66,7 +66,7 @@ class Daemon:
         self.reload_requested = False
         self._proc_events = _ProcConnector()
         self.started = time.time()
-        self.views = checkpoint.Views(self._all_tracers, self.lock)
+        self.views = checkpoint.Views(self._all_tracers, self.lock, config.web.show_cmdline)
         self._diff_requested = False
         self._next_prune = 0.0
         self._next_watch = 0.0

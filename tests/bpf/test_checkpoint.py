@@ -82,7 +82,8 @@ def test_attach_answers_checkpoint_and_diff_and_signals(bpf, build, tmp_path):
     exe = build.program("requests", [FIXTURES / "requests.c"])
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with Attached(["--binary", str(exe), "--listen", f"127.0.0.1:{port}"],
+    with Attached(["--binary", str(exe), "--listen", f"127.0.0.1:{port}",
+                   "--web-enable-checkpoint"],
                   tmp_path / "attach.json") as attached:
         app = Requests(exe)
         try:

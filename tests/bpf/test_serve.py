@@ -32,8 +32,9 @@ def free_port() -> int:
 class Serve:
     """A running `refcntd serve`; stopped (SIGKILL if need be) even when a test fails."""
 
-    def __init__(self, tmp: Path, targets: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, tmp: Path, targets: str, env: dict[str, str] | None = None,
+                 web: str = "web:\n  enable_checkpoint: true\n") -> None:
+        self.port, self.web = free_port(), web
         self.config = tmp / "refcntd.yaml"
         self.reports = tmp / "reports"
         self.write_config(targets)
@@ -48,7 +49,7 @@ class Serve:
             raise
 
     def write_config(self, targets: str) -> None:
-        self.config.write_text(f"version: 1\nlisten: 127.0.0.1:{self.port}\n"
+        self.config.write_text(f"version: 1\nlisten: 127.0.0.1:{self.port}\n{self.web}"
                                f"report_dir: {self.reports}\ntargets:\n{targets}")
 
     def wait_log(self, needle: str, timeout: float = 60) -> None:
