@@ -32,7 +32,9 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           debuginfod
           # Debian's untyped pyelftools 0.29, pulled in on many machines: installed
           # so every run proves the venv does not pick it up (test_environment.py)
-          python3-pyelftools)
+          python3-pyelftools
+          # libseccomp's Python binding: the unit tests apply the unit's SystemCallFilter=
+          python3-seccomp)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

@@ -131,8 +131,13 @@ def map_info(fd: int) -> MapInfo:
 
 
 def btf_blob(btf_id: int) -> bytes:
-    """The raw BTF a loaded object (a compile's maps) refers to, read back from the kernel."""
-    fd = call(BTF_GET_FD_BY_ID, _IdAttr(id=btf_id))
+    """The raw BTF a loaded object (a compile's maps) refers to, read back from the kernel;
+    empty without CAP_SYS_ADMIN, which BTF_GET_FD_BY_ID needs and the shipped unit does
+    not grant: the maps then load without BTF (it only names their types for bpftool)."""
+    try:
+        fd = call(BTF_GET_FD_BY_ID, _IdAttr(id=btf_id))
+    except PermissionError:
+        return b""
     try:
         info = _BtfInfo()
         call(OBJ_GET_INFO_BY_FD, _InfoByFd(bpf_fd=fd, info_len=ctypes.sizeof(info),

@@ -234,12 +234,17 @@ class Kernel:
             raise ProbeError(f"probe not installed: {site.role} {site.function} in "
                              f"{site.module}: {first.stage}: {first.message}")
 
-    def detach(self) -> None:
+    def detach(self, unprobed: Callable[[], None] = lambda: None) -> None:
+        """Close the probes, call `unprobed` (the maps are still readable and no probe
+        can fire any more), then close the maps."""
         self._finish_deletes()
         for fds in (self._links, self._perf_fds):
             _close_all(fds)
         self._links, self._perf_fds = [], []
-        self.program.cleanup()  # closing twice closes nothing
+        try:
+            unprobed()
+        finally:
+            self.program.cleanup()  # closing twice closes nothing
 
     # ---- processes -------------------------------------------------------
     def register_process(self, tgid: int) -> int:

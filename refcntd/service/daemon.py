@@ -85,21 +85,26 @@ class Daemon:
         signal.signal(signal.SIGUSR2, self._on_usr2)
         _sd_notify("READY=1")
         log.info("serving %d target(s)", len(self.targets))
-        while not self.stop:
-            # Capture: only this thread changes the set of targets, so reading it needs
-            # no lock, and a scrape (which holds the lock) never delays the ring buffers.
-            for runtime in list(self.targets.values()):
-                for tracer in list(runtime.tracers.values()):
-                    self._poll(runtime, tracer)
-            self._pending_execs += self._proc_events.execs(IDLE_S)
-            if not self.lock.acquire(blocking=False):
-                continue  # a scrape or a diff reads the targets: change them next round
-            try:
-                self._manage()
-            finally:
-                self.lock.release()
-        _sd_notify("STOPPING=1")
-        self.shutdown()
+        try:
+            while not self.stop:
+                self._round()
+        finally:  # also on an error: every held process is continued at detach
+            _sd_notify("STOPPING=1")
+            self.shutdown()
+
+    def _round(self) -> None:
+        # Capture: only this thread changes the set of targets, so reading it needs
+        # no lock, and a scrape (which holds the lock) never delays the ring buffers.
+        for runtime in list(self.targets.values()):
+            for tracer in list(runtime.tracers.values()):
+                self._poll(runtime, tracer)
+        self._pending_execs += self._proc_events.execs(IDLE_S)
+        if not self.lock.acquire(blocking=False):
+            return  # a scrape or a diff reads the targets: change them next round
+        try:
+            self._manage()
+        finally:
+            self.lock.release()
 
     def _poll(self, runtime: TargetRuntime, tracer: Tracer) -> None:
         """A report that failed to build is a bug: logged and counted, and the daemon
@@ -184,7 +189,7 @@ class Daemon:
         runtime.attached_at.pop(path, None)
         runtime.identity.pop(path, None)
         tracer.finish(RunResult("serve", runtime.target.spec.name, path))
-        tracer.kernel.detach()
+        tracer.close()
         runtime.stats.tracers = list(runtime.tracers.values())
 
     def _prune_on_timer(self) -> None:
@@ -235,10 +240,14 @@ class Daemon:
             def on_report(p: ProcessReport, rt: TargetRuntime = runtime, b: str = path) -> None:
                 self._on_report(rt, b, p)  # bound now: each binary reports with its own status
             tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report)
-            tracer.start()
-            self.views.adopt(tracer)  # a binary attached after the checkpoint
-            if tracer.vetting.active:  # their later dlopens must stop them too
-                tracer.adopt_running()
+            try:
+                tracer.start()
+                self.views.adopt(tracer)  # a binary attached after the checkpoint
+                if tracer.vetting.active:  # their later dlopens must stop them too
+                    tracer.adopt_running()
+            except BaseException:
+                tracer.close()  # never a probe (or a stopped process) without its owner
+                raise
         except RefcntdError as err:
             runtime.failed[path] = err.message
             runtime.identity[path] = _identity(path)
@@ -263,8 +272,12 @@ class Daemon:
     def _remove_target(self, name: str) -> None:
         runtime = self.targets.pop(name)
         for path, tracer in runtime.tracers.items():
-            tracer.finish(RunResult("serve", runtime.target.spec.name, path))
-            tracer.kernel.detach()
+            try:
+                tracer.finish(RunResult("serve", runtime.target.spec.name, path))
+            except Exception:  # noqa: BLE001 - the other tracers must still detach
+                log.exception("target=%s binary=%s: its last reports failed", name, path)
+            finally:
+                tracer.close()
         log.info("target=%s detached", name)
 
     def _on_exec(self, tgid: int, exe: str) -> None:

@@ -39,7 +39,7 @@ from refcntd.kernel.records import (
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
-from refcntd.session.vetting import Vetting, continue_orphans
+from refcntd.session.vetting import Vetting, continue_blocker, continue_orphans
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
     BuildIdIndex,
@@ -112,7 +112,8 @@ class Tracer:
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
-        kopts = replace(kopts, hold=bool(plan.cross))
+        # stopping a process is only safe when refcntd can continue it (CAP_KILL)
+        kopts = replace(kopts, hold=bool(plan.cross) and continue_blocker() is None)
         self._type_ids = _fixed_type_ids(plan)
         # read while the early compile may still be running: the main thread would wait
         self._packed = pack_probe_cfgs(plan.sites, self._type_ids.__getitem__)
@@ -154,9 +155,13 @@ class Tracer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Detach, continuing every process held stopped: the probes go first, so no
+        process can be stopped after the held map is read; then the maps."""
         self.worker.stop()  # its jobs read kernel maps: detach only after them
-        self.vetting.continue_all()
-        self.kernel.detach()
+        self.kernel.detach(self.vetting.continue_all)
 
     def start(self) -> None:
         for name, type_id in self._type_ids.items():

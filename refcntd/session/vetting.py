@@ -61,6 +61,8 @@ class Vetting:
         self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
         # (kernel dev, inode, file offset) of each function dlsym may hand out
         self._functions: dict[tuple[int, int, int], tuple[CrossModule, HoldKey]] = {}
+        # processes SIGCONT failed for (pid -> why), retried at every poll and at detach
+        self.stuck: dict[int, str] = {}
 
     @property
     def active(self) -> bool:
@@ -71,9 +73,10 @@ class Vetting:
         the kernel side cannot stop a process that maps a module (no BTF offsets for
         the unwinder's mapping hooks), exported functions go back to their entry."""
         if self.plan.cross and not self.kernel.holding:
+            why = continue_blocker() or ("the kernel side cannot follow modules mapped later "
+                                         "here (the unwinder's BTF offsets are missing)")
             for cross in self.plan.cross:
-                self._fall_back(cross, "the kernel side cannot follow modules mapped "
-                                       "later here (the unwinder's BTF offsets are missing)")
+                self._fall_back(cross, why)
             return
         if not self.active:
             return
@@ -123,6 +126,7 @@ class Vetting:
         """Every process the BPF side stopped: scan what it maps, then continue it."""
         if not self.active:
             return
+        self._retry_stuck()
         for tgid, why in self.kernel.take_held().items():
             t0 = time.monotonic()
             marker = mark_held(tgid)
@@ -137,20 +141,33 @@ class Vetting:
                         self._fall_back(cross, f"scanning what process {tgid} maps failed: "
                                                f"{err}")
             finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(tgid, signal.SIGCONT)
-                if marker is not None:
-                    with contextlib.suppress(OSError):
-                        marker.unlink()
+                self._resume(tgid, marker)
                 self.stats.holds += 1
                 self.stats.held_s += time.monotonic() - t0
 
     def continue_all(self) -> None:
-        """At detach: nobody may stay stopped because refcntd went away."""
+        """At detach, once no probe can stop another process: nobody may stay stopped
+        because refcntd went away (also the stops whose event was never read)."""
         if self.active:
             for tgid in self.kernel.take_held():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(tgid, signal.SIGCONT)
+                self._resume(tgid, HELD_DIR / f"{os.getpid()}-{tgid}")
+        self._retry_stuck()
+
+    def _resume(self, tgid: int, marker: Path | None) -> None:
+        """SIGCONT; a failure is kept, retried and reported, never stranding the rest.
+        The marker stays while it fails, so a refcntd with the right continues it."""
+        why = resume(tgid)
+        if why is not None:
+            self.stuck[tgid] = why
+            return
+        self.stuck.pop(tgid, None)
+        if marker is not None:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+
+    def _retry_stuck(self) -> None:
+        for tgid in list(self.stuck):
+            self._resume(tgid, HELD_DIR / f"{os.getpid()}-{tgid}")
 
     def vet_process(self, tgid: int) -> None:
         """Scan every executable file `tgid` maps that is not accounted for."""
@@ -232,7 +249,9 @@ class Vetting:
         if not self.plan.cross:
             return []
         s = self.stats
-        out = []
+        out = [f"process {tgid} ({read_comm(tgid)}) that refcntd stopped to scan a module "
+               f"could NOT be continued: {why}; continue it with `kill -CONT {tgid}` as root"
+               for tgid, why in sorted(self.stuck.items())]
         if s.holds:
             out.append(f"{s.holds} stop(s) of a traced process to scan {len(s.modules)} "
                        f"module(s) mapped after start for calls to exported functions "
@@ -248,6 +267,35 @@ def read_comm(tgid: int) -> str:
     except OSError:
         return "?"
 
+
+
+CAP_KILL = 5  # capability bit number (linux/capability.h)
+
+
+def continue_blocker() -> str | None:
+    """Why refcntd could not continue a process of another user that it stopped, if
+    it could not: then it must never stop one (the shipped unit once lacked CAP_KILL,
+    and a www-data service that dlopen()ed a module stayed stopped for good)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("CapEff:") and not int(line.split()[1], 16) >> CAP_KILL & 1:
+            return ("refcntd lacks CAP_KILL, which it needs to continue a process of another "
+                    "user that it stops while it scans a module the process maps")
+    return None
+
+
+def resume(tgid: int) -> str | None:
+    """SIGCONT to `tgid`; why it failed, or None (a process gone needs nothing)."""
+    try:
+        os.kill(tgid, signal.SIGCONT)
+    except ProcessLookupError:
+        return None
+    except OSError as err:
+        return f"SIGCONT failed: {err.strerror}"
+    return None
 
 
 # ---- a refcntd killed while a process waited -------------------------------------
@@ -282,7 +330,8 @@ def continue_orphans() -> list[int]:
         with contextlib.suppress(OSError):
             started = marker.read_text()
             if started and started == _start_time(int(tgid)):
-                os.kill(int(tgid), signal.SIGCONT)
+                if resume(int(tgid)) is not None:
+                    continue  # kept: a refcntd with CAP_KILL will continue it
                 continued.append(int(tgid))
             marker.unlink()
     return continued

@@ -17,9 +17,12 @@ from test_run import assert_perflike_truth
 class Attached:
     """A running `refcntd attach`, stopped with SIGINT even if the test fails."""
 
-    def __init__(self, args: list[str], json_path: Path) -> None:
+    def __init__(self, args: list[str], json_path: Path, prefix: list[str] | None = None
+                 ) -> None:
+        """`prefix`: a command that runs refcntd (setpriv, setsid)."""
         self.json_path = json_path
-        self.proc = subprocess.Popen([*REFCNTD, "attach", "--json", str(json_path), *args],
+        self.proc = subprocess.Popen([*(prefix or []), *REFCNTD, "attach", "--json",
+                                      str(json_path), *args],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.seen, self.waited = "", 0
