@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from refcntd.session.options import Credentials
+
 
 @dataclass(frozen=True)
 class Ranged:
@@ -86,3 +88,24 @@ def listen_address(text: str) -> tuple[str, int]:
     if address is None:
         raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:10272")
     return address
+
+
+def credentials(text: str) -> Credentials:
+    """--user USER[:GROUP], names or numbers, as `sudo -u`/`strace -u` take them: the
+    user's primary group and supplementary groups unless GROUP is given."""
+    import grp
+    import pwd
+    name, _, group = text.partition(":")
+    try:
+        entry = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no user {name!r}") from None
+    gid = entry.pw_gid
+    groups = tuple(os.getgrouplist(entry.pw_name, gid))
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid if not group.isdigit() else int(group)
+        except KeyError:
+            raise argparse.ArgumentTypeError(f"no group {group!r}") from None
+        groups = (gid,)
+    return Credentials(entry.pw_name, entry.pw_uid, gid, groups)

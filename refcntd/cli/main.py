@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="SECONDS",
                      help="after the command exits, wait this long for its traced "
                           "descendants (default 10)")
+    run.add_argument("--user", type=argtypes.credentials, metavar="USER[:GROUP]",
+                     help="run CMD as this user (and group), without privileges, while "
+                          "refcntd keeps its own (like strace -u); the environment is kept")
     _ci_args(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 

@@ -21,7 +21,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
     from refcntd.outputs.policy import Policy
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
-                        max_stacks=args.max_stacks, **history_options(args))
+                        max_stacks=args.max_stacks, run_as=args.user, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
     spec = load_spec(args.spec)

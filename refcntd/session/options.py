@@ -13,6 +13,16 @@ from refcntd.kernel import btf
 from refcntd.kernel.program import KernelOptions
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """Who `run --user` runs CMD as: refcntd keeps its capabilities, CMD has none."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
 @dataclass
 class TraceOptions:
     max_objects: int = 1 << 20
@@ -23,6 +33,7 @@ class TraceOptions:
     comm_filter: tuple[str, ...] = ()
     cgroup_id: int | None = None
     sites: bool = False  # per-site live counts in the kernel (serve: scrapes and diffs)
+    run_as: Credentials | None = None  # run --user
 
 
 def kernel_options(spec: Spec, has_loader: bool, filtered: bool, opts: TraceOptions

@@ -37,7 +37,7 @@ from refcntd.kernel.records import (
     add_totals,
 )
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
-from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.options import Credentials, TraceOptions, kernel_options
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting, continue_blocker, continue_orphans
 from refcntd.session.worker import ReportWorker
@@ -345,7 +345,7 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
         tracer.start()
         tracer.unwind.add([p for p in [command_path(command)] if p])
         with progress.stage("per-process setup"):
-            child = Child(command)
+            child = Child(command, opts.run_as)
             root_gen = tracer.kernel.register_process(child.pid)
             tracer.tracker.add_root(child.pid, root_gen, command)
         tracer.tracker.wait_status = lambda tgid: _wait_root(child, tgid)
@@ -359,12 +359,12 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
 class Child:
     """The command started by `run`: forked, held at a gate until traced, then exec'd."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], run_as: Credentials | None = None) -> None:
         read_end, write_end = os.pipe()
         parent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # pragma: no cover - replaced by exec
-            _exec_after_gate(command, read_end, write_end, parent)
+            _exec_after_gate(command, read_end, write_end, parent, run_as)
         os.close(read_end)
         self._gate = write_end
         self.status: int | None = None  # wait status once reaped
@@ -391,12 +391,18 @@ class Child:
             os.kill(self.pid, signum)
 
 
-def _exec_after_gate(command: list[str], read_end: int, write_end: int, parent: int) -> None:
+def _exec_after_gate(command: list[str], read_end: int, write_end: int, parent: int,
+                     run_as: Credentials | None) -> None:
     try:
         die_with_parent(parent)  # a SIGKILLed refcntd must not leave CMD running
         os.close(write_end)
         os.read(read_end, 1)
         os.close(read_end)
+        if run_as is not None:  # groups, then gid, then uid: each needs the one before
+            os.setgroups(list(run_as.groups))
+            os.setgid(run_as.gid)
+            os.setuid(run_as.uid)  # all capabilities go with uid 0
+            die_with_parent(parent)  # setuid clears the death signal
         os.execvp(command[0], command)
     except OSError as err:
         os.write(2, f"refcntd: cannot run {command[0]}: {err.strerror}\n".encode())
