@@ -9,7 +9,7 @@ constructor keeps a reference to a child, one owner's consumer forgets it
 forgets (cache).  Random: object counts, consumer counts, getter wrapper depth,
 temporary get/put pairs, which path has the bug.  Every function does some
 work after its last call (no tail calls: a tail-called frame is not on any
-stack, see README's culprit section), and the function with the bug touches
+stack, see docs/culprits.md), and the function with the bug touches
 the object (a temporary get/put): one that never does leaves no trace at all.
 
 Scores: top-1 right (a confident culprit, the right function), confidently

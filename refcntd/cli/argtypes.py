@@ -51,7 +51,7 @@ def _show(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
-# The allowed ranges, documented in the README's option table.
+# The allowed ranges, documented in docs/commands/README.md's option table.
 PID = Ranged(1, 4194304)                       # the kernel's PID_MAX_LIMIT
 EXIT_STATUS = Ranged(0, 255)                   # what exit() can carry without wrapping
 MAX_OBJECTS = Ranged(1, 1 << 22)               # BPF hash map entries (buckets are allocated)

@@ -16,7 +16,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     draft = propose(args.library)
     if not draft.types and not draft.usdt:
         raise UsageError(f"no refcount API found in {args.library}",
-                         "write the spec by hand (see the README's spec reference)")
+                         "write the spec by hand (see docs/specs.md)")
     name = args.name or re.sub(r"\.so.*$", "", Path(args.library).name) + "-draft"
     text = render(draft, name)
     if args.output:

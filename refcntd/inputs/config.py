@@ -16,7 +16,7 @@ from refcntd.inputs.webconfig import WebOptions, web_section
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 
 DEFAULT_CONFIG = Path("/etc/refcntd/refcntd.yaml")
-# 9100-9999, Prometheus' exporter range, is fully allocated; see README (serve).
+# 9100-9999, Prometheus' exporter range, is fully allocated; see docs/service.md (Port).
 DEFAULT_PORT = 10271
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_REPORT_DIR = "/var/lib/refcntd/reports"

@@ -52,7 +52,7 @@ def probe_cfg(site: ProbeSite, type_ids: Callable[[str], int]) -> abi.ProbeCfg:
 
 
 def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
-    """The spec's per-role behaviour (README: spec reference) as probe flags."""
+    """The spec's per-role behaviour (docs/specs.md) as probe flags."""
     role = site.spec_role
     cfg.flags = ((abi.PF_FREES_AT_ZERO if role.frees_at_zero else 0)
                  | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
