@@ -265,6 +265,16 @@ class ElfImage:
                 out.extend(p for p in value.split(":") if p)
         return out
 
+    def soname(self) -> str | None:
+        """DT_SONAME: the name programs load this library by."""
+        dynamic = self._elf.get_section_by_name(".dynamic")
+        if dynamic is None:
+            return None
+        for tag in cast(DynamicSection, dynamic).iter_tags():
+            if tag.entry.d_tag == "DT_SONAME":
+                return str(getattr(tag, "soname", "")) or None
+        return None
+
     def debug_link(self) -> str | None:
         section = self._elf.get_section_by_name(".gnu_debuglink")
         if section is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import capstone
 from elftools.elf.relocation import RelocationSection
@@ -20,6 +21,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.sdt import SdtProbe, sdt_probes
+from refcntd.errors import BinaryError
 
 # (get suffix, put suffixes in order of preference)
 PAIRS = (("_up_ref", ("_free",)), ("_ref", ("_unref", "_free", "_release")),
@@ -59,7 +61,7 @@ class Draft:
 
 def propose(path: str) -> Draft:
     image = ElfImage(path)
-    names = {n for n, syms in image.symbols.items() if any(s.table == ".dynsym" for s in syms)}
+    names = api_names(image)
     calls = CallGraph(image)
     types, unplaced = [], []
     for stem, get, put in _pairs(names):
@@ -74,7 +76,38 @@ def propose(path: str) -> Draft:
                             f"({stem}_new*, {stem}_create*, d2i_{stem} ...): add an init entry")
         types.append(prop)
     usdt = _usdt(image, unplaced)
-    return Draft(str(image.path), types, usdt, unplaced)
+    return Draft(spec_library(image), types, usdt, unplaced)
+
+
+def spec_library(image: ElfImage) -> str:
+    """What the draft's `library:` says: the name ld.so would find this very file by
+    (its soname or file name, as the bundled specs say `libgobject-2.0.so.0`), or else
+    its absolute path, so that the spec names the file that was read and no other."""
+    from refcntd.binary.plan import resolve_library  # plan imports this module
+    path = image.path.resolve()
+    for name in dict.fromkeys(n for n in (image.soname(), image.path.name) if n):
+        try:
+            found = Path(resolve_library(name, None))
+        except BinaryError:
+            continue
+        if found.resolve() == path:
+            return name
+    return str(path)
+
+
+STT_FUNC, STB_LOCAL = 2, 0
+
+
+def api_names(image: ElfImage) -> set[str]:
+    """The functions that make up a module's API: a library's exported functions (its
+    defined .dynsym functions, whether or not .symtab lists them too: every unstripped
+    developer build has both), or for an executable, which exports none, its global
+    .symtab functions (the stubs of perf live there)."""
+    exported = {row.name.split("@", 1)[0] for row in image.dynamic_symbols()
+                if row.shndx != 0 and row.info & 0xF == STT_FUNC and row.info >> 4 != STB_LOCAL}
+    if exported:
+        return exported
+    return {n for n, syms in image.symbols.items() if any(s.table == ".symtab" for s in syms)}
 
 
 def _pairs(names: set[str]) -> list[tuple[str, str, str]]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, refcntd
+from conftest import FIXTURES, assert_one_line_error, refcntd
 
 from refcntd.binary.plan import build_plan, resolve_library
 from refcntd.binary.specdraft import propose, render
@@ -103,3 +104,19 @@ def test_check_finds_what_would_count_twice(tmp_path):
 @pytest.mark.parametrize("spec", ["gobject", "glib", "gstreamer", "openssl", "cairo"])
 def test_bundled_specs_count_nothing_twice(spec):
     assert build_plan(load_spec(spec), "/bin/true").problems == []
+
+
+@pytest.mark.parametrize("stripped", [False, True])
+def test_draft_of_a_users_unstripped_library_names_that_file(tmp_path, stripped):
+    """A developer build has both .symtab and .dynsym: the exported API is found either
+    way, and `library:` resolves to the very file that was read."""
+    lib = tmp_path / "libbuf.so"
+    subprocess.run(["gcc", "-O2", "-g", "-fPIC", "-shared", "-o", str(lib),
+                    str(FIXTURES / "libbuf.c")], check=True)
+    if stripped:
+        subprocess.run(["strip", str(lib)], check=True)
+    draft = propose(str(lib))
+    assert [(t.stem, t.get, t.put, t.constructors) for t in draft.types] == \
+        [("buf", "buf_ref", "buf_unref", ["buf_new"])]
+    assert draft.library == str(lib)  # not on ld.so's path: the absolute path
+    assert resolve_library(draft.library, None) == str(lib)
