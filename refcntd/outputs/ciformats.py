@@ -209,10 +209,14 @@ def github_summary(result: RunResult, verdict: Verdict) -> str:
     head = "### refcntd: " + (f"{len(failing)} finding(s)" if failing else "no refcount findings")
     lines = [head, "", f"{len(result.processes)} process(es) traced; tracing "
              + ("complete" if result.tracing.complete else "**incomplete**"), ""]
+    probed = probed_functions(result)
     if verdict.findings:
         lines += ["| status | finding | processes | where |", "|---|---|---|---|"]
         for f in verdict.findings:
-            where = short_path(f.frames[1:] or f.frames, 3).replace("|", "\\|")
+            # the probed function itself is not "where"; a return probe's stack starts
+            # at the caller already, which stays
+            frames = f.frames[1:] if f.frames and f.frames[0].function in probed else f.frames
+            where = short_path(frames or f.frames, 3).replace("|", "\\|")
             lines.append(f"| {f.status} | {title(f)} | {len(set(f.pids))} | `{where}` |")
     lines += [f"- unused suppression: `{r}` (line {r.line})" for r in verdict.unused_rules]
     return "\n".join(visible(line) for line in lines) + "\n"

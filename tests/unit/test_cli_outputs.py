@@ -9,7 +9,14 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult
+from refcntd.analysis.model import (
+    LeakedObject,
+    LeakGroup,
+    ProbeStatus,
+    ProcessReport,
+    RunResult,
+    TracingStatus,
+)
 from refcntd.cli.main import main
 from refcntd.outputs import ciformats, report
 from refcntd.outputs.policy import Policy
@@ -110,3 +117,21 @@ def test_strict_fails_a_degraded_report(tmp_path: Path,
     assert main(["report", str(saved["degraded"]), "--strict", *limits]) == 24
     (line,) = capsys.readouterr().err.splitlines()
     assert line == "refcntd: --strict: 1 unresolved frame(s); 1 unreadable type name(s)"
+
+
+@pytest.mark.parametrize("probe", ["entry", "return"])
+def test_github_summary_where_skips_only_the_probed_function(tmp_path: Path, probe: str
+                                                            ) -> None:
+    """An entry probe's stack starts in the probed function (skipped); a return probe's
+    (a constructor's) at its caller already, which must stay."""
+    src = str(tmp_path / "main.c")
+    frames = (Frame("/bin/x", 0x1000, "handle", 4, src, 12),
+              Frame("/bin/x", 0x2000, "main", 8, src, 30))
+    if probe == "entry":
+        frames = (Frame("/bin/x", 0x900, "buf_new", 0, src, 3), *frames)
+    group = LeakGroup("buf", frames, [LeakedObject(0x1000, 1, 1, 0, 7)])
+    result = RunResult("run", "s", "x", [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0,
+                                                       [group])])
+    result.tracing = TracingStatus([ProbeStatus("init", "buf_new", "/bin/x", 0, "", "", True)])
+    summary = ciformats.github_summary(result, Policy.build(None, None, []).evaluate(result))
+    assert "`handle+0x4 (main.c:12) < main`" in summary, summary
