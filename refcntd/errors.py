@@ -45,6 +45,19 @@ class ConfigError(RefcntdError):
         self.path, self.lineno, self.key, self.problem = path, line, key, problem
 
 
+class ConfigErrors(ConfigError):
+    """Several independent mistakes in one file, all reported at once, a line each, as a
+    compiler does: a user fixes them in one pass, not one run at a time."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        super().__init__(first.path, first.lineno, first.key, first.problem)
+        self.errors = errors
+
+    def line(self) -> str:
+        return "\n".join(e.line() for e in self.errors)
+
+
 class BinaryError(RefcntdError):
     """The binary to trace is missing, not ELF, or lacks the probed symbols."""
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
-from refcntd.errors import UsageError
+from refcntd.errors import ConfigError, ConfigErrors, UsageError
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 from refcntd.paths import SPEC_DIR
 
@@ -150,17 +152,40 @@ def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
     unplaced = tuple(i.string() for i in top["unplaced"].items()) if "unplaced" in top else ()
     library = _library_path(top.get("library"))
     roles_node = top["roles"].mapping(set(ROLES), REQUIRED_ROLES)
-    roles = {name: _parse_entries(name, node, library) for name, node in roles_node.items()}
-    _one_role_per_function(roles_node, library)
+    errors: list[ConfigError] = []
+    roles = {name: _collect(errors, _parse_entries, name, node, library) or ()
+             for name, node in roles_node.items()}
     description = _optional_string(top.get("description")) or ""
-    kept = tuple(_kept_rule(item) for item in top["kept_by_library"].items()) \
+    kept = tuple(_collect(errors, _kept_rules, top["kept_by_library"]) or ()) \
         if "kept_by_library" in top else ()
-    unknown = _unknown_objects(top.get("unknown_objects")) or "report"
+    unknown = _collect(errors, _unknown_objects, top.get("unknown_objects")) or "report"
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    _one_role_per_function(roles_node, library)
     if unknown == "count":
         roles = {name: tuple(replace(e, quiet_unknown=True) for e in group)
                  for name, group in roles.items()}
     return Spec(top["name"].string(), root.path, description, roles, kept, unknown, draft,
                 unplaced)
+
+
+T = TypeVar("T")
+
+
+def _collect(errors: list[ConfigError], parse: Callable[..., T], *args: Any) -> T | None:
+    """parse(*args), or None with its error kept: each role entry and section is checked
+    even when an earlier one is wrong, so that every mistake is reported at once."""
+    try:
+        return parse(*args)
+    except ConfigErrors as err:
+        errors.extend(err.errors)
+    except ConfigError as err:
+        errors.append(err)
+    return None
+
+
+def _kept_rules(node: YNode) -> tuple[KeptRule, ...]:
+    return tuple(_kept_rule(item) for item in node.items())
 
 
 def _kept_rule(node: YNode) -> KeptRule:
@@ -186,10 +211,15 @@ def _library_path(node: YNode | None) -> str | None:
 
 
 def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpec, ...]:
-    """A role is one mapping, or a list of them (several signatures, libraries or types)."""
+    """A role is one mapping, or a list of them (several signatures, libraries or types);
+    every entry is checked, and all their errors raised together."""
     if node.is_mapping():
         return (_parse_role(role, node, library),)
-    entries = tuple(_parse_role(role, item, library) for item in node.items())
+    errors: list[ConfigError] = []
+    parsed = [_collect(errors, _parse_role, role, item, library) for item in node.items()]
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    entries = tuple(e for e in parsed if e is not None)
     if not entries:
         raise node.fail("needs at least one entry")
     return entries

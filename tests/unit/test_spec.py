@@ -165,3 +165,19 @@ def test_one_function_in_two_roles_is_rejected(tmp_path, old, new, line, key, ot
 def test_same_function_name_in_two_libraries_is_two_functions(tmp_path):
     text = VALID.replace("get: {functions: [foo_ref]", "get: {functions: [foo_new], library: b")
     assert load_spec(write(tmp_path, text)).roles["get"][0].functions == ("foo_new",)
+
+
+def test_every_mistake_is_reported_at_once(tmp_path):
+    """Two wrong roles and a wrong kept rule: three lines, one per mistake, exit 2."""
+    path = write(tmp_path, "version: 1\nname: buf\nroles:\n"
+                           "  init: {functions: [buf_new], object: retrun, type: {name: buf}}\n"
+                           "  get:\n    - {functions: [buf_ref], object: args1}\n"
+                           "    - {functions: [buf_ref2], object: arg1}\n"
+                           "  put: {functions: [buf_unref], object: arg1}\n"
+                           "kept_by_library:\n  - {created_in: [x]}\n")
+    result = refcntd(["check", "--spec", path, "--binary", "/bin/true"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(": ")[1:3] for line in lines] == [
+        [f"{path}:4", "roles.init.object"], [f"{path}:6", "roles.get[0].object"],
+        [f"{path}:10", "kept_by_library[0]"]], lines
