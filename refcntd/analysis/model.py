@@ -89,8 +89,11 @@ class LeakGroup:
 ANOMALY_TEXT = {
     "double-put": "put on an object whose count was already 0",
     "negative-count": "put on an object whose count was already below 0",
-    "put-after-delete": "put on an object already deleted (or released by its last put)",
-    "get-after-delete": "get on an object already deleted (use after put)",
+    # "released": by its last put, or by a delete where the spec has one (these two kinds
+    # also fire in specs without a delete role, where "deleted" would be wrong)
+    "put-after-delete": "put on an object already released (by its last put or a delete)",
+    "get-after-delete": "get on an object already released (by its last put or a delete): "
+                        "use after put",
     "delete-live": "delete while the count was not 0",
     "double-delete": "delete of an object already deleted",
     "unknown-get": "get on an object never seen initialised (it may predate tracing)",

@@ -44,6 +44,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
                           file=sys.stderr, flush=True)
     result = attach(plan, args.pid, opts, printer(sys.stdout), ready, early,
                     lambda tracer: _views(tracer, args))
+    from refcntd.analysis.model import STATE_LIVE_AT_DETACH
+    live = sum(1 for p in result.processes if p.state == STATE_LIVE_AT_DETACH)
+    print(f"refcntd: detached from {args.binary}: {len(result.processes)} process(es) "
+          f"reported, {live} of them still running (their objects: live at detach)",
+          file=sys.stderr, flush=True)
     finish_output(result, args, sys.stdout)
     return 0 if result.tracing.complete else EXIT_INCOMPLETE
 

@@ -178,8 +178,9 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     count_text = ", ".join(str(c) for c in counts)
     kind = "Indirectly leaked" if g.verdict and g.verdict.status == "indirect" else \
         word.capitalize()
+    counted = "count now" if word == "live" else "final count"  # live at detach: not final
     lines = [f"{kind} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
-             f"(final count {count_text}) allocated at:"]
+             f"({counted} {count_text}) allocated at:"]
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
     lines += truncation_line(g.unwind)
     if g.unwind.truncated_at is None and g.stack_truncated:

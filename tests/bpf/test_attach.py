@@ -26,6 +26,7 @@ class Attached:
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.seen, self.waited = "", 0
+        self.err: str | None = None  # stderr after stop()
         self._wait_for("attached to", 60)
 
     def _wait_for(self, needle: str, timeout: float) -> None:
@@ -49,7 +50,7 @@ class Attached:
 
     def stop(self) -> tuple[int, str, dict]:
         self.proc.send_signal(signal.SIGINT)
-        out, err = self.proc.communicate(timeout=60)
+        out, self.err = self.proc.communicate(timeout=60)
         return self.proc.returncode, out, json.loads(self.json_path.read_text())
 
     def __enter__(self) -> Attached:
@@ -95,6 +96,9 @@ def test_system_wide_attach_on_a_library(bpf, build, tmp_path):
     assert leak_summary(live) == {"session": [2]}
     assert report["leaked_objects"] == 16  # live objects are not leaks
     assert "still live at detach in process" in out
+    assert "Live 1 object of type 'session' (count now 2)" in out  # not "final count"
+    assert "refcntd: detached from " + str(lib) + ": 3 process(es) reported, 1 of them " \
+        "still running" in att.seen + (att.err or "")
     assert out.count("SUMMARY: refcntd: 8 objects of 3 types leaked") == 2
 
 
