@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # attach's start imports this module (the loader): not pyelft
     from refcntd.binary.elf import ElfImage, Segment
 
 ROW = struct.Struct("<IihBB")  # struct cfi_row
-CACHE_VERSION = b"refcntd-cfi-1\n"
+CACHE_VERSION = b"refcntd-cfi-2\n"  # 2: _start kept its end row (see _parse_readelf)
 FP_SHARE = 0.7  # FDEs using rbp as CFA base in a frame-pointer build (leaf stubs use rsp)
 
 _FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) "
@@ -149,8 +149,10 @@ def _parse_readelf(lines: list[str], plt: list[tuple[int, int]]) -> list[_Fde]:
         elif current is not None and _LOC.match(line) and columns:
             in_plt = fde is not None and any(a <= fde.start < b for a, b in plt)
             current.append(_row(dict(zip(columns, line.split(), strict=False)), in_plt))
-        elif not line.strip() and fde is not None and not fde.rows:
-            fde.rows.extend((fde.start, *r[1:]) for r in cies.get(cie_of_fde, [])[-1:])
+        elif not line.strip():  # a blank line ends an entry's table
+            if fde is not None and not fde.rows:
+                fde.rows.extend((fde.start, *r[1:]) for r in cies.get(cie_of_fde, [])[-1:])
+            current = None  # "00000128 ZERO terminator" looks like a row: it is not one
     return fdes
 
 

@@ -62,3 +62,13 @@ def test_libc_table_is_sorted_and_cached(tmp_path):
     assert again.rows == table.rows and again.build_seconds == 0  # from the cache
     notes = subprocess.run(["readelf", "-n", libc], capture_output=True, text=True).stdout
     assert table.build_id.hex() in notes
+
+
+def test_the_zero_terminator_is_not_a_row():
+    """readelf ends .eh_frame with "000000b4 ZERO terminator", which once parsed as a row
+    of the last FDE (gcc puts main's there) at pc 0xb4: when main ends where _start
+    begins, _start's end row was then dropped as a repeat of that bogus row, and every
+    stack read one more return address past _start ("outside every mapping")."""
+    text = READELF + "\n000000b4 ZERO terminator\n\n"
+    for fde in _parse_readelf(text.splitlines(), []):
+        assert all(fde.start <= row[0] < fde.end for row in fde.rows), (fde.start, fde.rows)
