@@ -36,6 +36,7 @@ from refcntd.kernel.records import (
     Totals,
     add_totals,
 )
+from refcntd.session.guardian import Guardian
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.options import Credentials, TraceOptions, kernel_options
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
@@ -121,6 +122,9 @@ class Tracer:
         self.kernel = _load_kernel(kopts, plan, early)
         self.vetting = Vetting(self.kernel, plan, self._type_ids.__getitem__,
                                self._more_call_sites)
+        # a process stopped by the BPF side is continued even if refcntd is SIGKILLed
+        self.guardian = Guardian(self.kernel.bpf["held"].map_fd) if self.kernel.holding \
+            else None
         for tgid in continue_orphans():
             plan.notes.append(f"process {tgid} was left stopped by a refcntd that died while "
                               "it scanned a module the process mapped: continued")
@@ -162,6 +166,8 @@ class Tracer:
         process can be stopped after the held map is read; then the maps."""
         self.worker.stop()  # its jobs read kernel maps: detach only after them
         self.kernel.detach(self.vetting.continue_all)
+        if self.guardian is not None:
+            self.guardian.close()
 
     def start(self) -> None:
         for name, type_id in self._type_ids.items():
