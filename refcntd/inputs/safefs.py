@@ -35,12 +35,21 @@ from refcntd.inputs.files import _kind as kind_of
 _SYS_OPENAT2 = 437  # x86-64, the only architecture refcntd traces
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_IN_ROOT = 0x10
-_O_PATH = getattr(os, "O_PATH", 0o10000000)
+NO_SUCH_FILE = "no such file"
+ELF_LIMIT = 4 << 30  # an ELF or debug file is read whole into memory
 
 
 class UntrustedFileError(InputFileError):
     """A file chosen by someone else was refused or could not be read: the message is the
-    one line a report shows (what, path, why)."""
+    one line a report shows (what and path, then why)."""
+
+    def __init__(self, shown: str, reason: str) -> None:
+        super().__init__(f"{shown}: {reason}")
+        self.shown, self.reason = shown, reason
+
+    @property
+    def missing(self) -> bool:
+        return self.reason == NO_SUCH_FILE
 
 
 class _OpenHow(ctypes.Structure):
@@ -65,9 +74,9 @@ class UntrustedFile:
         try:
             data = self.file.read(self.max_size + 1)
         except OSError as err:
-            raise UntrustedFileError(f"{self.shown}: cannot read ({err.strerror})") from None
+            raise UntrustedFileError(self.shown, f"cannot read ({err.strerror})") from None
         if len(data) > self.max_size:
-            raise UntrustedFileError(f"{self.shown}: too big (more than {self.max_size} "
+            raise UntrustedFileError(self.shown, f"too big (more than {self.max_size} "
                                      "bytes)")
         return data
 
@@ -99,7 +108,7 @@ def open_untrusted(path: str | os.PathLike[str], max_size: int, *, what: str = "
         readable = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
                            | os.O_NOCTTY)
     except OSError as err:
-        raise UntrustedFileError(f"{shown}: cannot open ({err.strerror})") from None
+        raise UntrustedFileError(shown, f"cannot open ({err.strerror})") from None
     finally:
         os.close(fd)
     return UntrustedFile(os.fdopen(readable, "rb"), shown, max_size)
@@ -107,22 +116,24 @@ def open_untrusted(path: str | os.PathLike[str], max_size: int, *, what: str = "
 
 def _resolve(name: str, follow: bool, root_fd: int | None, shown: str) -> int:
     """An O_PATH descriptor of `name`: opening one neither blocks nor touches a device."""
-    flags = _O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    resolve = (0 if follow else _RESOLVE_NO_SYMLINKS) | (_RESOLVE_IN_ROOT if root_fd else 0)
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    resolve = 0 if follow else _RESOLVE_NO_SYMLINKS
     if root_fd is not None:
+        resolve |= _RESOLVE_IN_ROOT
         name = name.lstrip("/") or "."
     try:
         return _openat2(root_fd if root_fd is not None else -100, name, flags, resolve)
     except OSError as err:
-        raise UntrustedFileError(f"{shown}: {_why(err)}") from None
+        raise UntrustedFileError(shown, _why(err)) from None
 
 
 def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
     """openat2(2); where it is missing (seccomp, an old kernel) O_NOFOLLOW guards the last
     component only, and a root_fd is refused rather than resolved outside its root."""
     how = _OpenHow(flags, 0, resolve)
-    fd = _libc().syscall(_SYS_OPENAT2, dir_fd, os.fsencode(name), ctypes.byref(how),
-                         ctypes.sizeof(how))
+    fd = _libc().syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_long(dir_fd),
+                         ctypes.c_char_p(os.fsencode(name)), ctypes.byref(how),
+                         ctypes.c_size_t(ctypes.sizeof(how)))
     if fd >= 0:
         return int(fd)
     err = ctypes.get_errno()
@@ -145,19 +156,19 @@ def _libc() -> ctypes.CDLL:
 def _check(info: os.stat_result, max_size: int, owners: Collection[int] | None,
            shown: str) -> None:
     if stat.S_ISLNK(info.st_mode):
-        raise UntrustedFileError(f"{shown}: is a symbolic link, not followed")
+        raise UntrustedFileError(shown, "is a symbolic link, not followed")
     if not stat.S_ISREG(info.st_mode):
-        raise UntrustedFileError(f"{shown}: {kind_of(info.st_mode)}, not a regular file")
+        raise UntrustedFileError(shown, f"{kind_of(info.st_mode)}, not a regular file")
     if info.st_size > max_size:
-        raise UntrustedFileError(f"{shown}: too big ({info.st_size} bytes; at most {max_size})")
+        raise UntrustedFileError(shown, f"too big ({info.st_size} bytes; at most {max_size})")
     if owners is not None and info.st_uid not in owners:
         allowed = " or ".join(str(u) for u in sorted(owners))
-        raise UntrustedFileError(f"{shown}: owned by uid {info.st_uid}, not by uid {allowed}")
+        raise UntrustedFileError(shown, f"owned by uid {info.st_uid}, not by uid {allowed}")
 
 
 def _why(err: OSError) -> str:
     if err.errno == errno.ENOENT:
-        return "no such file"
+        return NO_SUCH_FILE
     if err.errno == errno.ELOOP:
         return "a symbolic link in its path, not followed"
     if err.errno == errno.EXDEV:
