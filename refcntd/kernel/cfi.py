@@ -8,6 +8,12 @@ expression, return address at CFA-8, where rbp was saved), converts pcs to
 file offsets (what BPF computes from a mapping) and packs the rows sorted,
 as struct cfi_row.  A table is compiled once per machine: it is cached on
 disk under CACHE_DIR/cfi by build-id.
+
+Modules come from traced processes and refcntd runs as root: the file is
+opened once through inputs/safefs.py (a FIFO or device is refused) and
+readelf, found at its absolute path with `--` before the name, reads that
+descriptor.  pyelftools cannot replace it here: it fails on libc's CFI
+(an opcode it does not know) and is twenty times slower.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from refcntd.errors import BinaryError
+from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, atomic_write, open_untrusted
 from refcntd.kernel.abi import CfaRule
 from refcntd.paths import CACHE_DIR
 
@@ -32,6 +39,7 @@ if TYPE_CHECKING:  # attach's start imports this module (the loader): not pyelft
 ROW = struct.Struct("<IihBB")  # struct cfi_row
 CACHE_VERSION = b"refcntd-cfi-2\n"  # 2: _start kept its end row (see _parse_readelf)
 FP_SHARE = 0.7  # FDEs using rbp as CFA base in a frame-pointer build (leaf stubs use rsp)
+READELF = "/usr/bin/readelf"  # binutils; never looked up in PATH
 
 _FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) "
                   r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
@@ -63,26 +71,33 @@ class _Fde:
 def load_table(path: str, cache_dir: Path | None = None) -> CfiTable:
     """The table of `path`, from the cache when it was compiled before."""
     from refcntd.binary.elf import ElfImage
-    image = ElfImage(path)
-    build_id = bytes.fromhex(image.build_id or "")[:20].ljust(20, b"\0")
-    key = image.build_id or hashlib.sha1(f"{path}:{os.stat(path).st_mtime_ns}".encode()).hexdigest()
-    cache = (cache_dir or CACHE_DIR / "cfi") / f"{key}.cfi"
-    cached = _read_cache(cache, build_id)
-    if cached is not None:
-        return cached
-    started = time.monotonic()
-    table = compile_table(path, image, build_id)
+    try:
+        module = open_untrusted(path, ELF_LIMIT, what="module", follow_symlinks=True)
+    except UntrustedFileError as err:
+        raise BinaryError(err.message) from None
+    with module:
+        image = ElfImage(module.fd_path)
+        mtime = os.fstat(module.file.fileno()).st_mtime_ns
+        build_id = bytes.fromhex(image.build_id or "")[:20].ljust(20, b"\0")
+        key = image.build_id or hashlib.sha1(f"{path}:{mtime}".encode()).hexdigest()
+        cache = (cache_dir or CACHE_DIR / "cfi") / f"{key}.cfi"
+        cached = _read_cache(cache, build_id)
+        if cached is not None:
+            return cached
+        started = time.monotonic()
+        table = compile_table(path, image, build_id, _readelf(module.fd_path))
     table = CfiTable(table.build_id, table.rows, table.has_frame_pointers, table.text_offset,
                      time.monotonic() - started)
     _write_cache(cache, table)
     return table
 
 
-def compile_table(path: str, image: ElfImage, build_id: bytes) -> CfiTable:
+def compile_table(path: str, image: ElfImage, build_id: bytes, frames: list[str]) -> CfiTable:
+    """`frames`: readelf's evaluated CFI of the file (`_readelf`)."""
     text = [s for s in image.segments if s.executable]
     if not text:
         raise BinaryError(f"{path}: no executable segment")
-    fdes = _merge(_parse_readelf(_readelf(path), _plt_ranges(image)))
+    fdes = _merge(_parse_readelf(frames, _plt_ranges(image)))
     rows: list[tuple[int, int, int, int]] = []
     for fde in fdes:
         for vaddr, rule, cfa_off, rbp_off in fde.rows:
@@ -115,12 +130,15 @@ def _to_offset(text: list[Segment], vaddr: int) -> int:
     return -1
 
 
-def _readelf(path: str) -> list[str]:
+def _readelf(fd_path: str) -> list[str]:
+    """readelf on /proc/self/fd/N (the descriptor is passed on: it reads that file)."""
+    fd = int(fd_path.rsplit("/", 1)[1])
     try:
-        out = subprocess.run(["readelf", "--debug-dump=frames-interp", path],
-                             capture_output=True, text=True, timeout=600)
+        out = subprocess.run([READELF, "--debug-dump=frames-interp", "--", fd_path],
+                             capture_output=True, text=True, timeout=600, pass_fds=(fd,),
+                             stdin=subprocess.DEVNULL, env={"LC_ALL": "C", "PATH": "/usr/bin"})
     except (OSError, subprocess.SubprocessError) as err:
-        raise BinaryError(f"{path}: readelf failed ({err})") from None
+        raise BinaryError(f"readelf failed ({err})") from None
     return out.stdout.splitlines()
 
 
@@ -197,10 +215,8 @@ def _write_cache(path: Path, table: CfiTable) -> None:
     """Best effort: an unwritable cache only costs a recompile next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(CACHE_VERSION + table.build_id +
-                        struct.pack("<II", int(table.has_frame_pointers), table.text_offset) +
-                        table.rows)
-        tmp.replace(path)
+        atomic_write(path, CACHE_VERSION + table.build_id +
+                     struct.pack("<II", int(table.has_frame_pointers), table.text_offset) +
+                     table.rows)
     except OSError:
         pass

@@ -2,60 +2,84 @@
 
 A module keeps what its file has (`.symtab`, or only `.dynsym` once
 stripped); the separate debug file, when one is found, adds the full
-`.symtab` and the DWARF that file:line comes from.
+`.symtab` and the DWARF that file:line comes from (lines.py).  Module paths
+come from traced processes (their maps, their dynamic loader's list), so the
+file is opened through inputs/safefs.py: a FIFO or a device put there is
+refused, and the file read is the one checked.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
+from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
 from refcntd.symbolize.debugfiles import DebugFileFinder
+from refcntd.symbolize.lines import LineTable, Location
+
+
+def open_image(path: str) -> ElfImage:
+    """The ELF file at `path` (links followed: ld.so's names are links), read once from
+    the inode checked; BinaryError when refused or not ELF."""
+    try:
+        with open_untrusted(path, ELF_LIMIT, what="module", follow_symlinks=True) as f:
+            image = ElfImage(f.fd_path)
+    except UntrustedFileError as err:
+        raise BinaryError(err.message) from None
+    image.path = Path(path)  # the name it is known by, not the descriptor it was read from
+    return image
 
 
 @dataclass
 class ModuleSymbols:
     path: str
     image: ElfImage
-    debug_path: str | None = None  # separate debug file the symbols/lines also came from
+    debug: ElfImage | None = None  # separate debug file the symbols/lines also came from
     pending: bool = False  # a debuginfod download was still running when loaded
     starts: list[int] = field(default_factory=list)
     names: list[tuple[str, int, int]] = field(default_factory=list)  # name, start, size
+    _lines: LineTable | None = None
 
     @classmethod
     def load(cls, path: str, finder: DebugFileFinder | None = None) -> ModuleSymbols:
-        image = ElfImage(path)
+        image = open_image(path)
         mod = cls(path, image)
-        images = [image]
         if finder is not None and not (image.has_symtab and image.has_debug_info):
-            debug = mod._attach_debug(finder)
-            images += [debug] if debug is not None else []
+            mod.debug, final = finder.find_image(image)
+            mod.pending = not final
+        images = [image, *([mod.debug] if mod.debug else [])]
         syms = sorted({(s.vaddr, s.name, s.size) for img in images
                        for group in img.symbols.values() for s in group if s.vaddr})
         mod.starts = [s[0] for s in syms]
         mod.names = [(name, start, size) for start, name, size in syms]
         return mod
 
-    def _attach_debug(self, finder: DebugFileFinder) -> ElfImage | None:
-        found, final = finder.find(self.image)
-        self.pending = not final
-        if found is None:
-            return None
-        try:
-            debug = ElfImage(found)
-        except BinaryError:
-            return None
-        self.debug_path = found
-        return debug
+    @property
+    def debug_path(self) -> str | None:
+        return str(self.debug.path) if self.debug else None
+
+    @property
+    def lines_image(self) -> ElfImage | None:
+        """The file whose DWARF gives lines, None when no DWARF is known."""
+        if self.image.has_debug_info:
+            return self.image
+        return self.debug if self.debug and self.debug.has_debug_info else None
 
     @property
     def lines_path(self) -> str | None:
-        """The file addr2line should read, None when no DWARF is known."""
-        if self.image.has_debug_info:
-            return self.path
-        return self.debug_path
+        image = self.lines_image
+        return self.path if image is self.image else self.debug_path if image else None
+
+    def line(self, vaddr: int) -> Location:
+        image = self.lines_image
+        if image is None:
+            return "", 0
+        if self._lines is None:
+            self._lines = LineTable(image.elffile())
+        return self._lines.lookup(vaddr)
 
     def lookup(self, vaddr: int) -> tuple[str, int]:
         i = bisect.bisect_right(self.starts, vaddr) - 1

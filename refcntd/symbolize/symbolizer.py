@@ -9,23 +9,33 @@ lines from separate debug files (debugfiles.py), JIT code from the
 process's perf map (perfmap.py), and files of processes in other mount
 namespaces are read through /proc/PID/root and kept open, so that they can
 still be read after the process (and perhaps its container) is gone.
+
+Every path here was named by a traced process, and refcntd reads as root:
+files are opened through inputs/safefs.py (a FIFO, a device, a file over
+the size cap is refused; a container's paths resolve inside its root), and
+a refusal becomes a note for that process (`take_notes`).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from refcntd.binary.elf import read_build_id
 from refcntd.errors import BinaryError
+from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
 from refcntd.kernel.records import RawFrame
 from refcntd.symbolize.debugfiles import DebugFileFinder
 from refcntd.symbolize.modules import ModuleSymbols
-from refcntd.symbolize.perfmap import PerfMap
+from refcntd.symbolize.perfmap import PerfMap, load_perf_map, process_uids
+
+MAX_PROCESS_NOTES = 8  # a process naming FIFO after FIFO gets no longer report
+V = TypeVar("V")
 
 SYSTEM_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib",
                    "/lib64", "/usr/lib64")
@@ -78,6 +88,31 @@ class CallSiteFrame:
     callee_module: str = ""  # a PLT caller's: the module defining the function
 
 
+class PerProcess(Generic[V]):
+    """Facts about recent processes by tgid, for their reports (built on another thread,
+    after the process is gone); the oldest are forgotten past `limit`."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._items: OrderedDict[int, V] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, tgid: int) -> V | None:
+        with self._lock:
+            return self._items.get(tgid)
+
+    def put(self, tgid: int, value: V) -> None:
+        with self._lock:
+            self._items[tgid] = value
+            self._items.move_to_end(tgid)
+            while len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def pop(self, tgid: int) -> V | None:
+        with self._lock:
+            return self._items.pop(tgid, None)
+
+
 class BuildIdIndex:
     """build-id -> path, filled from known modules and, on a miss, nearby directories."""
 
@@ -90,19 +125,49 @@ class BuildIdIndex:
         self._names: dict[str, str] = {}  # held-open path -> /proc/PID/root/path
         self._held: dict[tuple[int, int], str] = {}  # (dev, inode) -> held-open path
         self._roots: dict[int, tuple[int, str]] = {}  # tgid -> (root fd, /proc/PID/root)
+        self._uids: PerProcess[frozenset[int]] = PerProcess()  # learnt while it lived
+        self._notes: PerProcess[list[str]] = PerProcess()
 
-    def add(self, path: str) -> str | None:
+    def add(self, path: str, tgid: int | None = None) -> str | None:
+        """Index the file at `path` (links followed: ld.so's names are links); a refusal
+        is a note for process `tgid`."""
         try:
-            st = os.stat(path)
-            self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev),
-                                      st.st_ino), str(Path(path).resolve()))
+            with open_untrusted(path, ELF_LIMIT, what="library", follow_symlinks=True) as f:
+                st = os.fstat(f.file.fileno())
+                real = os.readlink(f.fd_path)  # the file opened, whatever the name says now
+                build_id = read_build_id(f.fd_path)
+        except UntrustedFileError as err:
+            if tgid is not None and not err.missing:
+                self.note(tgid, f"{err.message}: not read")
+            return None
         except OSError:
-            pass
-        build_id = read_build_id(path)
+            return None
+        self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino),
+                                 real)
         if build_id:
-            self._by_id.setdefault(build_id, str(Path(path).resolve()))
-            self.add_search_dir(str(Path(path).resolve().parent))
+            self._by_id.setdefault(build_id, real)
+            self.add_search_dir(str(Path(real).parent))
         return build_id
+
+    def note(self, tgid: int, text: str) -> None:
+        notes = self._notes.get(tgid) or []
+        if text not in notes and len(notes) < MAX_PROCESS_NOTES:
+            self._notes.put(tgid, [*notes, text])
+
+    def take_notes(self, tgid: int) -> list[str]:
+        """What was refused for process `tgid`, once."""
+        return self._notes.pop(tgid) or []
+
+    def uids(self, tgid: int) -> frozenset[int] | None:
+        """The uids process `tgid` had while it was seen alive (None: never seen)."""
+        return self._uids.get(tgid)
+
+    def _learn_uids(self, tgid: int, before: frozenset[int] | None) -> None:
+        """The uids /proc shows now, with those the process had `before` (an exec keeps
+        them; a fork starts from the parent's, not from an older process of that pid)."""
+        uids = process_uids(tgid) | (before or frozenset())
+        if uids:
+            self._uids.put(tgid, uids)
 
     def add_process_maps(self, maps_file: str) -> None:
         """Index every file a live process maps (best effort: it may be gone already)."""
@@ -125,6 +190,7 @@ class BuildIdIndex:
         keeps it readable after the process, which often lives only a few
         milliseconds, is gone: libraries it reports later are still found.
         """
+        self._learn_uids(tgid, self._uids.get(tgid))
         proc = Path(f"/proc/{tgid}")
         if _foreign_root(proc) is None:
             return
@@ -136,7 +202,9 @@ class BuildIdIndex:
         self._roots[tgid] = (fd, f"/proc/{tgid}/root")
 
     def inherit_root(self, child: int, parent: int) -> None:
-        """A forked child starts in its parent's root: hold it even if the child is gone."""
+        """A forked child starts in its parent's root (and with its uids): hold it even if
+        the child is gone."""
+        self._learn_uids(child, self._uids.get(parent))
         held = self._roots.get(parent)
         if held is not None and child not in self._roots:
             self._roots[child] = (os.dup(held[0]), f"/proc/{child}/root")
@@ -153,20 +221,26 @@ class BuildIdIndex:
             return
         root = self._roots.get(tgid) if tgid is not None else None
         if root is not None:
-            self.add_foreign(f"/proc/{os.getpid()}/fd/{root[0]}", root[1], path)
+            self.add_foreign(root[0], root[1], path, tgid)
         elif path not in self._seen:
             self._seen.add(path)
-            self.add(path)
+            self.add(path, tgid)
 
-    def add_foreign(self, root: str, shown_root: str, path: str) -> None:
-        """A file of another mount namespace: indexed by build-id, kept open."""
+    def add_foreign(self, root_fd: int, shown_root: str, path: str,
+                    tgid: int | None = None) -> None:
+        """A file of another mount namespace (resolved inside its root, links too):
+        indexed by build-id, kept open."""
         where = f"{shown_root}{path}"
         if where in self._seen:
             return
         self._seen.add(where)
         try:
-            fd = os.open(f"{root}{path}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+            with open_untrusted(path, ELF_LIMIT, what="library", follow_symlinks=True,
+                                root_fd=root_fd) as f:
+                fd = os.dup(f.file.fileno())
+        except UntrustedFileError as err:
+            if tgid is not None and not err.missing:
+                self.note(tgid, f"library {where}: {err.reason}: not read")
             return
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) in self._held:
@@ -215,7 +289,7 @@ class BuildIdIndex:
         except OSError:
             return
         for entry in entries:
-            if entry.is_file() and _looks_like_elf(entry):
+            if _looks_like_elf(entry):
                 self.add(str(entry))
 
 
@@ -230,10 +304,11 @@ def _foreign_root(proc: Path) -> Path | None:
 
 
 def _looks_like_elf(path: Path) -> bool:
+    """A regular file (not through a link) starting as ELF does."""
     try:
-        with path.open("rb") as f:
-            return f.read(4) == b"\x7fELF"
-    except OSError:
+        with open_untrusted(path, ELF_LIMIT) as f:
+            return f.file.read(4) == b"\x7fELF"
+    except (UntrustedFileError, OSError):
         return False
 
 
@@ -320,6 +395,23 @@ class Symbolizer:
         file, line = self.source_line(path, vaddr - back)
         return Frame(self.index.display_name(path), vaddr, function, offset, file, line)
 
+    def perf_map(self, tgid: int, proc_root: Path = Path("/proc")) -> PerfMap | None:
+        """The JIT map of `tgid`, checked against the uids it had while alive; a refused
+        map is noted for the process's report."""
+        perf_map = load_perf_map(tgid, proc_root, self.index.uids(tgid))
+        if perf_map is not None and perf_map.note:
+            self.index.note(tgid, perf_map.note)
+        return perf_map
+
+    def take_notes(self, tgid: int) -> list[str]:
+        """One line per file refused for process `tgid` (its perf map, libraries it
+        named), for its report; each is given once."""
+        return self.index.take_notes(tgid)
+
+    def notes(self) -> list[str]:
+        """Refusals that concern the whole run: debug directories and links, debuginfod."""
+        return self.finder.all_notes()
+
     @staticmethod
     def jit_frame(perf_map: PerfMap | None, ip: int, raw: str) -> Frame | None:
         """A frame in JIT code the process described in its perf map."""
@@ -354,27 +446,8 @@ class Symbolizer:
         return self._lines.get(key, ("", 0))
 
     def prefetch_lines(self, path: str, vaddrs: Iterable[int]) -> None:
-        """One addr2line run per module for many addresses (no-op without DWARF)."""
-        todo = sorted({v for v in vaddrs if (path, v) not in self._lines})
+        """The lines of many addresses of one module (empty without DWARF)."""
         mod = self.module(path)
-        lines_path = mod.lines_path if mod is not None else None
-        if not todo or lines_path is None:
-            self._lines.update({(path, v): ("", 0) for v in todo})
-            return
-        for vaddr, loc in zip(todo, _addr2line(lines_path, todo), strict=True):
-            self._lines[(path, vaddr)] = loc
+        for vaddr in {v for v in vaddrs if (path, v) not in self._lines}:
+            self._lines[(path, vaddr)] = mod.line(vaddr) if mod is not None else ("", 0)
 
-
-def _addr2line(path: str, vaddrs: list[int]) -> list[tuple[str, int]]:
-    try:
-        out = subprocess.run(["addr2line", "-e", path, *[hex(v) for v in vaddrs]],
-                             capture_output=True, text=True, timeout=60).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        out = []
-    result = []
-    for i in range(len(vaddrs)):
-        text = out[i] if i < len(out) else "??:0"
-        file, _, line = text.partition(" (")[0].rpartition(":")
-        ok = file and file != "??" and line.isdigit() and line != "0"
-        result.append((file, int(line)) if ok else ("", 0))
-    return result

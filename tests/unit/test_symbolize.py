@@ -8,6 +8,7 @@ through real stacks.
 from __future__ import annotations
 
 import http.server
+import os
 import shutil
 import subprocess
 import threading
@@ -197,7 +198,9 @@ def test_perf_map_parse_and_lookup():
 def test_perf_map_of_a_process_in_a_pid_namespace(tmp_path):
     proc = tmp_path / "proc"
     (proc / "4242" / "root" / "tmp").mkdir(parents=True)
-    (proc / "4242" / "status").write_text("Name:\tnode\nNSpid:\t4242\t7\n")
+    uid = os.geteuid()  # the map's owner must be the process's or root
+    (proc / "4242" / "status").write_text(f"Name:\tnode\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+                                          "NSpid:\t4242\t7\n")
     (proc / "4242" / "root" / "tmp" / "perf-7.map").write_text("1000 10 in_container\n")
     paths = perf_map_paths(4242, proc)
     assert paths[0] == proc / "4242" / "root" / "tmp" / "perf-7.map"

@@ -1,0 +1,134 @@
+"""file:line of addresses from a module's DWARF line table, read in Python.
+
+This replaces binutils' addr2line: refcntd runs as root, and the DWARF comes
+from files traced processes chose (their libraries, debug files next to
+them), so no external parser runs on it.  pyelftools decodes only the line
+program of the compile unit an address falls in (.debug_aranges says which;
+without it the units' address ranges are read once), and each decoded unit
+is kept.  A malformed table gives no line, never an error.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from dataclasses import dataclass, field
+
+from elftools.common.exceptions import DWARFError, ELFError, ELFParseError
+from elftools.dwarf.compileunit import CompileUnit
+from elftools.dwarf.dwarfinfo import DWARFInfo
+from elftools.dwarf.lineprogram import LineProgram
+from elftools.elf.elffile import ELFFile
+
+# what pyelftools raises on a corrupt or truncated table
+_CORRUPT = (DWARFError, ELFError, ELFParseError, ValueError, KeyError, IndexError,
+            TypeError, AttributeError, AssertionError, struct.error, RecursionError)
+Location = tuple[str, int]  # ("", 0): unknown
+
+
+@dataclass
+class _Unit:
+    starts: list[int] = field(default_factory=list)  # row addresses, sorted
+    rows: list[tuple[int, str, int]] = field(default_factory=list)  # end of sequence, file, line
+
+
+@dataclass
+class LineTable:
+    """Lines of one ELF file's DWARF; built on the first question."""
+
+    elf: ELFFile
+    _dwarf: DWARFInfo | None = None
+    _ranges: list[tuple[int, int, int]] | None = None  # low, high, unit offset
+    _units: dict[int, _Unit] = field(default_factory=dict)
+
+    def lookup(self, vaddr: int) -> Location:
+        try:
+            offset = self._unit_offset(vaddr)
+            unit = self._unit(offset) if offset is not None else None
+        except _CORRUPT:
+            return "", 0
+        if unit is None:
+            return "", 0
+        i = bisect.bisect_right(unit.starts, vaddr) - 1
+        if i < 0 or unit.rows[i][0]:
+            return "", 0  # before the unit's code, or past a sequence's end
+        _, file, line = unit.rows[i]
+        return (file, line) if file and line else ("", 0)
+
+    def _info(self) -> DWARFInfo:
+        if self._dwarf is None:
+            self._dwarf = self.elf.get_dwarf_info(relocate_dwarf_sections=False)
+        return self._dwarf
+
+    def _unit_offset(self, vaddr: int) -> int | None:
+        if self._ranges is None:
+            self._ranges = _unit_ranges(self._info())
+        i = bisect.bisect_right(self._ranges, (vaddr, 1 << 64)) - 1
+        if i >= 0 and vaddr < self._ranges[i][1]:
+            return self._ranges[i][2]
+        return None
+
+    def _unit(self, offset: int) -> _Unit | None:
+        if offset not in self._units:
+            unit = self._info().get_CU_at(offset)
+            program = self._info().line_program_for_CU(unit)
+            self._units[offset] = _decode(program, _comp_dir(unit)) if program else _Unit()
+        return self._units[offset]
+
+
+def _unit_ranges(dwarf: DWARFInfo) -> list[tuple[int, int, int]]:
+    """(low, high, unit offset), sorted: from .debug_aranges, else from each unit's
+    low_pc/high_pc."""
+    aranges = dwarf.get_aranges()
+    if aranges is not None:
+        return sorted((e.begin_addr, e.begin_addr + e.length, e.info_offset)
+                      for e in aranges.entries)
+    out = []
+    for unit in dwarf.iter_CUs():
+        top = unit.get_top_DIE()
+        low, high = top.attributes.get("DW_AT_low_pc"), top.attributes.get("DW_AT_high_pc")
+        if low is None or high is None:
+            continue
+        end = high.value if high.form == "DW_FORM_addr" else low.value + high.value
+        out.append((int(low.value), int(end), int(unit.cu_offset)))
+    return sorted(out)
+
+
+def _comp_dir(unit: CompileUnit) -> str:
+    attr = unit.get_top_DIE().attributes.get("DW_AT_comp_dir")
+    return _text(attr.value) if attr is not None else ""
+
+
+def _decode(program: LineProgram, comp_dir: str) -> _Unit:
+    """Every row of the unit's line program, sorted by address."""
+    names = _file_names(program, comp_dir)
+    rows: list[tuple[int, bool, str, int]] = []
+    for entry in program.get_entries():
+        state = entry.state
+        if state is not None:
+            rows.append((state.address, state.end_sequence, names.get(state.file, ""),
+                         state.line))
+    rows.sort(key=lambda r: (r[0], not r[1]))  # an end and a start at one address: the start
+    unit = _Unit()
+    for address, end, file, line in rows:
+        unit.starts.append(address)
+        unit.rows.append((end, file, line))
+    return unit
+
+
+def _file_names(program: LineProgram, comp_dir: str) -> dict[int, str]:
+    """File index -> path, joined with its directory and the unit's as addr2line does
+    (DWARF 5 counts files and directories from 0, earlier versions from 1)."""
+    header = program.header
+    base = 0 if header["version"] >= 5 else 1
+    dirs = [comp_dir] * base + [_text(d) for d in header["include_directory"]]
+    out = {}
+    for i, entry in enumerate(header["file_entry"], start=base):
+        directory = dirs[entry.dir_index] if entry.dir_index < len(dirs) else ""
+        out[i] = os.path.join(comp_dir, directory, _text(entry.name))
+    return out
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
