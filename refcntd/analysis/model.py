@@ -169,6 +169,7 @@ class ProcessReport:
     anomalies: list[AnomalyFinding] = field(default_factory=list)
     kept: dict[str, int] = field(default_factory=dict)  # spec's kept_by_library: reason -> objects
     kernel_stats: dict[Stat, int] | None = None  # this process's own kernel counters
+    notes: list[str] = field(default_factory=list)  # files refused for it (its perf map ...)
 
     @property
     def leaked_objects(self) -> int:

@@ -21,7 +21,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, Section, SymbolTableSection
 
 from refcntd.errors import BinaryError, InputFileError
-from refcntd.inputs.files import read_bytes
+from refcntd.inputs.files import open_regular, read_bytes
 
 # Suffixes gcc gives to compiler-made copies of a function (IPA clones, split parts).
 CLONE_RE = re.compile(r"^(?P<base>[^.]+)\.(?P<kind>constprop|isra|part|cold|lto_priv|localalias)"
@@ -324,7 +324,11 @@ def read_build_id(path: str | os.PathLike[str]) -> str | None:
     """
     import struct
     try:
-        with open(path, "rb") as f:
+        fd = open_regular(path, "library", limit=None)  # a FIFO or device is not waited on
+    except InputFileError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
             head = f.read(64)
             if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
                 return None

@@ -18,24 +18,38 @@ TEXT_LIMIT = 64 << 20  # specs, configs, suppressions: far larger is a wrong fil
 REPORT_LIMIT = 1 << 30  # saved runs (--json) of big programs
 
 
-def read_bytes(path: str | os.PathLike[str], what: str, limit: int | None = TEXT_LIMIT) -> bytes:
-    """The whole regular file; opened non-blocking so that a FIFO is refused, not waited on."""
+def open_regular(path: str | os.PathLike[str], what: str, limit: int | None = TEXT_LIMIT
+                 ) -> int:
+    """A read descriptor of the regular file at `path`. The path is resolved to an O_PATH
+    descriptor first and checked before it is opened for reading: a FIFO is refused, not
+    waited on, and a device is never opened (opening one can act: a tape rewinds)."""
     name = os.fspath(path)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        where = os.open(name, os.O_PATH | os.O_CLOEXEC)
     except OSError as err:
         raise InputFileError(f"{what} {name}: {_why(err)}") from None
     try:
-        info = os.fstat(fd)
+        info = os.fstat(where)
         if not stat.S_ISREG(info.st_mode):
-            raise InputFileError(f"{what} {name}: {_kind(info.st_mode)}, not a regular file")
+            raise InputFileError(f"{what} {name}: {kind_of(info.st_mode)}, not a regular file")
         if limit is not None and info.st_size > limit:
             raise InputFileError(f"{what} {name}: too big ({info.st_size} bytes; at most "
                                  f"{limit})")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
+        return os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise InputFileError(f"{what} {name}: cannot read ({err.strerror})") from None
+    finally:
+        os.close(where)
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, limit: int | None = TEXT_LIMIT) -> bytes:
+    """The whole regular file (open_regular's checks)."""
+    fd = open_regular(path, what, limit)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as err:
+        raise InputFileError(f"{what} {os.fspath(path)}: cannot read ({err.strerror})") from None
     finally:
         os.close(fd)
 
@@ -57,7 +71,7 @@ def _why(err: OSError) -> str:
     return f"cannot open ({err.strerror})"
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
     for test, kind in ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO"),
                        (stat.S_ISSOCK, "is a socket"), (stat.S_ISCHR, "is a character device"),
                        (stat.S_ISBLK, "is a block device")):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from refcntd.errors import InputFileError
-from refcntd.inputs.files import _kind as kind_of
+from refcntd.inputs.files import kind_of
 
 _SYS_OPENAT2 = 437  # x86-64, the only architecture refcntd traces
 _RESOLVE_NO_SYMLINKS = 0x04

@@ -113,6 +113,7 @@ class ProcessJson(TypedDict):
     groups: list[GroupJson]
     kept_by_library: NotRequired[dict[str, int]]  # spec rules: reason -> objects set aside
     cycles: NotRequired[list[list[str]]]  # --history: leaked objects holding each other
+    notes: NotRequired[list[str]]  # a line per file refused for this process (its perf map)
 
 
 class ProbeJson(TypedDict):

@@ -75,6 +75,7 @@ def render_process(p: ProcessReport) -> str:
         lines += ["", *(f"kept by the library on purpose (spec default, not a leak): "
                         f"{_plural(n, 'object')}: {reason}" for reason, n in p.kept.items())]
     lines += ["", summary_line(p)]
+    lines += [f"  note: {note}" for note in p.notes]
     return "\n".join(visible(line) for line in lines) + "\n"
 
 
@@ -395,7 +396,7 @@ def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
             "anomalies": [anomaly_json(a) for a in p.anomalies],
             "groups": [group_json(g, instances) for g in p.groups],
             "kept_by_library": dict(p.kept),
-            "cycles": [[f"0x{a:x}" for a in c] for c in p.cycles]}
+            "cycles": [[f"0x{a:x}" for a in c] for c in p.cycles], "notes": list(p.notes)}
 
 
 def tracing_json(t: TracingStatus) -> TracingJson:

@@ -74,7 +74,8 @@ def _process(p: ProcessJson) -> ProcessReport:
                          p.get("exit_status") or "", p.get("exit_code"),
                          [_group(g) for g in p["groups"]],
                          [_anomaly(a) for a in p.get("anomalies", [])],
-                         dict(p.get("kept_by_library", {})))
+                         dict(p.get("kept_by_library", {})),
+                         notes=list(p.get("notes", [])))
 
 
 def _culprit(c: CulpritJson) -> Culprit:

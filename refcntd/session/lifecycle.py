@@ -42,7 +42,6 @@ from refcntd.kernel.records import (
     Totals,
     add_totals,
 )
-from refcntd.symbolize.perfmap import load_perf_map
 from refcntd.symbolize.symbolizer import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
@@ -200,7 +199,7 @@ class SessionTracker:
     def _build(self, job: ReportJob) -> None:
         """Worker side: symbolize and attribute, then free the stacks the report read."""
         s, records = job.session, job.records()
-        mods = ProcessModules(perf_map=load_perf_map(s.tgid, self.proc_root))
+        mods = ProcessModules(perf_map=self.sym.perf_map(s.tgid, self.proc_root))
         history = None
         if self.stub_names is not None and job.released is not None:
             history = HistoryContext(self.stub_names, list(job.released))
@@ -221,7 +220,8 @@ class SessionTracker:
         if self._built % PRUNE_STATS_EVERY == 0:
             self.kernel.prune_process_stats(self._may_be_reported)
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
-                                     job.code, groups, anomalies, kernel_stats=own))
+                                     job.code, groups, anomalies, kernel_stats=own,
+                                     notes=self.sym.take_notes(s.tgid)))
 
     def _may_be_reported(self, tgid: int) -> bool:
         """A process whose report may still come (counters of the others are stale)."""

@@ -296,6 +296,7 @@ class Tracer:
         notes += silent_roles(self.plan, hits)
         notes += self.kernel.multi_notes()
         notes += self.vetting.notes()
+        notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
                   for p in self.kernel.tables_not_loaded]

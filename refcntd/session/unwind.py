@@ -3,7 +3,7 @@
 The BPF unwinder (bpf/unwind.h) follows each process's executable mappings
 itself, but the tables must be in the kernel before a stack passes through
 a module.  They are loaded for the probed modules, the command of `run`,
-the processes found at attach, and everything those link against (ldd),
+the processes found at attach, and everything those link against (DT_NEEDED),
 before tracing starts; for libraries dlopen'ed later and programs exec'ed
 later as soon as their event arrives (stacks recorded before then use
 frame pointers there, or stop with "no unwind table", counted).
@@ -11,19 +11,18 @@ frame pointers there, or stop with "no unwind table", counted).
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from refcntd.binary.elf import ElfImage
+from refcntd.binary.plan import resolve_library
+from refcntd.binary.sitemode import load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
-
-_LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 
 
 class UnwindKernel(Protocol):
@@ -103,12 +102,15 @@ def command_path(command: list[str]) -> str | None:
 
 
 def linked_libraries(path: str) -> list[str]:
-    """The shared libraries `path` loads at start (ldd; empty for static or non-ELF files)."""
+    """The shared libraries `path` loads at start: DT_NEEDED, transitively, found the way
+    ld.so would (empty for static or non-ELF files). Not ldd: it runs the dynamic loader,
+    as root, on a file a traced process may have chosen."""
     try:
-        out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
+        image = ElfImage(path)
+        modules = load_set(path, image, resolve_library)
+    except BinaryError:
         return []
-    return [m[1] for m in map(_LDD_PATH.search, out.splitlines()) if m]
+    return [str(m.path) for m in modules if m.path.resolve() != image.path.resolve()]
 
 
 def exec_mappings(maps_file: Path) -> list[tuple[str, int, int, int, int, int]]:

@@ -164,8 +164,6 @@ def test_fifo_where_a_library_was_does_not_stall_the_run(attack, tmp_path):
     assert_intact(*leakers(report))
 
 
-@pytest.mark.xfail(strict=True, reason="ProcessReport has no notes yet: session/lifecycle.py "
-                   "must hand Symbolizer.take_notes(tgid) to the report (issue 28)")
 def test_refused_file_is_one_note_in_the_process_report(attack, tmp_path):
     report = attack.run(f"mkfifo /tmp/perf-$$.map && exec {attack.program}", tmp_path)
     attacker, victim = leakers(report)
