@@ -239,7 +239,7 @@ static __always_inline __u32 step_fp(struct unwind_regs *r, __u32 no_table)
 		return (no_table ? TR_NO_TABLE : TR_UNREADABLE) + 1;
 	r->pc = pair[1], r->sp = r->bp + 16, r->bp = pair[0];
 	r->used |= 1;
-	return pair[1] ? 0 : TR_NONE + 1;
+	return pair[1] ? 0 : (no_table ? TR_NO_TABLE : TR_NONE) + 1;  /* a guess read 0 */
 }
 
 /* One frame: record pc, then step to the caller; 0 or a truncation reason + 1. */

@@ -157,3 +157,20 @@ def test_stack_through_pending_return_probes(bpf, tmp_path):
                                         "_start"], part["stack"]
     assert not part["stack_truncated"], part["unwind"]
     assert "outside every executable mapping" not in result.stdout + result.stderr
+
+
+def test_a_guess_reading_a_zero_return_address_is_a_cut_not_the_end(bpf, tmp_path):
+    """Stepping by frame pointers in a module that has none is a guess: one that reads
+    a return address of 0 (rbp pointed at zeros) says the stack was cut there, as a
+    guess that fails to read does, not that it reached its outermost frame."""
+    exe = cc(tmp_path / "zeroframe", [FIXTURES / "zeroframe.c", EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"])
+    subprocess.run(["strip", "--strip-debug", str(exe)], check=True)  # -g's .debug_frame
+    env = {**os.environ, "REFCNTD_CACHE": str(tmp_path / "cache")}  # no table of the -g build
+    result = refcntd(["run", "--", str(exe)], tmp_path / "r.json", env=env)
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    (group,) = process["groups"]
+    assert functions(group["stack"])[:2] == ["__refcnt__init", "zero_frame_new"]
+    assert "neither frame pointers nor an unwind table" in group["unwind"].get("reason", ""), \
+        group["unwind"]
