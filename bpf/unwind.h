@@ -19,7 +19,9 @@
  * Knobs (-D): UNWIND 1: CFI unwinding on (needs the BTF offsets below);
  * MAX_CFI_ROWS, MAX_MODULES; OFF_TASK_MM, OFF_TASK_FILES, OFF_MM_START_CODE,
  * OFF_MM_END_CODE, OFF_MM_EXE_FILE, OFF_FILES_FDT, OFF_FDT_FD,
- * OFF_FILE_INODE, OFF_INODE_INO, OFF_INODE_SB, OFF_SB_DEV.
+ * OFF_FILE_INODE, OFF_INODE_INO, OFF_INODE_SB, OFF_SB_DEV; optional:
+ * OFF_TASK_UTASK, OFF_UTASK_RI, OFF_RI_STACK, OFF_RI_ORIG_RET, OFF_RI_NEXT,
+ * OFF_MM_UPROBES, OFF_UPROBES_XOL, OFF_XOL_VADDR (pending uretprobes).
  */
 #ifndef REFCNTD_UNWIND_H
 #define REFCNTD_UNWIND_H
@@ -157,7 +159,53 @@ struct unwind_regs {
 	__u64 bp;
 	__u32 used;    /* bit 0: a frame-pointer step, bit 1: a CFI step */
 	__u32 stop;    /* enum refcntd_trunc + 1 once the walk ends */
+	__u64 ri;      /* the thread's next pending uretprobe (struct return_instance *) */
+	__u64 tramp;   /* the uretprobe trampoline's address, 0: none pending */
 };
+
+/* A uretprobe pending in a frame (refcntd's own, on constructors returning the
+ * object: d2i_X509 under PEM_read_bio_X509) replaced that frame's return
+ * address on the stack with the trampoline in the [uprobes] page, outside
+ * every executable mapping, where the walk would end.  The kernel keeps the
+ * original in the thread's return_instance list, innermost first, each with
+ * the stack slot it hijacked (rsp at the function's entry); as
+ * fixup_uretprobe_trampoline_entries() does for perf's callchains, each
+ * trampoline met is replaced by its instance's orig_ret_vaddr, matched by slot
+ * (instances of frames already left are passed over; a chained instance,
+ * tail call to another probed function, has the same slot and orig). */
+#define URETPROBE_SKIP 4
+#ifdef OFF_RI_ORIG_RET
+static __always_inline void pending_uretprobes(struct unwind_regs *r)
+{
+	__u64 task = bpf_get_current_task();
+	r->ri = kread(kread(task + OFF_TASK_UTASK) + OFF_UTASK_RI);
+	if (r->ri)
+		r->tramp = kread(kread(kread(task + OFF_TASK_MM) + OFF_MM_UPROBES + OFF_UPROBES_XOL)
+				 + OFF_XOL_VADDR);
+}
+
+/* r->pc is the trampoline read at r->sp - 8: the return address it replaced, or 0. */
+static __always_inline __u64 uretprobe_return(struct unwind_regs *r)
+{
+	__u64 slot = r->sp - 8;
+	for (__u32 k = 0; k < URETPROBE_SKIP; k++) {
+		bounded(k);
+		__u64 ri = r->ri;
+		if (!ri)
+			return 0;
+		__u64 stack = kread(ri + OFF_RI_STACK);
+		if (stack > slot)
+			return 0;
+		r->ri = kread(ri + OFF_RI_NEXT);
+		if (stack == slot)
+			return kread(ri + OFF_RI_ORIG_RET);
+	}
+	return 0;
+}
+#else
+static __always_inline void pending_uretprobes(struct unwind_regs *r) {}
+static __always_inline __u64 uretprobe_return(struct unwind_regs *r) { return 0; }
+#endif
 
 /* The caller's registers from a CFI row; returns 0, or a truncation reason + 1. */
 static __always_inline __u32 step_cfi(struct unwind_regs *r, struct cfi_row *row)
@@ -191,7 +239,7 @@ static __always_inline __u32 step_fp(struct unwind_regs *r, __u32 no_table)
 		return (no_table ? TR_NO_TABLE : TR_UNREADABLE) + 1;
 	r->pc = pair[1], r->sp = r->bp + 16, r->bp = pair[0];
 	r->used |= 1;
-	return pair[1] ? 0 : TR_NONE + 1;
+	return pair[1] ? 0 : (no_table ? TR_NO_TABLE : TR_NONE) + 1;  /* a guess read 0 */
 }
 
 /* One frame: record pc, then step to the caller; 0 or a truncation reason + 1. */
@@ -199,6 +247,8 @@ static __always_inline __u32 unwind_frame(struct stack_rec *rec, struct exec_map
 					  struct unwind_regs *r, __u32 i, struct exec_map *m,
 					  __u32 *guessed)
 {
+	if (r->tramp && r->pc == r->tramp && i > 0)
+		r->pc = uretprobe_return(r);
 	if (!find_map(maps, r->pc, m))
 		return (*guessed ? TR_NO_TABLE : TR_OUTSIDE) + 1;
 	struct cfi_module *mod = cfi_modules.lookup(&m->file);
@@ -490,6 +540,7 @@ int on_unwind(struct pt_regs *ctx)
 	st->r.pc = PT_REGS_IP(ctx);
 	st->r.sp = PT_REGS_SP(ctx);
 	st->r.bp = PT_REGS_FP(ctx);
+	pending_uretprobes(&st->r);
 	return continue_unwind(ctx, rec, maps, st);
 }
 

@@ -137,10 +137,31 @@ UNWIND_MEMBERS = {"OFF_TASK_MM": ("task_struct", "mm"), "OFF_TASK_FILES": ("task
                   "OFF_INODE_SB": ("inode", "i_sb"), "OFF_SB_DEV": ("super_block", "s_dev")}
 
 
+# A pending uretprobe replaced its function's return address on the stack with the
+# uprobe trampoline; the original is in the thread's return_instance list (optional:
+# without them unwind.h leaves such a frame, and the stack ends there)
+URETPROBE_MEMBERS = {"OFF_TASK_UTASK": ("task_struct", "utask"),
+                     "OFF_UTASK_RI": ("uprobe_task", "return_instances"),
+                     "OFF_RI_STACK": ("return_instance", "stack"),
+                     "OFF_RI_ORIG_RET": ("return_instance", "orig_ret_vaddr"),
+                     "OFF_RI_NEXT": ("return_instance", "next"),
+                     "OFF_MM_UPROBES": ("mm_struct", "uprobes_state"),
+                     "OFF_UPROBES_XOL": ("uprobes_state", "xol_area"),
+                     "OFF_XOL_VADDR": ("xol_area", "vaddr")}
+
+
 def unwind_offsets(path: Path = VMLINUX_BTF) -> dict[str, int] | None:
-    """The kernel struct offsets bpf/unwind.h reads mappings with; None if any is unknown."""
+    """The kernel struct offsets bpf/unwind.h reads mappings with; None if any is unknown.
+    The URETPROBE_MEMBERS are added when all of them are known."""
+    out = _offsets(UNWIND_MEMBERS, path)
+    if out is not None:
+        out.update(_offsets(URETPROBE_MEMBERS, path) or {})
+    return out
+
+
+def _offsets(members: dict[str, tuple[str, str]], path: Path) -> dict[str, int] | None:
     out = {}
-    for name, (struct_name, member) in UNWIND_MEMBERS.items():
+    for name, (struct_name, member) in members.items():
         offset = member_offset(struct_name, member, path)
         if offset is None:
             return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -562,7 +563,24 @@ class Kernel:
         # objects a forked child inherited keep their ancestor's stacks: not its to free
         keys = {r.stack_id for r in refs if self._stack_owner(r.stack_id) in ((tgid, gen), None)}
         keys |= {k.stack_id for k in owned}
+        if dump := os.environ.get("REFCNTD_DUMP_STACKS"):
+            self._dump_stacks(dump, tgid, sorted(keys))
         _delete(self.bpf["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
+
+    def _dump_stacks(self, path: str, tgid: int, keys: list[int]) -> None:
+        """REFCNTD_DUMP_STACKS=FILE (debugging, benchmarks/stackquality.py): every stack a
+        reported process stored, raw, one JSON line each, appended to FILE."""
+        lines = []
+        for key in keys:
+            rec = self.stack_record(key) if key else None
+            if rec is not None:
+                lines.append(json.dumps({
+                    "tgid": tgid, "method": rec.method.name, "truncated": rec.truncated.name,
+                    "truncated_at": rec.truncated_at, "ips": list(rec.ips),
+                    "frames": [[f.build_id, f.offset, f.file, f.text_relative]
+                               for f in rec.frames]}))
+        with open(path, "a") as out:
+            out.write("".join(line + "\n" for line in lines))
 
     def _stack_owner(self, stack_id: int) -> tuple[int, int] | None:
         """(tgid, gen) that stored a stack-store entry; None if there is no such entry."""

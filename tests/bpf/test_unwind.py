@@ -127,3 +127,50 @@ def test_every_stack_says_where_and_why_it_was_cut(bpf, tmp_path):
     assert result.stderr.count("(stack truncated at frame 1: ") >= 5, result.stderr
     notes = result.report["tracing"]["notes"]
     assert any(no_table in n for n in notes), notes
+
+
+def test_stack_through_pending_return_probes(bpf, tmp_path):
+    """Constructors returning the object are return-probed: the kernel replaced
+    bag_new's and box_new's return addresses with its trampoline, outside every
+    executable mapping; the stack at part_new's return (under both) still reaches
+    main, through the original return addresses the kernel keeps."""
+    lib = cc(tmp_path / "lib" / "libchain.so", [FIXTURES / "uretchain.c"],
+             [*NOFP, "-fPIC", "-shared", "-DCHAIN_LIB"])
+    exe = cc(tmp_path / "chainmain", [FIXTURES / "uretchain.c"],
+             [*NOFP, f"-L{lib.parent}", "-lchain", f"-Wl,-rpath,{lib.parent}"])
+    spec = tmp_path / "chain.yaml"
+    spec.write_text(f"version: 1\nname: uretchain\nlibrary: {lib}\nroles:\n  init:\n"
+                    + "".join(f"    - functions: [{f}]\n      object: return\n"
+                              f"      type: {{name: {t}}}\n"
+                              for f, t in [("bag_new", "Bag"), ("box_new", "Box"),
+                                           ("part_new", "Part")])
+                    + "  get:\n    - functions: [part_ref]\n      object: arg1\n"
+                    "  put:\n    - functions: [part_unref]\n      object: arg1\n")
+    env = {**os.environ, "REFCNTD_PROBE_MODE": "entry"}  # uretprobes, not return sites
+    result = refcntd(["run", "--spec", str(spec), "--", str(exe)], tmp_path / "r.json",
+                     env=env)
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    (part,) = [g for g in process["groups"] if g["type"] == "Part"]
+    assert functions(part["stack"]) == ["box_new_ex", "bag_new", "make", "main",
+                                        "__libc_start_call_main", "__libc_start_main_impl",
+                                        "_start"], part["stack"]
+    assert not part["stack_truncated"], part["unwind"]
+    assert "outside every executable mapping" not in result.stdout + result.stderr
+
+
+def test_a_guess_reading_a_zero_return_address_is_a_cut_not_the_end(bpf, tmp_path):
+    """Stepping by frame pointers in a module that has none is a guess: one that reads
+    a return address of 0 (rbp pointed at zeros) says the stack was cut there, as a
+    guess that fails to read does, not that it reached its outermost frame."""
+    exe = cc(tmp_path / "zeroframe", [FIXTURES / "zeroframe.c", EXAMPLES / "refcnt.c"],
+             [*NOFP, "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"])
+    subprocess.run(["strip", "--strip-debug", str(exe)], check=True)  # -g's .debug_frame
+    env = {**os.environ, "REFCNTD_CACHE": str(tmp_path / "cache")}  # no table of the -g build
+    result = refcntd(["run", "--", str(exe)], tmp_path / "r.json", env=env)
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    (group,) = process["groups"]
+    assert functions(group["stack"])[:2] == ["__refcnt__init", "zero_frame_new"]
+    assert "neither frame pointers nor an unwind table" in group["unwind"].get("reason", ""), \
+        group["unwind"]
