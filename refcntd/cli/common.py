@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
+from refcntd.inputs.safefs import atomic_write
 from refcntd.outputs import report
 
 # CI formats, policies and saved runs are imported where used: `attach` must
@@ -42,7 +43,7 @@ def emit(text: str, path: str | None) -> None:
         sys.stdout.write(text)
         return
     try:
-        Path(path).write_text(text)
+        atomic_write(path, text.encode())  # a link planted at `path` is replaced, not followed
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror}") from None
 

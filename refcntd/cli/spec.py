@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from refcntd.binary.specdraft import propose, render
+from refcntd.cli.common import emit
 from refcntd.errors import UsageError
 
 
@@ -20,7 +21,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     name = args.name or re.sub(r"\.so.*$", "", Path(args.library).name) + "-draft"
     text = render(draft, name)
     if args.output:
-        Path(args.output).write_text(text)
+        emit(text, args.output)
     else:
         print(text, end="")
     return 0

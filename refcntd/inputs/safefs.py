@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -217,7 +217,15 @@ def _dir_problem(directory: Path, allowed: set[int], last: bool) -> str | None:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` all at once: readers see the old file or the new one.
+    """Replace `path` with `data` all at once (atomic_file)."""
+    with atomic_file(path, mode) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A file to write that replaces `path` all at once when the block ends: readers see
+    the old file or the new one, and a big report is streamed, never held in memory.
 
     The new file is made by mkstemp in the target's directory (O_EXCL, a name
     no one can predict, never through a link), written, fsynced and renamed
@@ -230,7 +238,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, target)

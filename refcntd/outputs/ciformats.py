@@ -9,6 +9,8 @@ from xml.etree import ElementTree as ET
 
 from refcntd import __version__
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
+from refcntd.errors import UsageError
+from refcntd.inputs.safefs import UntrustedFileError, atomic_write, open_untrusted
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
 from refcntd.outputs.report import short_path
 from refcntd.symbolize.symbolizer import Frame
@@ -227,8 +229,24 @@ def write_github(result: RunResult, verdict: Verdict, root: Path, stream: TextIO
         print(line, file=stream)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a") as f:
-            f.write(github_summary(result, verdict))
+        append_summary(summary, github_summary(result, verdict))
+
+
+SUMMARY_LIMIT = 64 << 20  # GitHub itself caps a step summary at 1 MiB
+
+
+def append_summary(path: str, text: str) -> None:
+    """Append to the step summary as a new file renamed into place: the traced command
+    may have planted a link there, which must be neither followed nor read through."""
+    try:
+        with open_untrusted(path, SUMMARY_LIMIT, what="step summary") as old:
+            before = old.read_all()
+    except UntrustedFileError:  # missing, a link, a FIFO ...: start it anew
+        before = b""
+    try:
+        atomic_write(path, before + text.encode())
+    except OSError as err:
+        raise UsageError(f"cannot write GITHUB_STEP_SUMMARY {path}: {err.strerror}") from None
 
 
 def verdict_text(verdict: Verdict) -> str:

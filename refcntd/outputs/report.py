@@ -24,6 +24,7 @@ from refcntd.analysis.model import (
     TracingStatus,
     owned_objects,
 )
+from refcntd.inputs.safefs import atomic_file
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
     CulpritJson,
@@ -413,9 +414,11 @@ def run_json(result: RunResult, instances: bool = True) -> RunJson:
 
 
 def write_json(result: RunResult, path: str) -> None:
-    with open(path, "w") as f:
+    """Through a new file renamed into place: a link planted at `path` (by the traced
+    command, say) is replaced, never followed."""
+    with atomic_file(path) as f:
         for chunk in iter_json(result):
-            f.write(chunk)
+            f.write(chunk.encode())
 
 
 def iter_json(result: RunResult, chunk_objects: int = 20000) -> Iterator[str]:
