@@ -21,7 +21,7 @@ from refcntd.binary.elf import ElfImage
 from refcntd.binary.forked import Forked
 from refcntd.binary.hints import spec_key
 from refcntd.inputs.spec import Spec
-from refcntd.paths import CACHE_DIR, write_cache_json
+from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
 FORMAT = 1
 FORK_SCAN_BYTES = 1 << 20  # of .debug_info: a smaller scan is not worth a fork
@@ -123,7 +123,7 @@ class DwarfFacts:
         if path is None:
             return False
         try:
-            entry = json.loads(path.read_text())
+            entry = read_cache_json(path)  # None: TypeError below
             if entry["key"] != self.key or entry["digest"] != _digest(entry["body"]):
                 return False
             inlined = {k: _scan_from(s) for k, s in entry["body"]["inlined"].items()}

@@ -5,12 +5,11 @@ this module stays light (no ELF or DWARF readers)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 from refcntd.inputs.spec import Spec
-from refcntd.paths import CACHE_DIR, write_cache_json
+from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
 
 def spec_key(spec: Spec) -> str:
@@ -33,7 +32,7 @@ def _hint_key(binary: str, spec: Spec) -> str | None:
 def _hints(cache_dir: Path | None) -> dict[str, list[int | bool]]:
     """key -> [probe count, hold]; an older file's bare counts read as [count, False]."""
     try:
-        data = json.loads(((cache_dir or CACHE_DIR) / "analysis" / _HINTS).read_text())
+        data = read_cache_json((cache_dir or CACHE_DIR) / "analysis" / _HINTS)
         return {str(k): [int(v), False] if isinstance(v, int) else [int(v[0]), bool(v[1])]
                 for k, v in data.items()}
     except (OSError, ValueError, TypeError, AttributeError, IndexError, KeyError):

@@ -24,7 +24,7 @@ from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, Targ
 from refcntd.binary.elf import ElfImage, Symbol
 from refcntd.errors import BinaryError, UsageError
 from refcntd.inputs.files import file_stamp
-from refcntd.paths import CACHE_DIR
+from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
 MODE_ENTRY = "entry"
 MODE_CALLSITES = "callsites"
@@ -116,17 +116,15 @@ def _cached_scan(image: ElfImage, targets: dict[int, str], plt_slots: frozenset[
     cache = CACHE_DIR / f"callsites-{image.build_id}-{digest}.json"
     if image.build_id:
         try:
+            entries = read_cache_json(cache)  # None: AttributeError below
             return {int(t): TargetScan(int(t), [Site(*s) for s in v["sites"]], v["blockers"])
-                    for t, v in json.loads(cache.read_text()).items()}
-        except (OSError, ValueError, TypeError, KeyError):
+                    for t, v in entries.items()}
+        except (ValueError, TypeError, KeyError, AttributeError):
             pass
     results = ModuleScan(image, targets, plt_slots).results
     if image.build_id:
-        with contextlib.suppress(OSError):
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({t: {"sites": [_row(s) for s in r.sites],
-                                             "blockers": r.blockers}
-                                         for t, r in results.items()}))
+        write_cache_json(cache, {t: {"sites": [_row(s) for s in r.sites],
+                                     "blockers": r.blockers} for t, r in results.items()})
     return results
 
 

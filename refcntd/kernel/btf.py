@@ -8,12 +8,11 @@ offset taken from the running kernel's own /sys/kernel/btf/vmlinux.
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 import struct
 from pathlib import Path
 
-from refcntd.paths import CACHE_DIR, write_cache_json
+from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 BTF_MAGIC = 0xEB9F
@@ -56,7 +55,7 @@ def _cache_file(path: Path) -> Path:
 def _offset_cache(path: Path) -> dict[str, int | None]:
     if path not in _OFFSETS:
         try:
-            loaded = json.loads(_cache_file(path).read_text())
+            loaded = read_cache_json(_cache_file(path))  # None: AttributeError below
             _OFFSETS[path] = {str(k): v if isinstance(v, int) else None
                               for k, v in loaded.items()}
         except (OSError, ValueError, AttributeError):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from refcntd.errors import BinaryError
 from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, atomic_write, open_untrusted
 from refcntd.kernel.abi import CfaRule
-from refcntd.paths import CACHE_DIR
+from refcntd.paths import CACHE_DIR, read_cache
 
 if TYPE_CHECKING:  # attach's start imports this module (the loader): not pyelftools with it
     from refcntd.binary.elf import ElfImage, Segment
@@ -198,9 +198,8 @@ def _merge(fdes: list[_Fde]) -> list[_Fde]:
 
 
 def _read_cache(path: Path, build_id: bytes) -> CfiTable | None:
-    try:
-        data = path.read_bytes()
-    except OSError:
+    data = read_cache(path)
+    if data is None:
         return None
     if not data.startswith(CACHE_VERSION) or len(data) < len(CACHE_VERSION) + 28:
         return None
