@@ -89,10 +89,14 @@ def alloc_frames(frames: tuple[Frame, ...], probed: frozenset[str]) -> tuple[Fra
 
 
 def group_values(g: LeakGroup) -> tuple[int, int, int]:
-    """(objects, references, age in ms); a group drained as columns is read a chunk
-    at a time, never as a million objects at once."""
+    """(objects, references, age in ms); a group drained as columns (or any sequence with
+    `sums()`) is summed without an object each, another read a chunk at a time."""
     objects = g.objects
     n, refs, age_ns = len(objects), 0, 0
+    sums = getattr(objects, "sums", None)
+    if sums is not None:
+        refs, age_ns = sums()
+        return n, refs, age_ns // 1_000_000
     chunks: Iterable[Sequence[LeakedObject]] = (objects,) if isinstance(objects, list) \
         else (objects[i:i + _CHUNK] for i in range(0, n, _CHUNK))
     for chunk in chunks:

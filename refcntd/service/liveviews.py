@@ -16,13 +16,13 @@ other parameter is refused with 400, so a typo does not silently show everything
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 from urllib.parse import parse_qs
 
 from refcntd.analysis.leaks import ProcessModules, group_leaks
-from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult
 from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs import pprof
 from refcntd.outputs.html import render_html
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from refcntd.service.checkpoint import Route, Views
 
 STATE_LIVE = "live"
+MAX_SHOWN = 50  # objects kept per allocation site for the page (html.MAX_OBJECTS)
 PARAMETERS = ("target", "type", "seconds")
 Answer = tuple[str, str, bytes]
 
@@ -108,21 +109,87 @@ def live_results(views: Views, targets: set[str] | None = None,
 def live_processes(tracer: Tracer, show_cmdline: bool,
                    types: set[str] | None = None) -> list[ProcessReport]:
     """Every live object of the tracer's processes, read once from the kernel's object
-    map (not drained): run on the tracer's report worker."""
-    by_pid: dict[int, list[ObjectRecord]] = {}
+    map (not drained), counted per allocation site as it is read; only the first
+    MAX_SHOWN of each site are kept as objects.  Run on the tracer's report worker."""
+    now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    by_pid: dict[int, dict[tuple[str, int, int, int], _Site]] = {}
     for rec in tracer.kernel.live_objects():
-        by_pid.setdefault(rec.tgid, []).append(rec)
-    tracker, now_ns = tracer.tracker, time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        sites = by_pid.setdefault(rec.tgid, {})
+        key = (rec.type_name, rec.name_ptr, rec.stack_id, rec.caller_ip)
+        site = sites.get(key)
+        if site is None:
+            site = sites[key] = _Site()
+        site.add(rec, now_ns)
     out = []
-    for pid, records in sorted(by_pid.items()):
-        mods = ProcessModules(perf_map=load_perf_map(pid))
-        groups = [g for g in group_leaks(records, tracker.stacks, tracker.sym, now_ns, mods)
+    for pid, sites in sorted(by_pid.items()):
+        groups = [g for g in _groups(tracer, pid, sites, now_ns)
                   if types is None or g.type_name in types]
-        if not groups:
-            continue
-        command = read_cmdline(pid)
-        session = tracker.sessions.get(pid)
-        comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")
-        out.append(ProcessReport(pid, comm, command if show_cmdline else [], STATE_LIVE,
-                                 groups=groups))
+        if groups:
+            out.append(_process(tracer, pid, groups, show_cmdline))
     return out
+
+
+class _Site:
+    """The live objects of one (type, allocation stack) of a process, as read."""
+
+    def __init__(self) -> None:
+        self.objects, self.references, self.age_ns = 0, 0, 0
+        self.shown: list[ObjectRecord] = []
+
+    def add(self, rec: ObjectRecord, now_ns: int) -> None:
+        self.objects += 1
+        self.references += rec.count
+        self.age_ns += max(0, now_ns - rec.init_ns)
+        if len(self.shown) < MAX_SHOWN:
+            self.shown.append(rec)
+
+
+def _groups(tracer: Tracer, pid: int, sites: dict[tuple[str, int, int, int], _Site],
+            now_ns: int) -> list[LeakGroup]:
+    """Symbolized and grouped like a report, from the objects kept; each group then
+    counts every object of its sites (two sites may symbolize alike)."""
+    site_of = {rec.addr: site for site in sites.values() for rec in site.shown}
+    tracker = tracer.tracker
+    groups = group_leaks([rec for site in sites.values() for rec in site.shown],
+                         tracker.stacks, tracker.sym, now_ns,
+                         ProcessModules(perf_map=load_perf_map(pid)))
+    for g in groups:
+        mine = list({id(site_of[o.address]): site_of[o.address] for o in g.objects}.values())
+        g.objects = SummedObjects(g.objects[:MAX_SHOWN], sum(s.objects for s in mine),
+                                  sum(s.references for s in mine),
+                                  sum(s.age_ns for s in mine))  # type: ignore[assignment]
+    return sorted(groups, key=LeakGroup.order)
+
+
+def _process(tracer: Tracer, pid: int, groups: list[LeakGroup],
+             show_cmdline: bool) -> ProcessReport:
+    command = read_cmdline(pid)
+    session = tracer.tracker.sessions.get(pid)
+    comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")
+    return ProcessReport(pid, comm, command if show_cmdline else [], STATE_LIVE,
+                         groups=groups)
+
+
+class SummedObjects(Sequence[LeakedObject]):
+    """A live group's objects: every one counted (len, sums()), the first MAX_SHOWN kept
+    for the page to list (indexing reaches only those)."""
+
+    without_ownership = True  # no held_by or cycles: history is not read for live objects
+
+    def __init__(self, shown: list[LeakedObject], n: int, references: int,
+                 age_ns: int) -> None:
+        self.shown, self.n, self.references, self.age_ns = shown, n, references, age_ns
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> LeakedObject: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[LeakedObject]: ...
+
+    def __getitem__(self, i: int | slice) -> LeakedObject | list[LeakedObject]:
+        return self.shown[i]
+
+    def sums(self) -> tuple[int, int]:
+        return self.references, self.age_ns

@@ -75,3 +75,12 @@ def test_report_page() -> None:
     page = body.decode()
     assert (status, ctype) == ("200 OK", "text/html; charset=utf-8")
     assert "refcntd: live objects of svc" in page and "[sess]" in page and "other" not in page
+
+
+def test_every_object_counted_the_first_ones_listed() -> None:
+    many = Views(lambda: {"svc": [fake_tracer([("conn", 2)] * 120)]}, threading.RLock())
+    r = routes(many)
+    assert values(r["/debug/pprof/refcount"]("GET", "")[2]) == {"svc/conn": [120, 240]}
+    page = r["/report.html"]("GET", "")[2].decode()
+    assert "Live 120 object(s) of type <code>conn</code></b>, 240 reference(s)" in page
+    assert page.count("<tr><td><code>0x") == 50 and "... and 70 more objects" in page
