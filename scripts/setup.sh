@@ -34,7 +34,10 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           # so every run proves the venv does not pick it up (test_environment.py)
           python3-pyelftools
           # libseccomp's Python binding: the unit tests apply the unit's SystemCallFilter=
-          python3-seccomp)
+          python3-seccomp
+          # Go's own pprof (`go tool pprof`) reads the pprof profiles the tests write and
+          # scrape; headless Chromium opens the --format html report (docs/profiles.md)
+          golang-go chromium)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -215,6 +216,19 @@ class LeakedObjects(Sequence[LeakedObject]):
         if len(self._rows) == len(count):
             return sorted(set(count))
         return sorted(set(map(count.__getitem__, self._rows)))
+
+    def sums(self) -> tuple[int, int]:
+        """(sum of the counts, sum of the ages in ns) of these objects, without building
+        one (a pprof profile's references and age)."""
+        c, rows, now = self._c, self._rows, self._now
+        if len(rows) == len(c["count"]):
+            counts, inits = c["count"], c["init_ns"]
+        else:
+            counts, inits = (array(c[name].typecode, map(c[name].__getitem__, rows))
+                             for name in ("count", "init_ns"))
+        if not inits or max(inits) <= now:
+            return sum(counts), len(inits) * now - sum(inits)
+        return sum(counts), sum(max(0, now - i) for i in inits)
 
     def json_lines(self, start: int, stop: int) -> list[str]:
         """instance_json() of rows start..stop-1 as JSON text (the schema's field order)."""

@@ -68,12 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run CMD as this user (and group), without privileges, while "
                           "refcntd keeps its own (like strace -u); the environment is kept")
     _ci_args(run)
+    run.add_argument("--pprof", metavar="FILE", type=argtypes.output_path,
+                     help="also write the leaked objects as a gzip'd pprof profile")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
     rep = sub.add_parser("report", help="render a saved run (--json) again")
     rep.add_argument("run_json", metavar="RUN.json")
-    rep.add_argument("--format", choices=("text", "sarif", "junit", "github", "folded"),
-                     default="text", help="folded: stacks for flame graphs")
+    rep.add_argument("--format", choices=("text", "sarif", "junit", "github", "folded", "pprof",
+                                          "html"),
+                     default="text", help="folded: stacks for flame graphs; pprof: a gzip'd "
+                                          "pprof profile; html: one self-contained page")
     rep.add_argument("--output", metavar="FILE", type=argtypes.output_path,
                      help="write there instead of stdout")
     _ci_args(rep)

@@ -20,7 +20,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     root = Path(args.source_root)
     if args.format in ("sarif", "github") and not args.sarif:  # else ci_outputs warns
         warn_unlocated(result, verdict, root)
-    if args.format == "text":
+    if args.format == "pprof":
+        from refcntd.outputs.pprof import run_profile, write_bytes
+        write_bytes(run_profile([result]), args.output)
+    elif args.format == "html":
+        from refcntd.outputs.html import render_html
+        text = render_html([result])
+    elif args.format == "text":
         text = "".join(report.render_process(p) + "\n" for p in result.processes)
         text += report.render_run(result) + ciformats.verdict_text(verdict)
     elif args.format == "sarif":
@@ -33,6 +39,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         text = "\n".join(ciformats.github_annotations(result, verdict, root)) + "\n"
         text += ciformats.github_summary(result, verdict)
-    emit(text, args.output)
+    if args.format != "pprof":
+        emit(text, args.output)
     ci_outputs(result, verdict, args, sys.stderr, annotate=False)
     return run_exit_status(result, verdict, args.exitcode, args.strict)

@@ -37,6 +37,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run_command(plan, command, opts, printer(sys.stderr), early)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
+    if args.pprof:
+        from refcntd.outputs.pprof import write_profile
+        write_profile(result, args.pprof)
     ci_outputs(result, verdict, args, sys.stderr)
     return run_exit_status(result, verdict, args.exitcode, args.strict)
 

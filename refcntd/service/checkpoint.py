@@ -120,7 +120,8 @@ class Views:
                 body = json.dumps(self.json(since), indent=2).encode()
                 return "200 OK", "application/json", body
             return answer
-        return {"/checkpoint": mark, "/diff": view(True), "/live": view(False)}
+        from refcntd.service.liveviews import routes  # GET /debug/pprof/refcount, /report.html
+        return {"/checkpoint": mark, "/diff": view(True), "/live": view(False), **routes(self)}
 
     def _read(self, since: bool) -> dict[str, list[tuple[Tracer, list[ProcessSites]]]]:
         with self.lock:

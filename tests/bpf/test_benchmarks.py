@@ -60,6 +60,18 @@ def test_unwind_benchmark_smoke(bpf, tmp_path):
     assert all(t["rows"] > 0 for t in data["tables"] if not t.get("missing"))
 
 
+def test_bigpprof_benchmark_smoke(bpf, tmp_path):
+    """pprof at exit, from the saved run and live: each profile holds exactly N objects
+    (the benchmark checks), and every figure is there."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/bigpprof.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "bigpprof-smoke.json").read_text())["rows"]
+    assert row["objects"] == 1000 and row["pprof_kib"] < 4
+    assert all(row[k] > 0 for k in ("exit_to_pprof_s", "report_pprof_s", "report_text_s",
+                                    "report_html_s", "live_pprof_s", "live_maxrss_mib"))
+
+
 def test_scrape_benchmark_smoke(bpf, tmp_path):
     """serve's scrape and diff against live objects: the diff's count is exact and the
     kernel keeps a few entries per site, however many objects."""

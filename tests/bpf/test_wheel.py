@@ -60,6 +60,7 @@ def test_wheel_finds_its_data(bpf, wheel_venv, tmp_path):
         assert installed.is_relative_to(wheel_venv), installed  # not the checkout's copy
     assert (bpf_dir / "refcntd.c").is_file() and (bpf_dir / "refcntd.h").is_file()
     assert (spec_dir / "perf-stubs.yaml").is_file()
+    assert (package / "outputs" / "flame.js").is_file()  # package data: the HTML report's code
 
 
 def test_wheel_check_and_traced_run(bpf, build, wheel_venv, tmp_path):
@@ -77,3 +78,5 @@ def test_wheel_check_and_traced_run(bpf, build, wheel_venv, tmp_path):
     assert data["tracing"]["complete"], data["tracing"]
     assert len(data["processes"]) == 1
     assert_perflike_truth(data["processes"][0])
+    page = run_installed(wheel_venv, ["report", "--format", "html", str(report)], tmp_path)
+    assert page.returncode == 23 and "window.onerror" in page.stdout, page.stderr
