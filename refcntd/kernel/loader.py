@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from refcntd.errors import EnvironmentProblem, ProbeError
+from refcntd.errors import EnvironmentProblem
 from refcntd.kernel import abi, bpfsys, cfi, decode, perf_uprobe, progcache, setup
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import EventKind, Role, Stat
@@ -74,6 +74,10 @@ class Kernel:
         self._tables: set[tuple[int, int]] = set()  # (ino, dev) of files given to BPF
         self._cfi_rows_used = 0
         self.tables_not_loaded: list[str] = []  # cfi_rows full: shown as a note
+        self._user_gen = 0  # generations register_process gave out
+        self._callback_error: BaseException | None = None  # raised by the next poll()
+        self._deleting: threading.Thread | None = None  # drain_columns' background delete
+        self._prog = -1  # on_probe's fd, once loaded
         self.program = program if program is not None else compile_program(opts, len(sites))
         for attempt in (1, 2):
             try:
@@ -227,13 +231,6 @@ class Kernel:
             return str(err)
         return None
 
-    def require_all_attached(self) -> None:
-        if self.failed_probes:
-            first = self.failed_probes[0]
-            site = self.sites[first.site_index]
-            raise ProbeError(f"probe not installed: {site.role} {site.function} in "
-                             f"{site.module}: {first.stage}: {first.message}")
-
     def detach(self) -> None:
         self._finish_deletes()
         for fds in (self._links, self._perf_fds):
@@ -248,14 +245,10 @@ class Kernel:
         Generations assigned here have the top bit set so they never equal
         one the BPF side assigns from gen_counter.
         """
-        self._user_gen = getattr(self, "_user_gen", 0) + 1
+        self._user_gen += 1
         gen = (1 << 31) | self._user_gen
         self.bpf["procs"][ctypes.c_uint32(tgid)] = abi.ProcVal(gen=gen, flags=0, start_ns=0)
         return gen
-
-    def process_gen(self, tgid: int) -> int | None:
-        value = self.bpf["procs"].get(ctypes.c_uint32(tgid))
-        return None if value is None else value.gen
 
     def open_events(self, callback: Callable[[LifecycleEvent | AnomalyRecord], None]) -> None:
         """Deliver ring-buffer events to `callback`.
@@ -263,7 +256,7 @@ class Kernel:
         ctypes only prints exceptions raised inside a C callback; we keep the
         first one and re-raise it from poll() so a bug never drops events quietly.
         """
-        self._callback_error: BaseException | None = None
+        self._callback_error = None
 
         def on_raw(_ctx: object, data: int, _size: int) -> int:
             if self._callback_error is not None:
@@ -342,16 +335,15 @@ class Kernel:
                     doomed += raw[i * size:(i + 1) * size]
         if doomed:  # the kernel takes ~2 us a key: done while the report is made
             batch = (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed)
-            self._deleting: threading.Thread | None = threading.Thread(
+            self._deleting = threading.Thread(
                 target=_delete, args=(objs, batch), daemon=True)
             self._deleting.start()
         return ObjectColumns(tgid, builder.columns, self.type_names())
 
     def _finish_deletes(self) -> None:
         """Wait for drain_columns' background delete (ctypes releases the GIL meanwhile)."""
-        deleting = getattr(self, "_deleting", None)
-        if deleting is not None:
-            deleting.join()
+        if self._deleting is not None:
+            self._deleting.join()
             self._deleting = None
 
     def released_totals(self) -> dict[str, Totals]:
