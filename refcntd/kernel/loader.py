@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from refcntd.errors import EnvironmentProblem
+from refcntd.inputs.files import file_stamp
 from refcntd.kernel import abi, bpfsys, cfi, decode, perf_uprobe, progcache, setup
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import EventKind, Role, Stat
@@ -599,11 +600,8 @@ class Kernel:
 
     # ---- modules mapped later, for exported call-site mode (HOLD) -----------
     def file_key(self, path: str) -> abi.FileKey | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return abi.FileKey(ino=st.st_ino, dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev))
+        stamp = file_stamp(path)
+        return None if stamp is None else abi.FileKey(ino=stamp.ino, dev=stamp.kernel_dev)
 
     @property
     def holding(self) -> bool:

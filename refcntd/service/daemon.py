@@ -27,7 +27,7 @@ from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, Target, load_config
-from refcntd.inputs.files import file_stamp
+from refcntd.inputs.files import FileStamp, file_identity, file_stamp
 from refcntd.outputs import report
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint
@@ -52,7 +52,7 @@ class TargetRuntime:
     failed: dict[str, str] = field(default_factory=dict)  # binary path -> why
     # (dev, inode, size, mtime) of the file that failed: a file seen half-copied is
     # retried once its writer is done, even at the same inode
-    failed_stamp: dict[str, tuple[int, ...] | None] = field(default_factory=dict)
+    failed_stamp: dict[str, FileStamp | None] = field(default_factory=dict)
 
 
 class Daemon:
@@ -158,7 +158,7 @@ class Daemon:
         """Attach binaries that appeared, re-attach replaced ones (package upgrades:
         a new inode at the same path), detach the ones that are gone."""
         name = runtime.target.name
-        present = {p: _identity(p) for p in glob.glob(runtime.target.path)}
+        present = {p: file_identity(p) for p in glob.glob(runtime.target.path)}
         for path in list(runtime.tracers):
             now = present.get(path)
             if now == runtime.identity.get(path):
@@ -241,7 +241,7 @@ class Daemon:
                 tracer.adopt_running()
         except RefcntdError as err:
             runtime.failed[path] = err.message
-            runtime.identity[path] = _identity(path)
+            runtime.identity[path] = file_identity(path)
             runtime.failed_stamp[path] = stamp
             runtime.stats.attach_errors = len(runtime.failed)
             log.error("target=%s binary=%s cannot attach: %s", target.name, path, err.message)
@@ -250,7 +250,7 @@ class Daemon:
             return
         runtime.tracers[path] = tracer
         runtime.attached_at[path] = time.time()
-        runtime.identity[path] = _identity(path)
+        runtime.identity[path] = file_identity(path)
         runtime.stats.tracers = list(runtime.tracers.values())
         runtime.stats.probes_failed = 0
         for probe in tracer.tracing_status().probes:
@@ -271,7 +271,7 @@ class Daemon:
         """A newly exec'd program matching a target's glob is attached at once."""
         with self.lock:
             for runtime in self.targets.values():
-                if exe in runtime.identity and runtime.identity[exe] != _identity(exe):
+                if exe in runtime.identity and runtime.identity[exe] != file_identity(exe):
                     self._follow(runtime)  # replaced since attached: don't wait for the timer
                 retry = exe not in runtime.failed or \
                     runtime.failed_stamp.get(exe) != file_stamp(exe)
@@ -385,15 +385,6 @@ class Daemon:
 
     def collector(self) -> RefcntdCollector:
         return RefcntdCollector(self.view, lambda: self.store.stats)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of the file at `path` now; None when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _with_since(runtime: TargetRuntime) -> dict[str, tuple[Tracer, float]]:

@@ -22,6 +22,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.binary.plan import Plan, ProbeSite
+from refcntd.inputs.files import file_identity
 from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
 from refcntd.kernel.decode import pack_probe_cfgs
@@ -46,7 +47,6 @@ from refcntd.symbolize.symbolizer import (
     CallSiteFrame,
     FileId,
     Symbolizer,
-    file_id,
 )
 
 POLL_MS = 100
@@ -64,7 +64,7 @@ NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.it
 
 def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSiteFrame]:
     """Call-site probes whose stacks the report shows as the callee's entry probe's."""
-    ids = {m: file_id(m) for m in {s.module for s in sites}}
+    ids = {m: file_identity(m) for m in {s.module for s in sites}}
     return {(ids[s.module], s.symbol_vaddr + s.probe_offset):
             CallSiteFrame(s.site_kind, s.symbol_vaddr, s.site_length, s.callee_module)
             for s in sites if s.site_kind in ("call", "jmp")}

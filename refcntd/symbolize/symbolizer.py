@@ -22,6 +22,7 @@ from typing import Any
 
 from refcntd.binary.elf import read_build_id
 from refcntd.errors import BinaryError
+from refcntd.inputs.files import file_identity, file_stamp
 from refcntd.kernel.records import RawFrame
 from refcntd.symbolize.debugfiles import DebugFileFinder
 from refcntd.symbolize.modules import ModuleSymbols
@@ -57,15 +58,7 @@ class Frame:
         return f"{where}{src} ({self.module})"
 
 
-FileId = tuple[int, int] | None  # (st_dev, st_ino); None: the file cannot be found
-
-
-def file_id(path: str) -> FileId:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+FileId = tuple[int, int] | None  # file_identity: (st_dev, st_ino); None: no such file
 
 
 @dataclass(frozen=True)
@@ -92,12 +85,9 @@ class BuildIdIndex:
         self._roots: dict[int, tuple[int, str]] = {}  # tgid -> (root fd, /proc/PID/root)
 
     def add(self, path: str) -> str | None:
-        try:
-            st = os.stat(path)
-            self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev),
-                                      st.st_ino), str(Path(path).resolve()))
-        except OSError:
-            pass
+        stamp = file_stamp(path)
+        if stamp is not None:
+            self._by_file.setdefault((stamp.kernel_dev, stamp.ino), str(Path(path).resolve()))
         build_id = read_build_id(path)
         if build_id:
             self._by_id.setdefault(build_id, str(Path(path).resolve()))
@@ -168,16 +158,15 @@ class BuildIdIndex:
             fd = os.open(f"{root}{path}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) in self._held:
+        stamp = file_stamp(fd)
+        if stamp is None or stamp.identity in self._held:
             os.close(fd)
             return
         held = f"/proc/{os.getpid()}/fd/{fd}"
-        self._held[(st.st_dev, st.st_ino)] = held
+        self._held[stamp.identity] = held
         self._names[held] = where
         # the unwinder names frames by (kernel dev, inode): find it that way too
-        self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino),
-                                 held)
+        self._by_file.setdefault((stamp.kernel_dev, stamp.ino), held)
         build_id = read_build_id(held)
         if build_id:
             self._by_id.setdefault(build_id, held)
@@ -336,7 +325,7 @@ class Symbolizer:
             return
         path, vaddr = first
         if path not in self._ids:
-            self._ids[path] = file_id(path)
+            self._ids[path] = file_identity(path)
         site = self.call_sites.get((self._ids[path], vaddr))
         if site is None:
             return
