@@ -87,7 +87,7 @@ def main() -> int:
                     "grow_s": grow_s,
                     "scrape_s": timed(lambda: list(collector.collect())),
                     "diff_s": timed(lambda: daemon.views.json(True)),
-                    "walk_s": timed(lambda: tracer.kernel.live_objects(), 1),
+                    "walk_s": timed(lambda: tracer.kernel.objects.live_objects(), 1),
                     "site_entries": tracer.kernel.map_fill()["allocation_sites"][0],
                     "age_bins": tracer.kernel.map_fill()["age_bins"][0],
                     "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})

@@ -58,14 +58,14 @@ class Views:
             self.checkpoint = cp
             for tracers in self.tracers().values():
                 for tracer in tracers:
-                    tracer.kernel.set_checkpoint(cp.at_ns)
+                    tracer.kernel.site_maps.set_checkpoint(cp.at_ns)
         log.info("checkpoint at %s", time.strftime("%H:%M:%S", time.localtime(cp.wall)))
         return cp
 
     def adopt(self, tracer: Tracer) -> None:
         """A tracer attached after the checkpoint counts from it too."""
         if self.checkpoint is not None:
-            tracer.kernel.set_checkpoint(self.checkpoint.at_ns)
+            tracer.kernel.site_maps.set_checkpoint(self.checkpoint.at_ns)
 
     def json(self, since: bool) -> dict[str, object]:
         """Per target and process, the objects created since the checkpoint (`since`,
@@ -135,7 +135,7 @@ def _lost(tracer: Tracer) -> int:
 
 def _sites(tracer: Tracer, since: bool) -> list[ProcessSites]:
     by_pid: dict[int, list[SiteLive]] = {}
-    for site in tracer.kernel.site_lives():
+    for site in tracer.kernel.site_maps.site_lives():
         by_pid.setdefault(site.tgid, []).append(site)
     tracker, now_ns = tracer.tracker, time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     out = []

@@ -258,7 +258,7 @@ class Daemon:
                 log.error("target=%s binary=%s probe not installed: %s %s: %s", target.name,
                           path, probe.role, probe.function, probe.error)
         log.info("target=%s binary=%s attached (%d probes)", target.name, path,
-                 len(plan.sites) - len(tracer.kernel.failed_probes))
+                 len(plan.sites) - len(tracer.kernel.probes.failed_probes))
 
     def _remove_target(self, name: str) -> None:
         runtime = self.targets.pop(name)

@@ -94,12 +94,12 @@ class RefcntdCollector:
             for name, (inits, gets, puts, released) in tracer.released_totals().items():
                 for op, n in zip(OPS, (inits, gets, puts, released), strict=True):
                     ops[(name, op)] = ops.get((name, op), 0) + n
-            for site in k.site_lives(unnamed=True):  # running processes' unnamed objects
+            for site in k.site_maps.site_lives(unnamed=True):  # running processes' unnamed objects
                 if not site.type_name:
                     name = self._live_type(site.tgid, site.name_ptr)
                     for op, n in zip(OPS, site.ops, strict=True):
                         ops[(name, op)] = ops.get((name, op), 0) + n
-            for b in k.age_bins(now):
+            for b in k.site_maps.age_bins(now):
                 name = b.type_name or self._live_type(b.tgid, b.name_ptr)
                 age = max(0.0, (now - (b.start_ns + b.end_ns) / 2) / 1e9)
                 live.setdefault(name, []).append((age, b.count))
@@ -115,10 +115,11 @@ class RefcntdCollector:
                 f["dropped"].add_metric([t, stat.name.lower()], n)
             elif stat in NOTE_REASONS:
                 f["notes"].add_metric([t, stat.name.lower()], n)
-        attached = sum(len(tr.kernel.sites) - len(tr.kernel.failed_probes) for tr in s.tracers)
+        attached = sum(len(tr.kernel.probes.sites) - len(tr.kernel.probes.failed_probes)
+                       for tr in s.tracers)
         f["probes"].add_metric([t, "attached"], attached)
         f["probes"].add_metric([t, "failed"], s.probes_failed + sum(
-            len(tr.kernel.failed_probes) for tr in s.tracers))
+            len(tr.kernel.probes.failed_probes) for tr in s.tracers))
         f["attach_errors"].add_metric([t], s.attach_errors)
         for name, _op in ops:  # a known type with nothing live is 0, not an absent series
             live.setdefault(name, [])

@@ -37,6 +37,7 @@ from refcntd.kernel.records import (
     Totals,
     add_totals,
 )
+from refcntd.kernel.typetable import TYPE_NAME_MAX
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
@@ -72,7 +73,7 @@ def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSit
 
 def type_id(name: str) -> int:
     """The id bpf/refcntd.c:intern_type gives a type name (FNV-1a, low bit set)."""
-    return _fnv1a(name.encode()[:31]) | 1
+    return _fnv1a(name.encode()[:TYPE_NAME_MAX]) | 1
 
 
 def _fixed_type_ids(plan: Plan) -> dict[str, int]:
@@ -118,18 +119,18 @@ class Tracer:
         self._packed = pack_probe_cfgs(plan.sites, self._type_ids.__getitem__)
         ready = prefetch(plan.modules) if kopts.unwind_offsets is not None else None
         self.kernel = _load_kernel(kopts, plan, early)
-        self.vetting = Vetting(self.kernel, plan, self._type_ids.__getitem__,
-                               self._more_call_sites)
+        self.vetting = Vetting(self.kernel.probes, self.kernel.holds, plan,
+                               self._type_ids.__getitem__, self._more_call_sites)
         for tgid in continue_orphans():
             plan.notes.append(f"process {tgid} was left stopped by a refcntd that died while "
                               "it scanned a module the process mapped: continued")
-        self.unwind = UnwindTables(self.kernel, ready)
+        self.unwind = UnwindTables(self.kernel.unwind, ready)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
-        stacks = StackSource(self.kernel.stack_record)
+        stacks = StackSource(self.kernel.objects.stack_record)
         sym = Symbolizer(self.index, call_site_frames(plan.sites))
         self.worker = ReportWorker()
         self.types_lock = threading.Lock()  # pruned_totals and the kernel totals change together
@@ -140,7 +141,8 @@ class Tracer:
         self._fixed_ids = set(self._type_ids.values())
         self._max_types = kopts.max_types
         self.attached_at = 0.0  # time.time() when the probes were attached
-        self.tracker = SessionTracker(self.kernel, stacks, sym, self._report,
+        self.tracker = SessionTracker(self.kernel.objects, self.kernel.site_maps, stacks, sym,
+                                      self._report,
                                       submit=self.worker.submit)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
@@ -160,16 +162,16 @@ class Tracer:
 
     def start(self) -> None:
         for name, type_id in self._type_ids.items():
-            self.kernel.set_fixed_type(type_id, name)
+            self.kernel.types.set_fixed(type_id, name)
         with progress.stage("probe configuration"):
-            self.kernel.configure_probes(self._type_ids.__getitem__, self._packed)
+            self.kernel.probes.configure(self._type_ids.__getitem__, self._packed)
         self.kernel.open_events(self._on_event)
         with progress.stage("probe creation"):
-            self.kernel.attach_all()
+            self.kernel.probes.attach_all()
             self.attached_at = time.time()
             self.vetting.start()
-            why = self.plan.loader and self.kernel.attach_loader(self.plan.loader.path,
-                                                                 self.plan.loader.sites)
+            why = self.plan.loader and self.kernel.probes.attach_ldso(self.plan.loader.path,
+                                                                      self.plan.loader.sites)
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
@@ -231,16 +233,16 @@ class Tracer:
 
     def _prune_age_bins(self) -> None:
         """On the worker: reading the age bins removes those no longer needed."""
-        self.kernel.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+        self.kernel.site_maps.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
 
     def _prune_types(self) -> None:
         """On the worker: a long-running program can name more types over its life than
         the kernel's type table holds; types nothing uses any more make room."""
-        if self.kernel.type_count() < self._max_types * PRUNE_TYPES_AT:
+        if self.kernel.types.count() < self._max_types * PRUNE_TYPES_AT:
             return
-        keep = self.kernel.types_in_use() | self._fixed_ids
+        keep = self.kernel.types.in_use() | self._fixed_ids
         with self.types_lock:
-            folded = self.kernel.prune_types(keep)
+            folded = self.kernel.types.prune(keep)
             for name, sums in folded.items():
                 add_totals(self.pruned_totals, name, sums)
             self.types_pruned += len(folded)
@@ -252,7 +254,7 @@ class Tracer:
         (counters never go down)."""
         with self.types_lock:
             out = dict(self.pruned_totals)
-            for name, sums in self.kernel.released_totals().items():
+            for name, sums in self.kernel.types.released_totals().items():
                 add_totals(out, name, sums)
         with self.tracker.totals_lock:
             for name, sums in self.tracker.unnamed_totals.items():
@@ -270,24 +272,24 @@ class Tracer:
     def tracing_status(self, own: dict[Stat, int] | None = None) -> TracingStatus:
         """The tracer's status; with `own` (one process's counters), that process's
         losses and notes instead of the totals of every process traced so far."""
-        hits = self.kernel.probe_hits()
-        probes = probe_statuses(self.plan, self.kernel.failed_probes, hits)
+        hits = self.kernel.probes.hits()
+        probes = probe_statuses(self.plan, self.kernel.probes.failed_probes, hits)
         stats = self.kernel.stats() if own is None else {s: own.get(s, 0) for s in Stat}
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         lost.update(self.plan.scan_gaps)  # DWARF not examined for inlined copies
-        if self.kernel.stacks_freed_early and own is None:
+        if self.kernel.objects.stacks_freed_early and own is None:
             lost["allocation stacks freed with another process that shared them"] = \
-                self.kernel.stacks_freed_early
+                self.kernel.objects.stacks_freed_early
         unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
         if unseen and own is None:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
-        notes += self.kernel.multi_notes()
+        notes += self.kernel.probes.notes()
         notes += self.vetting.notes()
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
-                  for p in self.kernel.tables_not_loaded]
+                  for p in self.kernel.unwind.not_loaded]
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 

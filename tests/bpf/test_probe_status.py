@@ -63,10 +63,10 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
         saved = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (one_free_fd_limit(), saved[1]))
         try:
-            kernel.attach_all()  # multi=False: one perf event and one link per site
+            kernel.probes.attach_all()  # multi=False: one perf event and one link per site
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, saved)
-        failures = list(kernel.failed_probes)
+        failures = list(kernel.probes.failed_probes)
     first, *rest = failures
     assert (first.site_index, first.stage, first.errno) == (0, STAGE_LINK, errno.EMFILE)
     assert [(f.site_index, f.stage) for f in rest] == \
