@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
-from refcntd.outputs import report
+from refcntd.outputs import formats, report
 
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
@@ -55,9 +54,9 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
     if args.sarif or (annotate and os.environ.get("GITHUB_ACTIONS") == "true"):
         warn_unlocated(result, verdict, root)
     if args.sarif:
-        emit(json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n", args.sarif)
+        emit(formats.sarif(result, verdict, root), args.sarif)
     if args.junit:
-        emit(ciformats.junit(result, verdict), args.junit)
+        emit(formats.junit(result, verdict, root), args.junit)
     if annotate:
         print(ciformats.verdict_text(verdict), file=stream, end="")
         if os.environ.get("GITHUB_ACTIONS") == "true":
@@ -69,8 +68,6 @@ def warn_unlocated(result: RunResult, verdict: Verdict, root: Path) -> None:
     warning = ciformats.unlocated_warning(result, verdict, root)
     if warning:
         print(warning, file=sys.stderr)
-
-
 
 
 def printer(stream: TextIO) -> Callable[[ProcessReport], None]:

@@ -17,6 +17,7 @@ from refcntd import __version__, progress
 from refcntd.cli import argtypes
 from refcntd.errors import EXIT_FINDINGS, RefcntdError, UsageError
 from refcntd.inputs.config import DEFAULT_CONFIG
+from refcntd.outputs.formats import RENDERERS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="render a saved run (--json) again")
     rep.add_argument("run_json", metavar="RUN.json")
-    rep.add_argument("--format", choices=("text", "sarif", "junit", "github", "folded"),
+    rep.add_argument("--format", choices=tuple(RENDERERS),
                      default="text", help="folded: stacks for flame graphs")
     rep.add_argument("--output", metavar="FILE", type=argtypes.output_path,
                      help="write there instead of stdout")
