@@ -6,11 +6,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from refcntd.cli.common import ci_outputs, emit, run_exit_status, warn_unlocated
+from refcntd.cli import argtypes
+from refcntd.cli.options import ci_arguments
 from refcntd.outputs.formats import LOCATED, RENDERERS
 
+HELP = "render a saved run (--json) again"
 
-def cmd_report(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_json", metavar="RUN.json")
+    parser.add_argument("--format", choices=tuple(RENDERERS), default="text",
+                        help="folded: stacks for flame graphs")
+    parser.add_argument("--output", metavar="FILE", type=argtypes.output_path,
+                        help="write there instead of stdout")
+    ci_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from refcntd.cli.common import ci_outputs, emit, run_exit_status, warn_unlocated
     from refcntd.outputs.policy import Policy
     from refcntd.outputs.runjson import load_run
     result = load_run(args.run_json)

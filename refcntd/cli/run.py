@@ -8,18 +8,39 @@ import shutil
 import sys
 from pathlib import Path
 
-from refcntd.cli.early import early_compile, history_options
+from refcntd.cli import argtypes
+from refcntd.cli.options import (
+    ci_arguments,
+    output_arguments,
+    progress_arguments,
+    spec_arguments,
+)
 from refcntd.errors import UsageError
-from refcntd.inputs.spec import load_spec
-from refcntd.kernel import setup
-from refcntd.session.options import TraceOptions
+
+HELP = "run a command under the tracer; exit status says if it leaked"
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    spec_arguments(parser)
+    output_arguments(parser)
+    progress_arguments(parser)
+    parser.add_argument("--wait-descendants", type=argtypes.WAIT_SECONDS, default=10.0,
+                        metavar="SECONDS",
+                        help="after the command exits, wait this long for its traced "
+                             "descendants (default 10)")
+    ci_arguments(parser)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+def run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
+    from refcntd.cli.early import early_compile, history_options
+    from refcntd.inputs.spec import load_spec
+    from refcntd.kernel import setup
     from refcntd.outputs.policy import Policy
+    from refcntd.session.options import TraceOptions
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
                         max_stacks=args.max_stacks, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
