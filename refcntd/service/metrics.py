@@ -70,16 +70,19 @@ class RefcntdCollector:
         self.report_stats = report_stats
         self._type_cache: dict[tuple[int, int], str] = {}
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family collect() yields, without samples (client_python's Collector
+        protocol): the registry checks names at registration without reading a map."""
+        yield from cast(dict[str, Metric], _families()).values()
+        yield from _store_families()
+
     def collect(self) -> Iterator[Metric]:
         with self.view() as targets:
             families = _families()
             for stats in targets:
                 self._collect_target(stats, families)
             yield from cast(dict[str, Metric], families).values()
-        store = self.report_stats()
-        yield _counter("reports_written", "Report files written", [([], store.written)], [])
-        yield _counter("report_errors", "Report files that could not be written",
-                       [([], store.errors)], [])
+        yield from _store_families(self.report_stats())
 
     def _collect_target(self, s: TargetStats, f: _Families) -> None:
         t = s.name
@@ -198,12 +201,15 @@ def _buckets(ages: list[Aged]) -> list[tuple[str, int]]:
     return out + [("+Inf", sum(n for _, n in ages))]
 
 
-def _counter(name: str, doc: str, samples: list[tuple[list[str], int]], labels: list[str]
-             ) -> Metric:
-    c = CounterMetricFamily(f"refcntd_{name}", doc, labels=labels)
-    for values, n in samples:
-        c.add_metric(values, n)
-    return c
+def _store_families(store: StoreStats | None = None) -> list[Metric]:
+    """The report store's counters (None: the families alone, for describe())."""
+    written = CounterMetricFamily("refcntd_reports_written", "Report files written")
+    errors = CounterMetricFamily("refcntd_report_errors", "Report files that could not be "
+                                 "written")
+    if store is not None:
+        written.add_metric([], store.written)
+        errors.add_metric([], store.errors)
+    return [written, errors]
 
 
 class _Families(TypedDict):
@@ -275,8 +281,14 @@ class BuildInfo:
         self.labels = {"version": version, "python": platform.python_version(),
                        "bcc": bcc, "kernel": platform.release()}
 
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
     def collect(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily("refcntd_build_info", "Always 1; the labels say what is running",
-                              labels=list(self.labels))
+        g = self._family()
         g.add_metric(list(self.labels.values()), 1)
         yield g
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily("refcntd_build_info", "Always 1; the labels say what is "
+                                 "running", labels=list(self.labels))
