@@ -127,7 +127,7 @@ class RefcntdCollector:
         for name, _op in ops:  # a known type with nothing live is 0, not an absent series
             live.setdefault(name, [])
         keep = _kept_types(live, ops, s.leaked, s.max_type_labels)
-        f["types_pruned"].add_metric([t], sum(tr.types_pruned for tr in s.tracers))
+        f["types_pruned"].add_metric([t], sum(tr.type_keeper.pruned for tr in s.tracers))
         for tr in s.tracers:
             module = tr.plan.modules.get(tr.plan.binary)
             f["attached"].add_metric([t, tr.plan.binary, (module.build_id or "") if module

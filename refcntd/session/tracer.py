@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -40,6 +39,7 @@ from refcntd.kernel.records import (
 from refcntd.kernel.typetable import TYPE_NAME_MAX
 from refcntd.session.lifecycle import SessionTracker, read_cmdline
 from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.typekeeper import TypeKeeper
 from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting, continue_orphans
 from refcntd.session.worker import ReportWorker
@@ -53,7 +53,6 @@ from refcntd.symbolize.symbolizer import (
 POLL_MS = 100
 PRUNE_AGE_BINS_EVERY_S = 60.0  # a fine bin stops being needed ten minutes after its second
 PRUNE_TYPES_EVERY_S = 2.0  # how often the type table's fill is looked at
-PRUNE_TYPES_AT = 0.5  # share of the table in use from which unused types are removed
 
 # What each kernel counter means for the report, from bpf/refcntd.h: a "loss"
 # makes a run incomplete, a "note" is shown.
@@ -133,13 +132,9 @@ class Tracer:
         stacks = StackSource(self.kernel.objects.stack_record)
         sym = Symbolizer(self.index, call_site_frames(plan.sites))
         self.worker = ReportWorker()
-        self.types_lock = threading.Lock()  # pruned_totals and the kernel totals change together
-        self.pruned_totals: dict[str, Totals] = {}
-        self.types_pruned = 0
+        self.type_keeper = TypeKeeper(self.kernel.types, kopts.max_types, self._type_ids)
         self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
         self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
-        self._fixed_ids = set(self._type_ids.values())
-        self._max_types = kopts.max_types
         self.attached_at = 0.0  # time.time() when the probes were attached
         self.tracker = SessionTracker(self.kernel.objects, self.kernel.site_maps, stacks, sym,
                                       self._report,
@@ -161,8 +156,7 @@ class Tracer:
         self.kernel.detach()
 
     def start(self) -> None:
-        for name, type_id in self._type_ids.items():
-            self.kernel.types.set_fixed(type_id, name)
+        self.type_keeper.set_fixed()
         with progress.stage("probe configuration"):
             self.kernel.probes.configure(self._type_ids.__getitem__, self._packed)
         self.kernel.open_events(self._on_event)
@@ -225,7 +219,7 @@ class Tracer:
         self.worker.raise_error()
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
-            self.worker.submit(self._prune_types)
+            self.worker.submit(self.type_keeper.prune)
         if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
             # creation-time bins no longer needed go, scraped or not (attach never is)
             self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
@@ -235,27 +229,12 @@ class Tracer:
         """On the worker: reading the age bins removes those no longer needed."""
         self.kernel.site_maps.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
 
-    def _prune_types(self) -> None:
-        """On the worker: a long-running program can name more types over its life than
-        the kernel's type table holds; types nothing uses any more make room."""
-        if self.kernel.types.count() < self._max_types * PRUNE_TYPES_AT:
-            return
-        keep = self.kernel.types.in_use() | self._fixed_ids
-        with self.types_lock:
-            folded = self.kernel.types.prune(keep)
-            for name, sums in folded.items():
-                add_totals(self.pruned_totals, name, sums)
-            self.types_pruned += len(folded)
-
     def released_totals(self) -> dict[str, Totals]:
         """Per type name, (inits, gets, puts, releases) of released objects (every
         operation with SITES): the kernel's totals plus those of types pruned from its
         table and, with SITES, of reported processes' objects the kernel could not name
         (counters never go down)."""
-        with self.types_lock:
-            out = dict(self.pruned_totals)
-            for name, sums in self.kernel.types.released_totals().items():
-                add_totals(out, name, sums)
+        out = self.type_keeper.released_totals()
         with self.tracker.totals_lock:
             for name, sums in self.tracker.unnamed_totals.items():
                 add_totals(out, name, sums)
