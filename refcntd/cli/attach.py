@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.binary.sitemode import parse_modes
     from refcntd.cli.common import finish_output, printer
     from refcntd.cli.stages import analyse
-    from refcntd.session.tracer import attach
+    from refcntd.session.attach import attach
     plan = analyse(spec, args.binary, parse_modes(args.probe_mode))
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.binary.sitemode import parse_modes
     from refcntd.cli.common import ci_outputs, finish_output, printer, run_exit_status
     from refcntd.cli.stages import analyse
-    from refcntd.session.tracer import run_command
+    from refcntd.session.run import run_command
     plan = analyse(spec, exe, parse_modes(args.probe_mode))
     plan.require_complete()
     result = run_command(plan, command, opts, printer(sys.stderr), early)

@@ -26,7 +26,8 @@ from prometheus_client.core import (
 from refcntd.kernel.abi import Stat
 from refcntd.kernel.procmem import read_string
 from refcntd.outputs.reportstore import StoreStats
-from refcntd.session.tracer import LOST_REASONS, NOTE_REASONS, Tracer
+from refcntd.session.status import LOST_REASONS, NOTE_REASONS
+from refcntd.session.tracer import Tracer
 
 OTHER_TYPES = "_other"  # the one `type` label for types beyond a target's max_type_labels
 AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)

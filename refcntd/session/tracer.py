@@ -1,46 +1,41 @@
-"""Run and attach: wire plan -> kernel -> sessions -> reports together."""
+"""The Tracer: plan -> kernel -> sessions -> reports, wired together for run (run.py),
+attach (attach.py) and serve."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from refcntd import progress
 from refcntd.analysis import kept
 from refcntd.analysis.leaks import StackSource
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
-    ProbeStatus,
     ProcessReport,
     RunResult,
     TracingStatus,
 )
 from refcntd.binary.plan import Plan, ProbeSite
 from refcntd.inputs.files import file_identity
-from refcntd.inputs.spec import RoleSpec
-from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
+from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
 from refcntd.kernel.decode import pack_probe_cfgs
 from refcntd.kernel.loader import Kernel
 from refcntd.kernel.precompile import BackgroundCompile
-from refcntd.kernel.procctl import die_with_parent
 from refcntd.kernel.program import KernelOptions
 from refcntd.kernel.records import (
     AnomalyRecord,
     LifecycleEvent,
-    ProbeFailure,
     Totals,
     add_totals,
 )
 from refcntd.kernel.typetable import TYPE_NAME_MAX
-from refcntd.session.lifecycle import SessionTracker, read_cmdline
+from refcntd.session.lifecycle import SessionTracker
 from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.status import LOST_REASONS, NOTE_REASONS, probe_statuses, silent_roles
 from refcntd.session.typekeeper import TypeKeeper
-from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
+from refcntd.session.unwind import UnwindTables, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting, continue_orphans
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
@@ -53,14 +48,6 @@ from refcntd.symbolize.symbolizer import (
 POLL_MS = 100
 PRUNE_AGE_BINS_EVERY_S = 60.0  # a fine bin stops being needed ten minutes after its second
 PRUNE_TYPES_EVERY_S = 2.0  # how often the type table's fill is looked at
-
-# What each kernel counter means for the report, from bpf/refcntd.h: a "loss"
-# makes a run incomplete, a "note" is shown.
-LOST_REASONS = {stat: text.removeprefix("loss: ") for stat, text in STAT_TEXT.items()
-                if text.startswith("loss: ")}
-NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.items()
-                if text.startswith("note: ")}
-
 
 def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSiteFrame]:
     """Call-site probes whose stacks the report shows as the callee's entry probe's."""
@@ -272,216 +259,6 @@ class Tracer:
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
 
 
-def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
-    """Spec entries none of whose probes fired: wrong functions, or callers that
-    bypass them (inlined, a private alias) - or a run that never needed them."""
-    def key(entry: RoleSpec) -> tuple[str, tuple[str, ...], str | None]:
-        return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
-    fired: dict[tuple[str, tuple[str, ...], str | None], int] = {}
-    for site, n in zip(plan.sites, hits, strict=True):
-        fired[key(site.spec_role)] = fired.get(key(site.spec_role), 0) + n
-    return [f"{entry.role} role never fired in this run: "
-            f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
-            for entry in plan.spec.entries if fired.get(key(entry)) == 0]
-
-
-def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure],
-                   hits: list[int] | None = None) -> list[ProbeStatus]:
-    """One status per entry probe, and one per function for all of its call sites; a
-    failure names its site by index, never by text."""
-    failed = {f.site_index: f for f in failures}
-    hits = hits if hits is not None else [-1] * len(plan.sites)
-    out: dict[tuple[str, str, str, int], ProbeStatus] = {}
-    for i, (s, n) in enumerate(zip(plan.sites, hits, strict=True)):
-        failure = failed.get(i)
-        error = f"{failure.stage} failed: {failure.message}" if failure else ""
-        key = (s.role, s.function, s.module, i if s.mode == "entry" else -1)
-        old = out.get(key)
-        if old is None:
-            reason = next((d.reason for d in plan.decisions if (d.role, d.function, d.module)
-                           == key[:3] and d.mode == s.mode), s.reason) if s.mode != "entry" \
-                else s.reason
-            out[key] = ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, reason,
-                                   not error, error, s.mode, 1, n)
-            continue
-        worst = s.cost if s.cost == "single-step" else old.cost
-        out[key] = replace(old, cost=worst, installed=old.installed and not error,
-                           error=old.error or error, sites=old.sites + 1,
-                           hits=old.hits + n)
-    return list(out.values())
-
-
-# ---- run ------------------------------------------------------------------------
-def run_command(plan: Plan, command: list[str], opts: TraceOptions,
-                on_report: Callable[[ProcessReport], None],
-                early: BackgroundCompile | None = None) -> RunResult:
-    """Start `command` gated, register it, release it, trace it and its descendants."""
-    result = RunResult("run", plan.spec.name, command[0])
-    with Tracer(plan, filtered=True, opts=opts, on_report=on_report, early=early) as tracer:
-        tracer.start()
-        tracer.unwind.add([p for p in [command_path(command)] if p])
-        with progress.stage("per-process setup"):
-            child = Child(command)
-            root_gen = tracer.kernel.register_process(child.pid)
-            tracer.tracker.add_root(child.pid, root_gen, command)
-        tracer.tracker.wait_status = lambda tgid: _wait_root(child, tgid)
-        child.release()
-        with _forward_signals(child):
-            _trace_until_done(tracer, child, opts.descendant_grace_s)
-        result.command_status = _shell_status(child.wait(30.0))
-        return tracer.finish(result)
-
-
-class Child:
-    """The command started by `run`: forked, held at a gate until traced, then exec'd."""
-
-    def __init__(self, command: list[str]) -> None:
-        read_end, write_end = os.pipe()
-        parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - replaced by exec
-            _exec_after_gate(command, read_end, write_end, parent)
-        os.close(read_end)
-        self._gate = write_end
-        self.status: int | None = None  # wait status once reaped
-
-    def release(self) -> None:
-        os.write(self._gate, b"x")
-        os.close(self._gate)
-
-    def poll(self) -> int | None:
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.status = status
-        return self.status
-
-    def wait(self, timeout_s: float) -> int | None:
-        deadline = time.monotonic() + timeout_s
-        while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return self.status
-
-    def send_signal(self, signum: int) -> None:
-        if self.status is None:
-            os.kill(self.pid, signum)
-
-
-def _exec_after_gate(command: list[str], read_end: int, write_end: int, parent: int) -> None:
-    try:
-        die_with_parent(parent)  # a SIGKILLed refcntd must not leave CMD running
-        os.close(write_end)
-        os.read(read_end, 1)
-        os.close(read_end)
-        os.execvp(command[0], command)
-    except OSError as err:
-        os.write(2, f"refcntd: cannot run {command[0]}: {err.strerror}\n".encode())
-    finally:
-        os._exit(127)
-
-
-def _wait_root(child: Child, tgid: int) -> int | None:
-    return child.wait(5.0) if tgid == child.pid else None
-
-
-def _shell_status(status: int | None) -> int | None:
-    if status is None:
-        return None
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
-
-
-def _trace_until_done(tracer: Tracer, child: Child, grace_s: float) -> None:
-    deadline = None
-    while True:
-        tracer.poll()
-        if child.poll() is None:
-            continue
-        tracer.poll(0)
-        alive = [t for t in tracer.tracker.sessions if Path(f"/proc/{t}").exists()]
-        if not alive:
-            return
-        deadline = deadline or time.monotonic() + grace_s
-        if time.monotonic() > deadline:
-            return
-
-
-class _forward_signals:
-    """SIGINT/SIGTERM to refcntd go to the command; refcntd keeps tracing it to its end."""
-
-    def __init__(self, child: Child) -> None:
-        self.child = child
-        self.saved: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
-
-    def __enter__(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.saved[sig] = signal.signal(sig, self._forward)
-
-    def _forward(self, signum: int, _frame: object) -> None:
-        self.child.send_signal(signum)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
-
-
-# ---- attach ------------------------------------------------------------------------
-class _StopFlag:
-    def __init__(self) -> None:
-        self.stop = False
-
-    def __call__(self, _signum: int, _frame: object) -> None:
-        self.stop = True
-
-
-def attach(plan: Plan, pid: int | None, opts: TraceOptions,
-           on_report: Callable[[ProcessReport], None],
-           ready: Callable[[], None] = lambda: None,
-           early: BackgroundCompile | None = None,
-           started: Callable[[Tracer], Callable[[], None]] | None = None) -> RunResult:
-    """Trace until SIGINT/SIGTERM; system-wide, or `pid` and its descendants.
-    `started(tracer)`, once attached, returns what to run between polls (on this
-    thread: what a signal asked for)."""
-    result = RunResult("attach", plan.spec.name, plan.sites[0].module if plan.sites else "")
-    flag = _StopFlag()
-    saved = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with Tracer(plan, filtered=pid is not None, opts=opts, on_report=on_report,
-                    early=early) as tracer:
-            tracer.start()
-            with progress.stage("per-process setup"):
-                for tgid in _process_tree(pid) if pid is not None else []:
-                    gen = tracer.kernel.register_process(tgid)
-                    tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
-                    tracer.index.add_process_maps(f"/proc/{tgid}/maps")
-                    tracer.unwind.seed_process(tgid)
-                    tracer.vetting.vet_process(tgid)
-                if pid is None:
-                    tracer.adopt_running()
-            tick = started(tracer) if started is not None else (lambda: None)
-            ready()
-            while not flag.stop and not (pid is not None and _tree_gone(tracer)):
-                tracer.poll()
-                tick()
-            return tracer.finish(result)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-def _tree_gone(tracer: Tracer) -> bool:
-    """attach --pid: the process and every descendant seen so far have exited (pending
-    events are read first, so that a child forked just before its parent's exit counts)."""
-    if any(Path(f"/proc/{t}").exists() for t in tracer.tracker.sessions):
-        return False
-    tracer.kernel.poll(0)
-    if any(Path(f"/proc/{t}").exists() for t in tracer.tracker.sessions):
-        return False
-    progress.note("the traced process and its descendants have exited; detaching")
-    return True
-
-
 def _processes_mapping(modules: Iterable[str]) -> list[int]:
     """Running processes that map one of `modules` (their stacks need seeded mappings)."""
     names = {str(Path(m).resolve()) for m in modules}
@@ -490,23 +267,3 @@ def _processes_mapping(modules: Iterable[str]) -> list[int]:
         if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")}:
             found.append(int(entry.name))
     return found
-
-
-def _process_tree(root: int) -> list[int]:
-    """`root` and its living descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-

@@ -52,7 +52,7 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
     from refcntd.kernel.loader import Kernel
     from refcntd.kernel.program import KernelOptions
     from refcntd.kernel.records import STAGE_LINK, STAGE_OPEN
-    from refcntd.session.tracer import probe_statuses
+    from refcntd.session.status import probe_statuses
 
     plan = build_plan(load_spec("perf-stubs"), str(build.perflike("O2fp")), ENTRY)
     setup.prepare()
