@@ -62,7 +62,7 @@ def main() -> int:
                           f"targets:\n  - name: svc\n    path: {exe}\n    spec: perf-stubs\n")
         daemon = Daemon(load_config(str(config)))
         daemon.attach_all()
-        (tracer,) = daemon.targets["svc"].tracers.values()
+        (tracer,) = daemon.targets.runtimes["svc"].tracers.values()
         collector = daemon.collector()
         app = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True)

@@ -26,8 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     from refcntd.service import httpserver
-    from refcntd.service.daemon import Daemon, setup_logging
+    from refcntd.service.daemon import Daemon
     from refcntd.service.metrics import BuildInfo
+    from refcntd.service.systemd import setup_logging
     config = load_config(args.config)
     if args.check:
         return _check(config, args.strict)
