@@ -18,7 +18,7 @@ from pathlib import Path
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
-from refcntd.errors import RefcntdError
+from refcntd.errors import ConfigError, RefcntdError
 from refcntd.inputs.config import Target
 from refcntd.inputs.files import FileStamp, file_identity, file_stamp
 from refcntd.service.metrics import TargetStats
@@ -159,7 +159,7 @@ class Targets:
         """A tracer attached to the binary at `path`, reporting with its own status."""
         target = runtime.target
         opts = TraceOptions(history=target.history, comm_filter=target.comm,
-                            cgroup_id=_cgroup_id(target.cgroup), sites=True)
+                            cgroup_id=_cgroup_id(target), sites=True)
         # REFCNTD_PROBE_MODE, as for check/attach/run (serve has no --probe-mode)
         plan = build_plan(target.spec, path, parse_modes(os.environ.get("REFCNTD_PROBE_MODE")))
         plan.require_complete()
@@ -174,12 +174,13 @@ class Targets:
         return tracer
 
 
-def _cgroup_id(path: str | None) -> int | None:
-    """cgroup v2 id (the directory's inode) of a cgroup path, as BPF sees it."""
-    if path is None:
+def _cgroup_id(target: Target) -> int | None:
+    """cgroup v2 id (the directory's inode) of the target's cgroup, as BPF sees it."""
+    if target.cgroup is None:
         return None
     for root in CGROUP_ROOTS:
-        candidate = Path(root + path)
+        candidate = Path(root + target.cgroup)
         if candidate.is_dir() and (candidate / "cgroup.procs").exists():
             return candidate.stat().st_ino
-    raise RefcntdError(f"cgroup {path} not found under {' or '.join(CGROUP_ROOTS)}")
+    raise ConfigError(*target.cgroup_at, f"cgroup {target.cgroup} not found under "
+                      f"{' or '.join(CGROUP_ROOTS)}")
