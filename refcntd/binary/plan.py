@@ -85,7 +85,7 @@ class ModuleInfo:
 
 
 @dataclass(frozen=True)
-class LoaderProbe:
+class LdsoProbe:
     """Where ld.so calls _dl_debug_state(): the BPF side learns each loaded
     library's path there.  The call sites, not the function: its body is a
     `ret` the kernel would single-step, a `call` it emulates."""
@@ -112,7 +112,7 @@ class CrossModule:
 class Plan:
     spec: Spec
     sites: list[ProbeSite] = field(default_factory=list)
-    loader: LoaderProbe | None = None
+    ldso: LdsoProbe | None = None
     modules: dict[str, ModuleInfo] = field(default_factory=dict)
     usdt: dict[str, list[sdt.SdtProbe]] = field(default_factory=dict)  # module -> its SDT probes
     problems: list[str] = field(default_factory=list)  # a required probe cannot be placed
@@ -235,8 +235,8 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         role.library or "": (resolve_library(role.library, main) if role.library
                              else str(main.path.resolve())) for role in spec.entries}
     plan.problems += specchecks.double_counts(spec, libraries, images)
-    plan.loader = find_loader_probe(main)
-    if plan.loader is None:
+    plan.ldso = find_ldso_probe(main)
+    if plan.ldso is None:
         plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
                           "resolved only if the library sits next to a known module")
     for path, image in images.items():
@@ -506,36 +506,36 @@ def _plan_usdt_site(plan: Plan, role: RoleSpec, image: ElfImage, module: str,
     return None
 
 
-DEFAULT_LOADER = "/lib64/ld-linux-x86-64.so.2"
+DEFAULT_LDSO = "/lib64/ld-linux-x86-64.so.2"
 
 
-def find_loader_probe(exe: ElfImage) -> LoaderProbe | None:
-    """Locate the calls to _dl_debug_state and _r_debug in the program's dynamic loader."""
-    interp = exe.interpreter() or DEFAULT_LOADER
+def find_ldso_probe(exe: ElfImage) -> LdsoProbe | None:
+    """Locate the calls to _dl_debug_state and _r_debug in the program's ld.so."""
+    interp = exe.interpreter() or DEFAULT_LDSO
     try:
-        loader = ElfImage(Path(interp).resolve())
+        ldso = ElfImage(Path(interp).resolve())
     except BinaryError:
         return None
-    state = loader.symbols.get("_dl_debug_state")
-    rdebug = loader.data_symbol("_r_debug")
+    state = ldso.symbols.get("_dl_debug_state")
+    rdebug = ldso.data_symbol("_r_debug")
     if not state or rdebug is None:
         return None
-    calls = _cached_call_sites(loader, state[0].vaddr)
+    calls = _cached_call_sites(ldso, state[0].vaddr)
     sites = tuple((off, rdebug - vaddr) for vaddr in calls
-                  if (off := loader.vaddr_to_offset(vaddr)) is not None)
-    return LoaderProbe(str(loader.path), sites) if sites else None
+                  if (off := ldso.vaddr_to_offset(vaddr)) is not None)
+    return LdsoProbe(str(ldso.path), sites) if sites else None
 
 
-def _cached_call_sites(loader: ElfImage, target: int) -> list[int]:
+def _cached_call_sites(ldso: ElfImage, target: int) -> list[int]:
     """Confirming call sites parses .eh_frame (0.1 s): kept per ld.so build-id."""
-    cache = CACHE_DIR / f"ldso-{loader.build_id}-{target:x}.json"
-    if loader.build_id:
+    cache = CACHE_DIR / f"ldso-{ldso.build_id}-{target:x}.json"
+    if ldso.build_id:
         try:
             return [int(x) for x in json.loads(cache.read_text())]
         except (OSError, ValueError):
             pass
-    calls = probepoint.call_sites(loader, target)
-    if loader.build_id:
+    calls = probepoint.call_sites(ldso, target)
+    if ldso.build_id:
         with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(calls))

@@ -98,7 +98,7 @@ class Tracer:
         self.filtered = filtered
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
-        kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
+        kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         kopts = replace(kopts, hold=bool(plan.cross))
         self._type_ids = _fixed_type_ids(plan)
         # read while the early compile may still be running: the main thread would wait
@@ -151,8 +151,8 @@ class Tracer:
             self.kernel.probes.attach_all()
             self.attached_at = time.time()
             self.vetting.start()
-            why = self.plan.loader and self.kernel.probes.attach_ldso(self.plan.loader.path,
-                                                                      self.plan.loader.sites)
+            why = self.plan.ldso and self.kernel.probes.attach_ldso(self.plan.ldso.path,
+                                                                    self.plan.ldso.sites)
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")

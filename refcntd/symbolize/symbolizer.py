@@ -138,7 +138,7 @@ class BuildIdIndex:
             os.close(held[0])
 
     def add_library(self, path: str, tgid: int | None = None) -> None:
-        """A path process `tgid` maps or its dynamic loader reported; indexed once."""
+        """A path process `tgid` maps or ld.so reported for it; indexed once."""
         if not path.startswith("/"):
             return
         root = self._roots.get(tgid) if tgid is not None else None
