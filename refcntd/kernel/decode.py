@@ -26,7 +26,7 @@ from refcntd.kernel.records import (
 )
 
 if TYPE_CHECKING:
-    from refcntd.binary.plan import ProbeSite
+    from refcntd.binary.probesite import ProbeSite
     from refcntd.binary.sdt import ArgLoc
 
 

@@ -35,7 +35,7 @@ from refcntd.kernel.unwindmaps import BpfUnwindMaps
 from refcntd.paths import CACHE_DIR
 
 if TYPE_CHECKING:  # attach's start imports this module: not the binary analysis with it
-    from refcntd.binary.plan import ProbeSite
+    from refcntd.binary.probesite import ProbeSite
 
 USER_GEN_BIT = 1 << 31  # generations given here; the BPF side's gen_counter never sets it
 COMM_MAX = 15  # bytes of a command name the kernel keeps (TASK_COMM_LEN, NUL aside)

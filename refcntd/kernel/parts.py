@@ -36,7 +36,7 @@ from refcntd.kernel.records import (
 )
 
 if TYPE_CHECKING:
-    from refcntd.binary.plan import ProbeSite
+    from refcntd.binary.probesite import ProbeSite
 
 TypeIds = Callable[[str], int]  # a constant type name -> the id the BPF side gives it
 

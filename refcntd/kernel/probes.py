@@ -20,7 +20,7 @@ from refcntd.kernel.program import Program
 from refcntd.kernel.records import STAGE_LINK, STAGE_MULTI, STAGE_OPEN, ProbeFailure
 
 if TYPE_CHECKING:  # attach's start imports this module: not the binary analysis with it
-    from refcntd.binary.plan import ProbeSite
+    from refcntd.binary.probesite import ProbeSite
 
 U64_MASK = (1 << 64) - 1  # a BPF cookie is a u64: negative deltas go in two's complement
 

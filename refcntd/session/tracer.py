@@ -17,7 +17,8 @@ from refcntd.analysis.model import (
     RunResult,
     TracingStatus,
 )
-from refcntd.binary.plan import Plan, ProbeSite
+from refcntd.binary.plan import Plan
+from refcntd.binary.probesite import ProbeSite
 from refcntd.inputs.files import file_identity
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
 from refcntd.kernel.decode import pack_probe_cfgs

@@ -21,14 +21,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from refcntd.binary.callsiteplan import importer_sites
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import (
-    CrossModule,
-    Plan,
-    ProbeSite,
-    importer_sites,
-    resolve_library,
-)
+from refcntd.binary.libpaths import resolve_library
+from refcntd.binary.plan import Plan
+from refcntd.binary.probesite import CrossModule, ProbeSite
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import FileKey, HoldKey
