@@ -22,6 +22,7 @@ DEFAULT_REPORT_DIR = "/var/lib/refcntd/reports"
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _SIZE = re.compile(r"^(\d+)(B|KiB|MiB|GiB)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+COMM_MAX = 15  # bytes of a command name the kernel keeps (TASK_COMM_LEN, NUL aside)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _target(node: YNode) -> Target:
     if not path.startswith("/"):
         raise fields["path"].fail("must be an absolute path (a glob is allowed)")
     spec = _spec(fields["spec"]) if "spec" in fields else load_spec("perf-stubs")
-    comm = tuple(c.string()[:15] for c in fields["comm"].items()) if "comm" in fields else ()
+    comm = tuple(c.string()[:COMM_MAX] for c in fields["comm"].items()) if "comm" in fields else ()
     cgroup = fields["cgroup"].string() if "cgroup" in fields else None
     if cgroup is not None and not cgroup.startswith("/"):
         raise fields["cgroup"].fail("a cgroup path starts with / (e.g. /system.slice/x.service)")

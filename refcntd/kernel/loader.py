@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from refcntd.errors import EnvironmentProblem
+from refcntd.inputs.config import COMM_MAX
 from refcntd.kernel import abi, bpfsys, decode, parts, progcache, setup
 from refcntd.kernel.abi import EventKind, Stat
 from refcntd.kernel.holdmaps import BpfHoldMaps
@@ -38,7 +39,6 @@ if TYPE_CHECKING:  # attach's start imports this module: not the binary analysis
     from refcntd.binary.probesite import ProbeSite
 
 USER_GEN_BIT = 1 << 31  # generations given here; the BPF side's gen_counter never sets it
-COMM_MAX = 15  # bytes of a command name the kernel keeps (TASK_COMM_LEN, NUL aside)
 
 
 class Kernel:

@@ -7,7 +7,7 @@ narrow `EbpfHandler`).
 |---|---|---|
 | `Probes` | probes.BpfProbes | session/tracer.py, session/vetting.py, service/ |
 | `Objects` | objects.BpfObjects | session/lifecycle.py, session/tracer.py (stacks) |
-| `TypeTable` | typetable.BpfTypeTable | session/typeprune.py |
+| `TypeTable` | typetable.BpfTypeTable | session/typekeeper.py |
 | `SiteMaps` | sitemaps.BpfSiteMaps | session/lifecycle.py, service/ (metrics, checkpoints) |
 | `HoldMaps` | holdmaps.BpfHoldMaps | session/vetting.py |
 | `UnwindMaps` | unwindmaps.BpfUnwindMaps | session/unwind.py |

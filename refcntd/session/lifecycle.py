@@ -29,6 +29,7 @@ from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
+from refcntd.inputs.config import COMM_MAX
 from refcntd.kernel.abi import EventKind
 from refcntd.kernel.columns import ObjectColumns
 from refcntd.kernel.parts import Objects, SiteMaps
@@ -95,7 +96,7 @@ class SessionTracker:
             self._on_exit(ev)
 
     def add_root(self, tgid: int, gen: int, command: list[str]) -> None:
-        self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:15], list(command))
+        self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:COMM_MAX], list(command))
 
     def _on_execve(self, ev: LifecycleEvent) -> None:
         command = list(ev.argv) or [ev.path]
