@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
-from refcntd.outputs import formats, report
+from refcntd.outputs import formats, report, reportjson
 
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
@@ -80,6 +80,6 @@ def finish_output(result: RunResult, args: argparse.Namespace, stream: TextIO) -
     print(report.render_run(result), file=stream, end="", flush=True)
     if args.json:
         try:
-            report.write_json(result, args.json)
+            reportjson.write_json(result, args.json)
         except OSError as err:
             raise UsageError(f"cannot write {args.json}: {err.strerror}") from None

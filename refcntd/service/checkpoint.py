@@ -21,7 +21,7 @@ from refcntd.analysis.leaks import group_sites
 from refcntd.analysis.model import ProcessSites
 from refcntd.kernel.abi import Stat
 from refcntd.kernel.records import SiteLive
-from refcntd.outputs import report
+from refcntd.outputs import report, reportjson
 from refcntd.outputs.folded import folded_sites
 from refcntd.session.lifecycle import read_cmdline
 from refcntd.session.tracer import Tracer
@@ -75,7 +75,7 @@ class Views:
         views = self._read(since)
         out: dict[str, object] = {"checkpoint": self.checkpoint.wall} if since and \
             self.checkpoint else {}
-        out["targets"] = {name: [report.sites_json(p, since) for _, ps in v for p in ps]
+        out["targets"] = {name: [reportjson.sites_json(p, since) for _, ps in v for p in ps]
                           for name, v in views.items()}
         out["not_counted"] = {name: sum(_lost(tr) for tr, _ in v) for name, v in views.items()}
         return out

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from refcntd.analysis.model import STATE_LIVE_AT_DETACH, ProcessReport, RunResult
 from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, load_config
-from refcntd.outputs import report
+from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint
 from refcntd.service.metrics import RefcntdCollector, TargetStats
@@ -239,7 +239,7 @@ class Daemon:
             result.tracing = tracer.tracing_status(p.kernel_stats)
         text = report.render_process(p) + report.render_tracing(result.tracing)
         try:
-            path = self.store.write(runtime.target.name, p.pid, report.run_json(result), text)
+            path = self.store.write(runtime.target.name, p.pid, reportjson.run_json(result), text)
         except OSError as err:
             log.error("target=%s pid=%d report not written to %s: %s", runtime.target.name,
                       p.pid, self.store.dir, err.strerror)

@@ -11,7 +11,7 @@ import pytest
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.cli.main import main
-from refcntd.outputs import report
+from refcntd.outputs import reportjson
 
 BAD_KINDS = {
     "latin1": ("not UTF-8 text (byte 0xe9 at offset 6)",
@@ -24,8 +24,8 @@ BAD_KINDS = {
 
 
 def saved_run(path: Path) -> Path:
-    report.write_json(RunResult("run", "perf-stubs", "x", [ProcessReport(1, "x", [], "exited")]),
-                      str(path))
+    process = ProcessReport(1, "x", [], "exited")
+    reportjson.write_json(RunResult("run", "perf-stubs", "x", [process]), str(path))
     return path
 
 
