@@ -54,17 +54,17 @@ def measure(exe: Path, multi: bool) -> dict[str, Any]:
     before = held_fds()
     try:
         t0 = time.monotonic()
-        kernel.attach_all()
+        kernel.probes.attach_all()
         attach_s = time.monotonic() - t0
         held = {k: v - before[k] for k, v in held_fds().items()}
-        assert not kernel.failed_probes, kernel.failed_probes[:3]
-        assert not multi or not kernel.multi_refused, kernel.multi_refused
+        assert not kernel.probes.failed_probes, kernel.probes.failed_probes[:3]
+        assert not multi or not kernel.probes.multi_refused, kernel.probes.multi_refused
     finally:
         t0 = time.monotonic()
         kernel.detach()
         detach_s = time.monotonic() - t0
     return {"probes": len(plan.sites), "attach_s": attach_s, "detach_s": detach_s,
-            "multi_links": kernel.multi_links, "bpf_links": held["bpf_link"],
+            "multi_links": kernel.probes.multi_links, "bpf_links": held["bpf_link"],
             "perf_events": held["[perf_event]"]}
 
 

@@ -294,9 +294,9 @@ def attach_sites(n: int, out: Path) -> dict:
                         multi=multi)
         try:
             t0 = time.monotonic()
-            kernel.attach_all()
+            kernel.probes.attach_all()
             timings[multi] = time.monotonic() - t0
-            assert not kernel.failed_probes, kernel.failed_probes[:3]
+            assert not kernel.probes.failed_probes, kernel.probes.failed_probes[:3]
         finally:
             t0 = time.monotonic()
             kernel.detach()

@@ -62,7 +62,7 @@ def main() -> int:
                           f"targets:\n  - name: svc\n    path: {exe}\n    spec: perf-stubs\n")
         daemon = Daemon(load_config(str(config)))
         daemon.attach_all()
-        (tracer,) = daemon.targets["svc"].tracers.values()
+        (tracer,) = daemon.targets.runtimes["svc"].tracers.values()
         collector = daemon.collector()
         app = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True)
@@ -87,7 +87,7 @@ def main() -> int:
                     "grow_s": grow_s,
                     "scrape_s": timed(lambda: list(collector.collect())),
                     "diff_s": timed(lambda: daemon.views.json(True)),
-                    "walk_s": timed(lambda: tracer.kernel.live_objects(), 1),
+                    "walk_s": timed(lambda: tracer.kernel.objects.live_objects(), 1),
                     "site_entries": tracer.kernel.map_fill()["allocation_sites"][0],
                     "age_bins": tracer.kernel.map_fill()["age_bins"][0],
                     "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})

@@ -41,7 +41,7 @@ from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
 @dataclass
 class StackSource:
-    """Read access to the kernel's stack store (kernel.Kernel.stack_record)."""
+    """Read access to the kernel's stack store (kernel.parts.Objects.stack_record)."""
 
     record: Callable[[int], StackRecord | None]
 
@@ -103,9 +103,9 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
 
 def group_sites(sites: list[SiteLive], stacks: StackSource, sym: Symbolizer, now_ns: int,
                 since: bool = False) -> list[SiteGroup]:
-    """One process's per-site counts (Kernel.site_lives) as groups by (type, allocation
-    stack), each stack symbolized once; `since`: only objects created since the
-    checkpoint, most first."""
+    """One process's per-site counts (kernel.parts.SiteMaps.site_lives) as groups by
+    (type, allocation stack), each stack symbolized once; `since`: only objects created
+    since the checkpoint, most first."""
     mods = ProcessModules()
     groups: dict[LeakKey, SiteGroup] = {}
     for site in sites:  # two stack ids may symbolize alike (a first walk cut earlier)
@@ -127,7 +127,7 @@ def group_sites(sites: list[SiteLive], stacks: StackSource, sym: Symbolizer, now
 def unnamed_operations(sites: list[SiteLive], stacks: StackSource, sym: Symbolizer,
                        mods: ProcessModules) -> dict[str, Totals]:
     """The operations the kernel counted per site for objects it could not name (a
-    reported process's, Kernel.take_sites), per type name read from the files."""
+    reported process's, SiteMaps.take_sites), per type name read from the files."""
     out: dict[str, Totals] = {}
     for site in sites:
         if site.type_name or not any(site.ops):

@@ -26,6 +26,10 @@ from refcntd.inputs.files import open_regular, read_bytes
 # Suffixes gcc gives to compiler-made copies of a function (IPA clones, split parts).
 CLONE_RE = re.compile(r"^(?P<base>[^.]+)\.(?P<kind>constprop|isra|part|cold|lto_priv|localalias)"
                       r"(\.\d+)*(\..*)?$")
+PT_NOTE = 4  # program header of a note segment
+NT_GNU_BUILD_ID = 3  # note type of a GNU build-id
+SYM_FORMAT = "<IBBHQQ"  # Elf64_Sym: st_name, st_info, st_other, st_shndx, st_value, st_size
+SYM_SIZE = struct.calcsize(SYM_FORMAT)  # 24
 
 
 @dataclass(frozen=True)
@@ -185,10 +189,10 @@ class ElfImage:
         if index not in self._symbol_tables:
             rows: list[SymbolRow] = []
             section = self._elf.get_section(index) if index else None
-            if isinstance(section, SymbolTableSection) and section["sh_entsize"] == 24:
+            if isinstance(section, SymbolTableSection) and section["sh_entsize"] == SYM_SIZE:
                 strtab = self._elf.get_section(section["sh_link"]).data()
                 for st_name, info, other, shndx, value, _size in struct.iter_unpack(
-                        "<IBBHQQ", section.data()):
+                        SYM_FORMAT, section.data()):
                     end = strtab.find(b"\0", st_name)
                     rows.append(SymbolRow(strtab[st_name:end if end >= 0 else None].decode(
                         errors="replace"), value, info, other, shndx))
@@ -339,7 +343,7 @@ def read_build_id(path: str | os.PathLike[str]) -> str | None:
             for i in range(phnum):
                 p_type, _flags, p_offset, _v, _p, p_filesz = struct.unpack_from(
                     "<IIQQQQ", table, i * phentsize)
-                if p_type == 4:  # PT_NOTE
+                if p_type == PT_NOTE:
                     f.seek(p_offset)
                     found = _build_id_in_notes(f.read(min(p_filesz, 4096)))
                     if found:
@@ -356,7 +360,7 @@ def _build_id_in_notes(notes: bytes) -> str | None:
         namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
         name_end = pos + 12 + ((namesz + 3) & ~3)
         desc = notes[name_end:name_end + descsz]
-        if ntype == 3 and notes[pos + 12:pos + 12 + namesz].rstrip(b"\0") == b"GNU":
+        if ntype == NT_GNU_BUILD_ID and notes[pos + 12:pos + 12 + namesz].rstrip(b"\0") == b"GNU":
             return desc.hex()
         pos = name_end + ((descsz + 3) & ~3)
     return None

@@ -95,7 +95,8 @@ def refused_reason(insn: capstone.CsInsn) -> str | None:
 
 
 def cost_of(insn: capstone.CsInsn) -> str:
-    """How this kernel handles a breakpoint on the instruction (see DESIGN.md costs)."""
+    """How this kernel handles a breakpoint on the instruction (README.md, "How it works,
+    and why": probe placement)."""
     raw = bytes(insn.bytes)
     if raw == NOP5:
         return COST_OPTIMIZED

@@ -23,7 +23,7 @@ from refcntd.binary import callsites, probepoint
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, TargetScan
 from refcntd.binary.elf import ElfImage, Symbol
 from refcntd.errors import BinaryError, UsageError
-from refcntd.inputs.files import file_stamp
+from refcntd.inputs.files import FileStamp, file_stamp
 from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
 MODE_ENTRY = "entry"
@@ -287,7 +287,7 @@ def scan_targets(image: ElfImage, names: list[str], clone_of: Callable[[str], li
 
 
 MAX_LOAD_SETS = 8  # programs whose load sets are kept: each holds its files' bytes
-Stamped = tuple[list[ElfImage], list[tuple[int, ...] | None]]  # the modules, their file_stamps
+Stamped = tuple[list[ElfImage], list[FileStamp | None]]  # the modules, their file_stamps
 _LOAD_SETS: dict[tuple[str, str], Stamped] = {}  # least recently used first
 
 

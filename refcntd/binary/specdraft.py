@@ -83,7 +83,7 @@ def spec_library(image: ElfImage) -> str:
     """What the draft's `library:` says: the name ld.so would find this very file by
     (its soname or file name, as the bundled specs say `libgobject-2.0.so.0`), or else
     its absolute path, so that the spec names the file that was read and no other."""
-    from refcntd.binary.plan import resolve_library  # plan imports this module
+    from refcntd.binary.libpaths import resolve_library
     path = image.path.resolve()
     for name in dict.fromkeys(n for n in (image.soname(), image.path.name) if n):
         try:

@@ -12,8 +12,10 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from refcntd.session.options import Credentials
+if TYPE_CHECKING:  # the parser is built before any command runs: kept light
+    from refcntd.session.options import Credentials
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ def credentials(text: str) -> Credentials:
     user's primary group and supplementary groups unless GROUP is given."""
     import grp
     import pwd
+
+    from refcntd.session.options import Credentials
     name, _, group = text.partition(":")
     try:
         entry = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))

@@ -12,20 +12,45 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from refcntd.cli.early import early_compile, history_options
+from refcntd.cli import argtypes
+from refcntd.cli.options import output_arguments, progress_arguments, spec_arguments
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
-from refcntd.inputs.spec import load_spec
-from refcntd.inputs.webconfig import WebOptions, with_web_config
-from refcntd.kernel import setup
-from refcntd.session.options import TraceOptions
 
 if TYPE_CHECKING:
+    from refcntd.inputs.webconfig import WebOptions
     from refcntd.session.tracer import Tracer
 
+HELP = "trace a binary system-wide (or one pid) until Ctrl-C"
 
-def cmd_attach(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--binary", required=True, help="executable or shared library to probe")
+    parser.add_argument("--pid", type=argtypes.PID, help="only this process and its descendants")
+    parser.add_argument("--listen", type=argtypes.listen_address, metavar="HOST:PORT",
+                        help="answer `refcntd checkpoint`/`diff` (POST /checkpoint, GET /diff, "
+                             "GET /live) there while attached; SIGUSR1 sets a checkpoint and "
+                             "SIGUSR2 prints the diff without it")
+    parser.add_argument("--web-enable-checkpoint", action="store_true",
+                        help="with --listen: accept POST /checkpoint (off: any local user "
+                             "could change state; SIGUSR1 always works)")
+    parser.add_argument("--web-show-cmdline", action="store_true",
+                        help="with --listen: show traced processes' command lines in /live, "
+                             "/diff")
+    parser.add_argument("--web-config-file", metavar="FILE",
+                        help="with --listen: TLS and basic auth from an exporter-toolkit web "
+                             "configuration file")
+    spec_arguments(parser)
+    output_arguments(parser)
+    progress_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}", "attach --pid needs a running process")
+    from refcntd.cli.early import early_compile, history_options
+    from refcntd.inputs.spec import load_spec
+    from refcntd.kernel import setup
+    from refcntd.session.options import TraceOptions
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         sites=True, **history_options(args))  # checkpoints and diffs
     spec = load_spec(args.spec)
@@ -37,7 +62,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from refcntd.binary.sitemode import parse_modes
     from refcntd.cli.common import finish_output, printer
     from refcntd.cli.stages import analyse
-    from refcntd.session.tracer import attach
+    from refcntd.session.attach import attach
     plan = analyse(spec, args.binary, parse_modes(args.probe_mode))
     plan.require_complete()
     ready = lambda: print(f"refcntd: attached to {args.binary}; Ctrl-C to detach",  # noqa: E731
@@ -54,6 +79,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def _web_options(args: argparse.Namespace) -> WebOptions:
+    from refcntd.inputs.webconfig import WebOptions, with_web_config
     web = WebOptions(enable_checkpoint=args.web_enable_checkpoint,
                      show_cmdline=args.web_show_cmdline)
     return with_web_config(web, args.web_config_file) if args.web_config_file else web

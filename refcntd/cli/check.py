@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import Plan
-from refcntd.binary.sdt import semaphore_file_offset
-from refcntd.binary.sitemode import parse_modes
-from refcntd.cli.stages import analyse
+from refcntd.cli import argtypes
+from refcntd.cli.options import progress_arguments, spec_arguments
 from refcntd.errors import EXIT_INCOMPLETE, UsageError
-from refcntd.inputs.spec import load_spec
-from refcntd.kernel import setup
-from refcntd.kernel.procmem import semaphore_value
+
+if TYPE_CHECKING:
+    from refcntd.binary.plan import Plan
+
+HELP = "show what would be probed and how, without tracing"
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--binary", required=True, help="executable or shared library")
+    parser.add_argument("--pid", type=argtypes.PID,
+                        help="also show the USDT semaphore values of this live process")
+    spec_arguments(parser)
+    progress_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from refcntd.binary.sitemode import parse_modes
+    from refcntd.cli.stages import analyse
+    from refcntd.inputs.spec import load_spec
+    from refcntd.kernel import setup
     plan = analyse(load_spec(args.spec, allow_draft=True), args.binary,
                    parse_modes(args.probe_mode))
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
@@ -84,6 +96,9 @@ def render_modes(plan: Plan) -> list[str]:
 
 def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:
     """The module's SDT probes, which spec role each serves, and live semaphore values."""
+    from refcntd.binary.elf import ElfImage
+    from refcntd.binary.sdt import semaphore_file_offset
+    from refcntd.kernel.procmem import semaphore_value
     probes = plan.usdt.get(module, [])
     if not probes:
         return ["  usdt probes: none"]

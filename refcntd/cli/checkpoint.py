@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import urllib.error
-import urllib.request
 
 from refcntd.errors import UsageError
-from refcntd.inputs.config import load_config
+from refcntd.inputs.config import DEFAULT_CONFIG, load_config
+
+HELP = "mark the objects live now in a running `serve` or `attach --listen`"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the running daemon listens (diff takes these too)."""
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG),
+                        help=f"serve's config, for its listen address (default {DEFAULT_CONFIG})")
+    parser.add_argument("--url", help="serve's address instead, e.g. http://127.0.0.1:10271, "
+                                      "or attach's --listen address")
 
 
 def serve_url(args: argparse.Namespace) -> str:
@@ -21,6 +29,8 @@ def serve_url(args: argparse.Namespace) -> str:
 
 
 def call(url: str, method: str = "GET") -> bytes:
+    import urllib.error
+    import urllib.request
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method=method),
                                     timeout=60) as r:
@@ -33,7 +43,7 @@ def call(url: str, method: str = "GET") -> bytes:
                          "running there?") from None
 
 
-def cmd_checkpoint(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     answer = json.loads(call(f"{serve_url(args)}/checkpoint", "POST"))
     print(f"refcntd: checkpoint set at {answer['checkpoint']:.3f} (unix time)")
     return 0

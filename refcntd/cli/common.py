@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
 from refcntd.inputs.safefs import atomic_write
-from refcntd.outputs import report
+from refcntd.outputs import formats, report, reportjson
 
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
@@ -38,12 +37,22 @@ def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EX
     return result.command_status or 0
 
 
-def emit(text: str, path: str | None) -> None:
+def emit(text: str | bytes, path: str | None) -> None:
+    """To `path` (a link planted there is replaced, not followed), or standard output;
+    bytes (a pprof profile) never to a terminal, like gzip."""
     if path is None:
-        sys.stdout.write(text)
+        if isinstance(text, str):
+            sys.stdout.write(text)
+            return
+        if sys.stdout.isatty():
+            raise UsageError("a pprof profile is binary: not written to a terminal",
+                             "give --output FILE.pb.gz, or redirect standard output")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text)
+        sys.stdout.buffer.flush()
         return
     try:
-        atomic_write(path, text.encode())  # a link planted at `path` is replaced, not followed
+        atomic_write(path, text.encode() if isinstance(text, str) else text)
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror}") from None
 
@@ -56,9 +65,9 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
     if args.sarif or (annotate and os.environ.get("GITHUB_ACTIONS") == "true"):
         warn_unlocated(result, verdict, root)
     if args.sarif:
-        emit(json.dumps(ciformats.sarif(result, verdict, root), indent=2) + "\n", args.sarif)
+        emit(formats.sarif(result, verdict, root), args.sarif)
     if args.junit:
-        emit(ciformats.junit(result, verdict), args.junit)
+        emit(formats.junit(result, verdict, root), args.junit)
     if annotate:
         print(ciformats.verdict_text(verdict), file=stream, end="")
         if os.environ.get("GITHUB_ACTIONS") == "true":
@@ -72,8 +81,6 @@ def warn_unlocated(result: RunResult, verdict: Verdict, root: Path) -> None:
         print(warning, file=sys.stderr)
 
 
-
-
 def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     def show(p: ProcessReport) -> None:
         print(report.render_process(p), file=stream, flush=True)
@@ -84,6 +91,6 @@ def finish_output(result: RunResult, args: argparse.Namespace, stream: TextIO) -
     print(report.render_run(result), file=stream, end="", flush=True)
     if args.json:
         try:
-            report.write_json(result, args.json)
+            reportjson.write_json(result, args.json)
         except OSError as err:
             raise UsageError(f"cannot write {args.json}: {err.strerror}") from None

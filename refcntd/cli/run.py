@@ -8,18 +8,44 @@ import shutil
 import sys
 from pathlib import Path
 
-from refcntd.cli.early import early_compile, history_options
+from refcntd.cli import argtypes
+from refcntd.cli.options import (
+    ci_arguments,
+    output_arguments,
+    progress_arguments,
+    spec_arguments,
+)
 from refcntd.errors import UsageError
-from refcntd.inputs.spec import load_spec
-from refcntd.kernel import setup
-from refcntd.session.options import TraceOptions
+
+HELP = "run a command under the tracer; exit status says if it leaked"
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    spec_arguments(parser)
+    output_arguments(parser)
+    progress_arguments(parser)
+    parser.add_argument("--wait-descendants", type=argtypes.WAIT_SECONDS, default=10.0,
+                        metavar="SECONDS",
+                        help="after the command exits, wait this long for its traced "
+                             "descendants (default 10)")
+    parser.add_argument("--user", type=argtypes.credentials, metavar="USER[:GROUP]",
+                        help="run CMD as this user (and group), without privileges, while "
+                             "refcntd keeps its own (like strace -u); the environment is kept")
+    ci_arguments(parser)
+    parser.add_argument("--pprof", metavar="FILE", type=argtypes.output_path,
+                        help="also write the leaked objects as a gzip'd pprof profile")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+def run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
+    from refcntd.cli.early import early_compile, history_options
+    from refcntd.inputs.spec import load_spec
+    from refcntd.kernel import setup
     from refcntd.outputs.policy import Policy
+    from refcntd.session.options import TraceOptions
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
                         max_stacks=args.max_stacks, run_as=args.user, **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
@@ -31,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from refcntd.binary.sitemode import parse_modes
     from refcntd.cli.common import ci_outputs, finish_output, printer, run_exit_status
     from refcntd.cli.stages import analyse
-    from refcntd.session.tracer import run_command
+    from refcntd.session.run import run_command
     plan = analyse(spec, exe, parse_modes(args.probe_mode))
     plan.require_complete()
     result = run_command(plan, command, opts, printer(sys.stderr), early)

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.metadata
 import ssl
 
 from refcntd import __version__
 from refcntd.errors import EXIT_INCOMPLETE, RefcntdError, UsageError
-from refcntd.inputs.config import Config, load_config
+from refcntd.inputs.config import DEFAULT_CONFIG, Config, load_config
 from refcntd.kernel import setup
 
+HELP = "trace configured programs continuously; export Prometheus metrics and write reports"
 
-def cmd_serve(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG),
+                        help=f"YAML config (default {DEFAULT_CONFIG})")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit if any target cannot be attached")
+    parser.add_argument("--check", action="store_true",
+                        help="only check the config file and exit")
+
+
+def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     from refcntd.service import httpserver
-    from refcntd.service.daemon import Daemon, setup_logging
+    from refcntd.service.daemon import Daemon
     from refcntd.service.metrics import BuildInfo
+    from refcntd.service.systemd import setup_logging
     config = load_config(args.config)
     if args.check:
         return _check(config, args.strict)
@@ -69,6 +80,7 @@ def _check(config: Config, strict: bool) -> int:
 
 
 def _bcc_version() -> str:
+    import importlib.metadata
     try:
         return importlib.metadata.version("bcc")
     except importlib.metadata.PackageNotFoundError:

@@ -6,12 +6,25 @@ import argparse
 import re
 from pathlib import Path
 
-from refcntd.binary.specdraft import propose, render
+from refcntd.cli import argtypes
 from refcntd.cli.common import emit
 from refcntd.errors import UsageError
 
+HELP = "help writing a spec: `spec draft --library PATH`"
 
-def cmd_spec(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="spec_command", required=True, parser_class=type(parser))
+    draft = sub.add_parser("draft", help="propose a spec from a library's exported "
+                                         "symbols and SDT notes (a draft to confirm)")
+    draft.add_argument("--library", required=True, help="the shared library to read")
+    draft.add_argument("--name", help="the spec's name (default: LIBRARY-draft)")
+    draft.add_argument("--output", metavar="FILE", type=argtypes.output_path,
+                       help="write there instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from refcntd.binary.specdraft import propose, render
     if not Path(args.library).exists():
         raise UsageError(f"no file {args.library}")
     draft = propose(args.library)

@@ -23,6 +23,7 @@ DEFAULT_REPORT_DIR = "/var/lib/refcntd/reports"
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _SIZE = re.compile(r"^(\d+)(B|KiB|MiB|GiB)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+COMM_MAX = 15  # bytes of a command name the kernel keeps (TASK_COMM_LEN, NUL aside)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Target:
     history: tuple[str, ...] | None = None
     age_threshold_s: float = 300.0  # live objects older than this are counted apart
     max_type_labels: int = 100  # distinct `type` label values per target; the rest fold
+    # (file, line, key) of `cgroup:`, for the error when serve finds no such cgroup
+    cgroup_at: tuple[str, int, str] = ("", 0, "cgroup")
 
     def signature(self) -> tuple[object, ...]:
         """What must stay equal for a reload to keep this target's kernel state."""
@@ -127,14 +130,16 @@ def _target(node: YNode) -> Target:
     if not path.startswith("/"):
         raise fields["path"].fail("must be an absolute path (a glob is allowed)")
     spec = _spec(fields["spec"]) if "spec" in fields else load_spec("perf-stubs")
-    comm = tuple(c.string()[:15] for c in fields["comm"].items()) if "comm" in fields else ()
+    comm = tuple(c.string()[:COMM_MAX] for c in fields["comm"].items()) if "comm" in fields else ()
     cgroup = fields["cgroup"].string() if "cgroup" in fields else None
     if cgroup is not None and not cgroup.startswith("/"):
         raise fields["cgroup"].fail("a cgroup path starts with / (e.g. /system.slice/x.service)")
+    key = fields.get("cgroup")
+    cgroup_at = (key.path, key.line, key.key) if key is not None else Target.cgroup_at
     history = _history(fields["history"]) if "history" in fields else None
     age = _duration(fields["age_threshold"]) if "age_threshold" in fields else 300.0
     cap = fields["max_type_labels"].integer(1, 10000) if "max_type_labels" in fields else 100
-    return Target(name, path, spec, comm, cgroup, history, age, cap)
+    return Target(name, path, spec, comm, cgroup, history, age, cap, cgroup_at)
 
 
 def _spec(node: YNode) -> Spec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import NamedTuple
 
 from refcntd.errors import InputFileError
 
@@ -80,11 +81,40 @@ def kind_of(mode: int) -> str:
     return "is not a regular file"
 
 
-def file_stamp(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
-    """(device, inode, size, mtime) of the file at `path`: changes when it is rewritten or
-    replaced; None when there is none."""
+MINORBITS = 20  # the kernel's own dev_t (include/linux/kdev_t.h): MAJOR << 20 | MINOR
+
+
+class FileStamp(NamedTuple):
+    """What stat says of a file: which file it is, and which version of it."""
+
+    dev: int  # st_dev, as user space sees it
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(device, inode): the same file, whatever is written to it later."""
+        return self.dev, self.ino
+
+    @property
+    def kernel_dev(self) -> int:
+        """st_dev as the kernel encodes it inside (inode->i_sb->s_dev): what BPF reads."""
+        return os.major(self.dev) << MINORBITS | os.minor(self.dev)
+
+
+def file_stamp(path: str | os.PathLike[str] | int) -> FileStamp | None:
+    """The stamp of the file at `path` (or open descriptor): it changes when the file is
+    rewritten or replaced; None when there is none.  The one stat of a file's identity."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path` now (a replaced file has a new one); None
+    when there is none."""
+    stamp = file_stamp(path)
+    return None if stamp is None else stamp.identity

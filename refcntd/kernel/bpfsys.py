@@ -30,6 +30,7 @@ MAP_HASH, MAP_ARRAY, MAP_PROG_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY = 1, 2, 3
 MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF = 9, 10, 27
 PER_CPU = frozenset({MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_LRU_PERCPU_HASH})
 ARRAYS = frozenset({MAP_ARRAY, MAP_PROG_ARRAY, MAP_PERCPU_ARRAY})
+OBJ_NAME_MAX = 15  # BPF_OBJ_NAME_LEN, NUL aside: the name a map or program gets
 
 PROG_KPROBE, PROG_TRACEPOINT = 2, 5
 
@@ -158,7 +159,7 @@ def load_btf(blob: bytes) -> int:
 
 def _object_name(name: str) -> bytes:
     """The kernel takes 15 characters of [A-Za-z0-9_.] as a map or program name."""
-    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)[:15].encode()
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)[:OBJ_NAME_MAX].encode()
 
 
 def load_program(name: str, prog_type: int, code: bytes, attach_type: int = -1) -> int:

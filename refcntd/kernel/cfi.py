@@ -33,7 +33,7 @@ from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, atomic_write, o
 from refcntd.kernel.abi import CfaRule
 from refcntd.paths import CACHE_DIR, read_cache
 
-if TYPE_CHECKING:  # attach's start imports this module (the loader): not pyelftools with it
+if TYPE_CHECKING:  # attach imports this module early (kernel/loader.py): not pyelftools
     from refcntd.binary.elf import ElfImage, Segment
 
 ROW = struct.Struct("<IihBB")  # struct cfi_row

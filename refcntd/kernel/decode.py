@@ -9,6 +9,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from refcntd.inputs.files import file_stamp
 from refcntd.kernel import abi
 from refcntd.kernel.abi import AnomalyKind, EventKind, Role, Truncation, UnwindMethod
 from refcntd.kernel.records import (
@@ -25,8 +26,14 @@ from refcntd.kernel.records import (
 )
 
 if TYPE_CHECKING:
-    from refcntd.binary.plan import ProbeSite
+    from refcntd.binary.probesite import ProbeSite
     from refcntd.binary.sdt import ArgLoc
+
+
+def file_key(path: str) -> abi.FileKey | None:
+    """How BPF maps name the file at `path` (the kernel's dev_t, inode); None if none."""
+    stamp = file_stamp(path)
+    return None if stamp is None else abi.FileKey(ino=stamp.ino, dev=stamp.kernel_dev)
 
 
 def pack_probe_cfgs(sites: list[ProbeSite], type_ids: Callable[[str], int]) -> bytes:

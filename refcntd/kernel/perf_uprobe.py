@@ -171,8 +171,11 @@ def held_fds(pid: int | str = "self") -> dict[str, int]:
     return kinds
 
 
+ENOTSUPP = 524  # the kernel's own "not supported" (include/linux/errno.h), not in errno
+
+
 def explain_errno(err: int) -> str:
-    if err == 524:
+    if err == ENOTSUPP:
         return ("the kernel refused the instruction at this address (ENOTSUPP): "
                 "x86 uprobes cannot sit on lock- or segment-prefixed instructions")
     if err in (errno.EPERM, errno.EACCES):

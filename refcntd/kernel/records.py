@@ -1,7 +1,8 @@
-"""Decoded kernel records: what kernel.py hands to the rest of refcntd.
+"""Decoded kernel records: what the kernel stage (the parts of kernel/loader.py's
+Kernel, through decode.py) hands to the rest of refcntd.
 
-Nothing after kernel.py sees ctypes or raw bytes; these frozen dataclasses
-are the boundary.
+Nothing after the kernel stage sees ctypes or raw bytes; these frozen
+dataclasses are the boundary.
 """
 
 from __future__ import annotations

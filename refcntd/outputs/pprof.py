@@ -25,13 +25,13 @@ import gzip
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from refcntd import __version__
 from refcntd.analysis.model import LeakedObject, LeakGroup, RunResult
 from refcntd.binary.elf import read_build_id
 from refcntd.errors import UsageError
+from refcntd.inputs.safefs import atomic_write
 from refcntd.outputs.ciformats import probed_functions
 from refcntd.outputs.profileproto import message
 from refcntd.symbolize.symbolizer import Frame
@@ -121,7 +121,7 @@ def write_bytes(data: bytes, path: str | None) -> None:
         sys.stdout.buffer.flush()
         return
     try:
-        Path(path).write_bytes(data)
+        atomic_write(path, data)  # a link planted at `path` is replaced, not followed
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror}") from None
 

@@ -31,7 +31,7 @@ from refcntd.outputs.jsontypes import (
     RunJson,
     UnwindJson,
 )
-from refcntd.outputs.report import JSON_SCHEMA, JSON_VERSION
+from refcntd.outputs.reportjson import JSON_SCHEMA, JSON_VERSION
 from refcntd.symbolize.symbolizer import Frame
 
 

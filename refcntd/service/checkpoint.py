@@ -21,7 +21,7 @@ from refcntd.analysis.leaks import group_sites
 from refcntd.analysis.model import ProcessSites
 from refcntd.kernel.abi import Stat
 from refcntd.kernel.records import SiteLive
-from refcntd.outputs import report
+from refcntd.outputs import report, reportjson
 from refcntd.outputs.folded import folded_sites
 from refcntd.session.lifecycle import read_cmdline
 from refcntd.session.tracer import Tracer
@@ -59,14 +59,14 @@ class Views:
             self.checkpoint = cp
             for tracers in self.tracers().values():
                 for tracer in tracers:
-                    tracer.kernel.set_checkpoint(cp.at_ns)
+                    tracer.kernel.site_maps.set_checkpoint(cp.at_ns)
         log.info("checkpoint at %s", time.strftime("%H:%M:%S", time.localtime(cp.wall)))
         return cp
 
     def adopt(self, tracer: Tracer) -> None:
         """A tracer attached after the checkpoint counts from it too."""
         if self.checkpoint is not None:
-            tracer.kernel.set_checkpoint(self.checkpoint.at_ns)
+            tracer.kernel.site_maps.set_checkpoint(self.checkpoint.at_ns)
 
     def json(self, since: bool) -> dict[str, object]:
         """Per target and process, the objects created since the checkpoint (`since`,
@@ -76,7 +76,7 @@ class Views:
         views = self._read(since)
         out: dict[str, object] = {"checkpoint": self.checkpoint.wall} if since and \
             self.checkpoint else {}
-        out["targets"] = {name: [report.sites_json(p, since) for _, ps in v for p in ps]
+        out["targets"] = {name: [reportjson.sites_json(p, since) for _, ps in v for p in ps]
                           for name, v in views.items()}
         out["not_counted"] = {name: sum(_lost(tr) for tr, _ in v) for name, v in views.items()}
         return out
@@ -143,7 +143,7 @@ def _lost(tracer: Tracer) -> int:
 
 def _sites(tracer: Tracer, since: bool, show_cmdline: bool) -> list[ProcessSites]:
     by_pid: dict[int, list[SiteLive]] = {}
-    for site in tracer.kernel.site_lives():
+    for site in tracer.kernel.site_maps.site_lives():
         by_pid.setdefault(site.tgid, []).append(site)
     tracker, now_ns = tracer.tracker, time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     out = []

@@ -27,7 +27,8 @@ from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs import pprof
 from refcntd.outputs.html import render_html
 from refcntd.session.lifecycle import read_cmdline
-from refcntd.session.tracer import Tracer, probe_statuses
+from refcntd.session.status import probe_statuses
+from refcntd.session.tracer import Tracer
 from refcntd.symbolize.perfmap import load_perf_map
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def live_processes(tracer: Tracer, show_cmdline: bool,
     MAX_SHOWN of each site are kept as objects.  Run on the tracer's report worker."""
     now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     by_pid: dict[int, dict[tuple[str, int, int, int], _Site]] = {}
-    for rec in tracer.kernel.live_objects():
+    for rec in tracer.kernel.objects.live_objects():
         sites = by_pid.setdefault(rec.tgid, {})
         key = (rec.type_name, rec.name_ptr, rec.stack_id, rec.caller_ip)
         site = sites.get(key)

@@ -26,7 +26,8 @@ from prometheus_client.core import (
 from refcntd.kernel.abi import Stat
 from refcntd.kernel.procmem import read_string
 from refcntd.outputs.reportstore import StoreStats
-from refcntd.session.tracer import LOST_REASONS, NOTE_REASONS, Tracer
+from refcntd.session.status import LOST_REASONS, NOTE_REASONS
+from refcntd.session.tracer import Tracer
 
 OTHER_TYPES = "_other"  # the one `type` label for types beyond a target's max_type_labels
 AGE_BUCKETS = (1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
@@ -70,16 +71,19 @@ class RefcntdCollector:
         self.report_stats = report_stats
         self._type_cache: dict[tuple[int, int], str] = {}
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family collect() yields, without samples (client_python's Collector
+        protocol): the registry checks names at registration without reading a map."""
+        yield from cast(dict[str, Metric], _families()).values()
+        yield from _store_families()
+
     def collect(self) -> Iterator[Metric]:
         with self.view() as targets:
             families = _families()
             for stats in targets:
                 self._collect_target(stats, families)
             yield from cast(dict[str, Metric], families).values()
-        store = self.report_stats()
-        yield _counter("reports_written", "Report files written", [([], store.written)], [])
-        yield _counter("report_errors", "Report files that could not be written",
-                       [([], store.errors)], [])
+        yield from _store_families(self.report_stats())
 
     def _collect_target(self, s: TargetStats, f: _Families) -> None:
         t = s.name
@@ -94,12 +98,12 @@ class RefcntdCollector:
             for name, (inits, gets, puts, released) in tracer.released_totals().items():
                 for op, n in zip(OPS, (inits, gets, puts, released), strict=True):
                     ops[(name, op)] = ops.get((name, op), 0) + n
-            for site in k.site_lives(unnamed=True):  # running processes' unnamed objects
+            for site in k.site_maps.site_lives(unnamed=True):  # running processes' unnamed objects
                 if not site.type_name:
                     name = self._live_type(site.tgid, site.name_ptr)
                     for op, n in zip(OPS, site.ops, strict=True):
                         ops[(name, op)] = ops.get((name, op), 0) + n
-            for b in k.age_bins(now):
+            for b in k.site_maps.age_bins(now):
                 name = b.type_name or self._live_type(b.tgid, b.name_ptr)
                 age = max(0.0, (now - (b.start_ns + b.end_ns) / 2) / 1e9)
                 live.setdefault(name, []).append((age, b.count))
@@ -115,15 +119,16 @@ class RefcntdCollector:
                 f["dropped"].add_metric([t, stat.name.lower()], n)
             elif stat in NOTE_REASONS:
                 f["notes"].add_metric([t, stat.name.lower()], n)
-        attached = sum(len(tr.kernel.sites) - len(tr.kernel.failed_probes) for tr in s.tracers)
+        attached = sum(len(tr.kernel.probes.sites) - len(tr.kernel.probes.failed_probes)
+                       for tr in s.tracers)
         f["probes"].add_metric([t, "attached"], attached)
         f["probes"].add_metric([t, "failed"], s.probes_failed + sum(
-            len(tr.kernel.failed_probes) for tr in s.tracers))
+            len(tr.kernel.probes.failed_probes) for tr in s.tracers))
         f["attach_errors"].add_metric([t], s.attach_errors)
         for name, _op in ops:  # a known type with nothing live is 0, not an absent series
             live.setdefault(name, [])
         keep = _kept_types(live, ops, s.leaked, s.max_type_labels)
-        f["types_pruned"].add_metric([t], sum(tr.types_pruned for tr in s.tracers))
+        f["types_pruned"].add_metric([t], sum(tr.type_keeper.pruned for tr in s.tracers))
         for tr in s.tracers:
             module = tr.plan.modules.get(tr.plan.binary)
             f["attached"].add_metric([t, tr.plan.binary, (module.build_id or "") if module
@@ -197,12 +202,15 @@ def _buckets(ages: list[Aged]) -> list[tuple[str, int]]:
     return out + [("+Inf", sum(n for _, n in ages))]
 
 
-def _counter(name: str, doc: str, samples: list[tuple[list[str], int]], labels: list[str]
-             ) -> Metric:
-    c = CounterMetricFamily(f"refcntd_{name}", doc, labels=labels)
-    for values, n in samples:
-        c.add_metric(values, n)
-    return c
+def _store_families(store: StoreStats | None = None) -> list[Metric]:
+    """The report store's counters (None: the families alone, for describe())."""
+    written = CounterMetricFamily("refcntd_reports_written", "Report files written")
+    errors = CounterMetricFamily("refcntd_report_errors", "Report files that could not be "
+                                 "written")
+    if store is not None:
+        written.add_metric([], store.written)
+        errors.add_metric([], store.errors)
+    return [written, errors]
 
 
 class _Families(TypedDict):
@@ -274,8 +282,14 @@ class BuildInfo:
         self.labels = {"version": version, "python": platform.python_version(),
                        "bcc": bcc, "kernel": platform.release()}
 
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
     def collect(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily("refcntd_build_info", "Always 1; the labels say what is running",
-                              labels=list(self.labels))
+        g = self._family()
         g.add_metric(list(self.labels.values()), 1)
         yield g
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily("refcntd_build_info", "Always 1; the labels say what is "
+                                 "running", labels=list(self.labels))

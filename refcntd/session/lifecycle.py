@@ -10,10 +10,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from refcntd.analysis.leaks import (
     HistoryContext,
@@ -30,14 +29,15 @@ from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
-from refcntd.kernel.abi import EventKind, Stat
+from refcntd.inputs.config import COMM_MAX
+from refcntd.kernel.abi import EventKind
 from refcntd.kernel.columns import ObjectColumns
+from refcntd.kernel.parts import Objects, SiteMaps
 from refcntd.kernel.records import (
     AnomalyRecord,
     LifecycleEvent,
     ObjectRecord,
     ReleasedSite,
-    SiteLive,
     StackRef,
     Totals,
     add_totals,
@@ -58,25 +58,13 @@ class Session:
     parent: int = 0
 
 
-class KernelView(Protocol):
-    """What sessions need from kernel.Kernel; kept small so tests can pass fixtures."""
-
-    def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]: ...
-    def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns: ...
-    def live_objects(self) -> list[ObjectRecord]: ...
-    def released_sites(self, tgid: int) -> list[ReleasedSite]: ...
-    def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None: ...
-    def take_process_stats(self, tgid: int) -> dict[Stat, int]: ...
-    def prune_process_stats(self, keep: Callable[[int], bool]) -> int: ...
-    def take_sites(self, tgid: int, gen: int | None) -> list[SiteLive]: ...
-
-
 class SessionTracker:
-    def __init__(self, kernel: KernelView, stacks: StackSource, symbolizer: Symbolizer,
-                 on_report: Callable[[ProcessReport], None], proc_root: Path = Path("/proc"),
-                 clock_ns: Callable[[], int] | None = None,
+    def __init__(self, objects: Objects, site_maps: SiteMaps, stacks: StackSource,
+                 symbolizer: Symbolizer, on_report: Callable[[ProcessReport], None],
+                 proc_root: Path = Path("/proc"), clock_ns: Callable[[], int] | None = None,
                  submit: Callable[[Callable[[], None]], None] = lambda job: job()) -> None:
-        self.kernel, self.stacks, self.sym = kernel, stacks, symbolizer
+        self.objects, self.site_maps = objects, site_maps
+        self.stacks, self.sym = stacks, symbolizer
         self.on_report = on_report
         self.submit = submit  # where reports are built: a ReportWorker's, or right here
         self.proc_root = proc_root
@@ -107,7 +95,7 @@ class SessionTracker:
             self._on_exit(ev)
 
     def add_root(self, tgid: int, gen: int, command: list[str]) -> None:
-        self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:15], list(command))
+        self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:COMM_MAX], list(command))
 
     def _on_execve(self, ev: LifecycleEvent) -> None:
         command = list(ev.argv) or [ev.path]
@@ -149,8 +137,8 @@ class SessionTracker:
     def _drain(self, tgid: int, gen: int | None) -> Records:
         """Without history, as columns: a million objects are reported in seconds."""
         if self.stub_names is None:
-            return self.kernel.drain_columns(tgid, gen)
-        return self.kernel.drain(tgid, gen)
+            return self.objects.drain_columns(tgid, gen)
+        return self.objects.drain(tgid, gen)
 
     # ---- end of tracing --------------------------------------------------------
     def finish(self) -> None:
@@ -169,12 +157,12 @@ class SessionTracker:
         """On the worker, after every queued report has drained its process: objects
         left in the kernel belong to processes without a session."""
         orphans: dict[int, list[ObjectRecord]] = {}
-        for rec in self.kernel.live_objects():
+        for rec in self.objects.live_objects():
             orphans.setdefault(rec.tgid, []).append(rec)
         for tgid in self._anomalies:
             orphans.setdefault(tgid, [])
         for tgid, records in orphans.items():
-            self.kernel.drain(tgid, None)
+            self.objects.drain(tgid, None)
             alive = (self.proc_root / str(tgid)).exists()
             gen = records[0].gen if records else 0
             session = Session(tgid, gen, "", self._read_cmdline(tgid) if alive else [])
@@ -190,7 +178,7 @@ class SessionTracker:
     def _job(self, session: Session, state: str, records: Callable[[], Records], now: int,
              status: str, code: int | None) -> ReportJob:
         self.reported.add((session.tgid, session.gen))
-        released = (tuple(self.kernel.released_sites(session.tgid))
+        released = (tuple(self.objects.released_sites(session.tgid))
                     if self.stub_names is not None else None)
         return ReportJob(replace(session, command=list(session.command)), state, records,
                          now, status, code, tuple(self._anomalies.pop(session.tgid, [])),
@@ -208,17 +196,17 @@ class SessionTracker:
         else:
             groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
         anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
-        unnamed = unnamed_operations(self.kernel.take_sites(s.tgid, s.gen), self.stacks,
+        unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen), self.stacks,
                                      self.sym, mods)
         with self.totals_lock:
             for name, sums in unnamed.items():
                 add_totals(self.unnamed_totals, name, sums)
-        self.kernel.forget_stacks(s.tgid, s.gen,
-                                  _stack_refs(records, list(job.anomalies), history))
-        own = self.kernel.take_process_stats(s.tgid)
+        self.objects.forget_stacks(s.tgid, s.gen,
+                                   _stack_refs(records, list(job.anomalies), history))
+        own = self.objects.take_process_stats(s.tgid)
         self._built += 1
         if self._built % PRUNE_STATS_EVERY == 0:
-            self.kernel.prune_process_stats(self._may_be_reported)
+            self.objects.prune_process_stats(self._may_be_reported)
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
                                      job.code, groups, anomalies, kernel_stats=own,
                                      notes=self.sym.take_notes(s.tgid)))

@@ -1,45 +1,43 @@
-"""Run and attach: wire plan -> kernel -> sessions -> reports together."""
+"""The Tracer: plan -> kernel -> sessions -> reports, wired together for run (run.py),
+attach (attach.py) and serve."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from refcntd import progress
 from refcntd.analysis import kept
 from refcntd.analysis.leaks import StackSource
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
-    ProbeStatus,
     ProcessReport,
     RunResult,
     TracingStatus,
 )
-from refcntd.binary.plan import Plan, ProbeSite
-from refcntd.inputs.spec import RoleSpec
-from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, STAT_TEXT, EventKind, Stat
+from refcntd.binary.plan import Plan
+from refcntd.binary.probesite import ProbeSite
+from refcntd.inputs.files import file_identity
+from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
 from refcntd.kernel.decode import pack_probe_cfgs
 from refcntd.kernel.loader import Kernel
 from refcntd.kernel.precompile import BackgroundCompile
-from refcntd.kernel.procctl import die_with_parent
 from refcntd.kernel.program import KernelOptions
 from refcntd.kernel.records import (
     AnomalyRecord,
     LifecycleEvent,
-    ProbeFailure,
     Totals,
     add_totals,
 )
+from refcntd.kernel.typetable import TYPE_NAME_MAX
 from refcntd.session.guardian import Guardian
-from refcntd.session.lifecycle import SessionTracker, read_cmdline
-from refcntd.session.options import Credentials, TraceOptions, kernel_options
-from refcntd.session.unwind import UnwindTables, command_path, exec_mappings, prefetch
+from refcntd.session.lifecycle import SessionTracker
+from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.status import LOST_REASONS, NOTE_REASONS, probe_statuses, silent_roles
+from refcntd.session.typekeeper import TypeKeeper
+from refcntd.session.unwind import UnwindTables, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting, continue_blocker, continue_orphans
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
@@ -47,25 +45,15 @@ from refcntd.symbolize.symbolizer import (
     CallSiteFrame,
     FileId,
     Symbolizer,
-    file_id,
 )
 
 POLL_MS = 100
 PRUNE_AGE_BINS_EVERY_S = 60.0  # a fine bin stops being needed ten minutes after its second
 PRUNE_TYPES_EVERY_S = 2.0  # how often the type table's fill is looked at
-PRUNE_TYPES_AT = 0.5  # share of the table in use from which unused types are removed
-
-# What each kernel counter means for the report, from bpf/refcntd.h: a "loss"
-# makes a run incomplete, a "note" is shown.
-LOST_REASONS = {stat: text.removeprefix("loss: ") for stat, text in STAT_TEXT.items()
-                if text.startswith("loss: ")}
-NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.items()
-                if text.startswith("note: ")}
-
 
 def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSiteFrame]:
     """Call-site probes whose stacks the report shows as the callee's entry probe's."""
-    ids = {m: file_id(m) for m in {s.module for s in sites}}
+    ids = {m: file_identity(m) for m in {s.module for s in sites}}
     return {(ids[s.module], s.symbol_vaddr + s.probe_offset):
             CallSiteFrame(s.site_kind, s.symbol_vaddr, s.site_length, s.callee_module)
             for s in sites if s.site_kind in ("call", "jmp")}
@@ -73,7 +61,7 @@ def call_site_frames(sites: list[ProbeSite]) -> dict[tuple[FileId, int], CallSit
 
 def type_id(name: str) -> int:
     """The id bpf/refcntd.c:intern_type gives a type name (FNV-1a, low bit set)."""
-    return _fnv1a(name.encode()[:31]) | 1
+    return _fnv1a(name.encode()[:TYPE_NAME_MAX]) | 1
 
 
 def _fixed_type_ids(plan: Plan) -> dict[str, int]:
@@ -112,7 +100,7 @@ class Tracer:
         self.filtered = filtered
         self.reports: list[ProcessReport] = []
         self._on_report = on_report
-        kopts = kernel_options(plan.spec, plan.loader is not None, filtered, opts)
+        kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         # stopping a process is only safe when refcntd can continue it (CAP_KILL)
         kopts = replace(kopts, hold=bool(plan.cross) and continue_blocker() is None)
         self._type_ids = _fixed_type_ids(plan)
@@ -120,32 +108,29 @@ class Tracer:
         self._packed = pack_probe_cfgs(plan.sites, self._type_ids.__getitem__)
         ready = prefetch(plan.modules) if kopts.unwind_offsets is not None else None
         self.kernel = _load_kernel(kopts, plan, early)
-        self.vetting = Vetting(self.kernel, plan, self._type_ids.__getitem__,
-                               self._more_call_sites)
+        self.vetting = Vetting(self.kernel.probes, self.kernel.holds, plan,
+                               self._type_ids.__getitem__, self._more_call_sites)
         # a process stopped by the BPF side is continued even if refcntd is SIGKILLed
-        self.guardian = Guardian(self.kernel.bpf["held"].map_fd) if self.kernel.holding \
+        self.guardian = Guardian(self.kernel.holds.held_map_fd()) if self.kernel.holds.enabled \
             else None
         for tgid in continue_orphans():
             plan.notes.append(f"process {tgid} was left stopped by a refcntd that died while "
                               "it scanned a module the process mapped: continued")
-        self.unwind = UnwindTables(self.kernel, ready)
+        self.unwind = UnwindTables(self.kernel.unwind, ready)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
-        stacks = StackSource(self.kernel.stack_record)
+        stacks = StackSource(self.kernel.objects.stack_record)
         sym = Symbolizer(self.index, call_site_frames(plan.sites))
         self.worker = ReportWorker()
-        self.types_lock = threading.Lock()  # pruned_totals and the kernel totals change together
-        self.pruned_totals: dict[str, Totals] = {}
-        self.types_pruned = 0
+        self.type_keeper = TypeKeeper(self.kernel.types, kopts.max_types, self._type_ids)
         self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
         self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
-        self._fixed_ids = set(self._type_ids.values())
-        self._max_types = kopts.max_types
         self.attached_at = 0.0  # time.time() when the probes were attached
-        self.tracker = SessionTracker(self.kernel, stacks, sym, self._report,
+        self.tracker = SessionTracker(self.kernel.objects, self.kernel.site_maps, stacks, sym,
+                                      self._report,
                                       submit=self.worker.submit)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
@@ -170,17 +155,16 @@ class Tracer:
             self.guardian.close()
 
     def start(self) -> None:
-        for name, type_id in self._type_ids.items():
-            self.kernel.set_fixed_type(type_id, name)
+        self.type_keeper.set_fixed()
         with progress.stage("probe configuration"):
-            self.kernel.configure_probes(self._type_ids.__getitem__, self._packed)
+            self.kernel.probes.configure(self._type_ids.__getitem__, self._packed)
         self.kernel.open_events(self._on_event)
         with progress.stage("probe creation"):
-            self.kernel.attach_all()
+            self.kernel.probes.attach_all()
             self.attached_at = time.time()
             self.vetting.start()
-            why = self.plan.loader and self.kernel.attach_loader(self.plan.loader.path,
-                                                                 self.plan.loader.sites)
+            why = self.plan.ldso and self.kernel.probes.attach_ldso(self.plan.ldso.path,
+                                                                    self.plan.ldso.sites)
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
@@ -234,7 +218,7 @@ class Tracer:
         self.worker.raise_error()
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
-            self.worker.submit(self._prune_types)
+            self.worker.submit(self.type_keeper.prune)
         if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
             # creation-time bins no longer needed go, scraped or not (attach never is)
             self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
@@ -242,29 +226,14 @@ class Tracer:
 
     def _prune_age_bins(self) -> None:
         """On the worker: reading the age bins removes those no longer needed."""
-        self.kernel.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-
-    def _prune_types(self) -> None:
-        """On the worker: a long-running program can name more types over its life than
-        the kernel's type table holds; types nothing uses any more make room."""
-        if self.kernel.type_count() < self._max_types * PRUNE_TYPES_AT:
-            return
-        keep = self.kernel.types_in_use() | self._fixed_ids
-        with self.types_lock:
-            folded = self.kernel.prune_types(keep)
-            for name, sums in folded.items():
-                add_totals(self.pruned_totals, name, sums)
-            self.types_pruned += len(folded)
+        self.kernel.site_maps.age_bins(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
 
     def released_totals(self) -> dict[str, Totals]:
         """Per type name, (inits, gets, puts, releases) of released objects (every
         operation with SITES): the kernel's totals plus those of types pruned from its
         table and, with SITES, of reported processes' objects the kernel could not name
         (counters never go down)."""
-        with self.types_lock:
-            out = dict(self.pruned_totals)
-            for name, sums in self.kernel.released_totals().items():
-                add_totals(out, name, sums)
+        out = self.type_keeper.released_totals()
         with self.tracker.totals_lock:
             for name, sums in self.tracker.unnamed_totals.items():
                 add_totals(out, name, sums)
@@ -281,242 +250,26 @@ class Tracer:
     def tracing_status(self, own: dict[Stat, int] | None = None) -> TracingStatus:
         """The tracer's status; with `own` (one process's counters), that process's
         losses and notes instead of the totals of every process traced so far."""
-        hits = self.kernel.probe_hits()
-        probes = probe_statuses(self.plan, self.kernel.failed_probes, hits)
+        hits = self.kernel.probes.hits()
+        probes = probe_statuses(self.plan, self.kernel.probes.failed_probes, hits)
         stats = self.kernel.stats() if own is None else {s: own.get(s, 0) for s in Stat}
         lost = {text: stats[stat] for stat, text in LOST_REASONS.items() if stats[stat]}
         lost.update(self.plan.scan_gaps)  # DWARF not examined for inlined copies
-        if self.kernel.stacks_freed_early and own is None:
+        if self.kernel.objects.stacks_freed_early and own is None:
             lost["allocation stacks freed with another process that shared them"] = \
-                self.kernel.stacks_freed_early
+                self.kernel.objects.stacks_freed_early
         unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
         if unseen and own is None:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
-        notes += self.kernel.multi_notes()
+        notes += self.kernel.probes.notes()
         notes += self.vetting.notes()
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
-                  for p in self.kernel.tables_not_loaded]
+                  for p in self.kernel.unwind.not_loaded]
         return TracingStatus(probes, lost, notes + list(self.plan.notes))
-
-
-def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
-    """Spec entries none of whose probes fired: wrong functions, or callers that
-    bypass them (inlined, a private alias) - or a run that never needed them."""
-    def key(entry: RoleSpec) -> tuple[str, tuple[str, ...], str | None]:
-        return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
-    fired: dict[tuple[str, tuple[str, ...], str | None], int] = {}
-    for site, n in zip(plan.sites, hits, strict=True):
-        fired[key(site.spec_role)] = fired.get(key(site.spec_role), 0) + n
-    return [f"{entry.role} role never fired in this run: "
-            f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
-            for entry in plan.spec.entries if fired.get(key(entry)) == 0]
-
-
-def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure],
-                   hits: list[int] | None = None) -> list[ProbeStatus]:
-    """One status per entry probe, and one per function for all of its call sites; a
-    failure names its site by index, never by text."""
-    failed = {f.site_index: f for f in failures}
-    hits = hits if hits is not None else [-1] * len(plan.sites)
-    out: dict[tuple[str, str, str, int], ProbeStatus] = {}
-    for i, (s, n) in enumerate(zip(plan.sites, hits, strict=True)):
-        failure = failed.get(i)
-        error = f"{failure.stage} failed: {failure.message}" if failure else ""
-        key = (s.role, s.function, s.module, i if s.mode == "entry" else -1)
-        old = out.get(key)
-        if old is None:
-            reason = next((d.reason for d in plan.decisions if (d.role, d.function, d.module)
-                           == key[:3] and d.mode == s.mode), s.reason) if s.mode != "entry" \
-                else s.reason
-            out[key] = ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, reason,
-                                   not error, error, s.mode, 1, n)
-            continue
-        worst = s.cost if s.cost == "single-step" else old.cost
-        out[key] = replace(old, cost=worst, installed=old.installed and not error,
-                           error=old.error or error, sites=old.sites + 1,
-                           hits=old.hits + n)
-    return list(out.values())
-
-
-# ---- run ------------------------------------------------------------------------
-def run_command(plan: Plan, command: list[str], opts: TraceOptions,
-                on_report: Callable[[ProcessReport], None],
-                early: BackgroundCompile | None = None) -> RunResult:
-    """Start `command` gated, register it, release it, trace it and its descendants."""
-    result = RunResult("run", plan.spec.name, command[0])
-    with Tracer(plan, filtered=True, opts=opts, on_report=on_report, early=early) as tracer:
-        tracer.start()
-        tracer.unwind.add([p for p in [command_path(command)] if p])
-        with progress.stage("per-process setup"):
-            child = Child(command, opts.run_as)
-            root_gen = tracer.kernel.register_process(child.pid)
-            tracer.tracker.add_root(child.pid, root_gen, command)
-        tracer.tracker.wait_status = lambda tgid: _wait_root(child, tgid)
-        child.release()
-        with _forward_signals(child):
-            _trace_until_done(tracer, child, opts.descendant_grace_s)
-        result.command_status = _shell_status(child.wait(30.0))
-        return tracer.finish(result)
-
-
-class Child:
-    """The command started by `run`: forked, held at a gate until traced, then exec'd."""
-
-    def __init__(self, command: list[str], run_as: Credentials | None = None) -> None:
-        read_end, write_end = os.pipe()
-        parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - replaced by exec
-            _exec_after_gate(command, read_end, write_end, parent, run_as)
-        os.close(read_end)
-        self._gate = write_end
-        self.status: int | None = None  # wait status once reaped
-
-    def release(self) -> None:
-        os.write(self._gate, b"x")
-        os.close(self._gate)
-
-    def poll(self) -> int | None:
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.status = status
-        return self.status
-
-    def wait(self, timeout_s: float) -> int | None:
-        deadline = time.monotonic() + timeout_s
-        while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return self.status
-
-    def send_signal(self, signum: int) -> None:
-        if self.status is None:
-            os.kill(self.pid, signum)
-
-
-def _exec_after_gate(command: list[str], read_end: int, write_end: int, parent: int,
-                     run_as: Credentials | None) -> None:
-    try:
-        die_with_parent(parent)  # a SIGKILLed refcntd must not leave CMD running
-        os.close(write_end)
-        os.read(read_end, 1)
-        os.close(read_end)
-        if run_as is not None:  # groups, then gid, then uid: each needs the one before
-            os.setgroups(list(run_as.groups))
-            os.setgid(run_as.gid)
-            os.setuid(run_as.uid)  # all capabilities go with uid 0
-            die_with_parent(parent)  # setuid clears the death signal
-        os.execvp(command[0], command)
-    except OSError as err:
-        os.write(2, f"refcntd: cannot run {command[0]}: {err.strerror}\n".encode())
-    finally:
-        os._exit(127)
-
-
-def _wait_root(child: Child, tgid: int) -> int | None:
-    return child.wait(5.0) if tgid == child.pid else None
-
-
-def _shell_status(status: int | None) -> int | None:
-    if status is None:
-        return None
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
-
-
-def _trace_until_done(tracer: Tracer, child: Child, grace_s: float) -> None:
-    deadline = None
-    while True:
-        tracer.poll()
-        if child.poll() is None:
-            continue
-        tracer.poll(0)
-        alive = [t for t in tracer.tracker.sessions if Path(f"/proc/{t}").exists()]
-        if not alive:
-            return
-        deadline = deadline or time.monotonic() + grace_s
-        if time.monotonic() > deadline:
-            return
-
-
-class _forward_signals:
-    """SIGINT/SIGTERM to refcntd go to the command; refcntd keeps tracing it to its end."""
-
-    def __init__(self, child: Child) -> None:
-        self.child = child
-        self.saved: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
-
-    def __enter__(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.saved[sig] = signal.signal(sig, self._forward)
-
-    def _forward(self, signum: int, _frame: object) -> None:
-        self.child.send_signal(signum)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
-
-
-# ---- attach ------------------------------------------------------------------------
-class _StopFlag:
-    def __init__(self) -> None:
-        self.stop = False
-
-    def __call__(self, _signum: int, _frame: object) -> None:
-        self.stop = True
-
-
-def attach(plan: Plan, pid: int | None, opts: TraceOptions,
-           on_report: Callable[[ProcessReport], None],
-           ready: Callable[[], None] = lambda: None,
-           early: BackgroundCompile | None = None,
-           started: Callable[[Tracer], Callable[[], None]] | None = None) -> RunResult:
-    """Trace until SIGINT/SIGTERM; system-wide, or `pid` and its descendants.
-    `started(tracer)`, once attached, returns what to run between polls (on this
-    thread: what a signal asked for)."""
-    result = RunResult("attach", plan.spec.name, plan.sites[0].module if plan.sites else "")
-    flag = _StopFlag()
-    saved = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with Tracer(plan, filtered=pid is not None, opts=opts, on_report=on_report,
-                    early=early) as tracer:
-            tracer.start()
-            with progress.stage("per-process setup"):
-                for tgid in _process_tree(pid) if pid is not None else []:
-                    gen = tracer.kernel.register_process(tgid)
-                    tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
-                    tracer.index.add_process_maps(f"/proc/{tgid}/maps")
-                    tracer.unwind.seed_process(tgid)
-                    tracer.vetting.vet_process(tgid)
-                if pid is None:
-                    tracer.adopt_running()
-            tick = started(tracer) if started is not None else (lambda: None)
-            ready()
-            while not flag.stop and not (pid is not None and _tree_gone(tracer)):
-                tracer.poll()
-                tick()
-            return tracer.finish(result)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-def _tree_gone(tracer: Tracer) -> bool:
-    """attach --pid: the process and every descendant seen so far have exited (pending
-    events are read first, so that a child forked just before its parent's exit counts)."""
-    if any(Path(f"/proc/{t}").exists() for t in tracer.tracker.sessions):
-        return False
-    tracer.kernel.poll(0)
-    if any(Path(f"/proc/{t}").exists() for t in tracer.tracker.sessions):
-        return False
-    progress.note("the traced process and its descendants have exited; detaching")
-    return True
 
 
 def _processes_mapping(modules: Iterable[str]) -> list[int]:
@@ -527,23 +280,3 @@ def _processes_mapping(modules: Iterable[str]) -> list[int]:
         if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")}:
             found.append(int(entry.name))
     return found
-
-
-def _process_tree(root: int) -> list[int]:
-    """`root` and its living descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-

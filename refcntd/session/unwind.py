@@ -15,27 +15,20 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import resolve_library
+from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.sitemode import load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
-
-
-class UnwindKernel(Protocol):
-    @property
-    def unwinding(self) -> bool: ...
-    def load_unwind_table(self, path: str, table: CfiTable | None = None) -> CfiTable | None: ...
-    def seed_exec_maps(self, tgid: int, maps: list[tuple[int, int, int, int, int]]) -> None: ...
+from refcntd.kernel.parts import UnwindMaps
 
 
 class UnwindTables:
     """Loads each file's table once; remembers the files that could not be read."""
 
-    def __init__(self, kernel: UnwindKernel, ready: Prefetched | None = None) -> None:
+    def __init__(self, kernel: UnwindMaps, ready: Prefetched | None = None) -> None:
         """`ready`: prefetch()'s tables, read before the kernel side was loaded."""
         self.kernel = kernel
         self._done: set[str] = set()
@@ -43,7 +36,7 @@ class UnwindTables:
         self._ready = ready or Prefetched()
 
     def add(self, paths: Iterable[str], with_deps: bool = True) -> None:
-        if not self.kernel.unwinding:
+        if not self.kernel.enabled:
             return
         for path in paths:
             if path in self._done:
@@ -61,13 +54,13 @@ class UnwindTables:
             ready = self._ready.tables.pop(path, None)
             if isinstance(ready, Exception):
                 raise ready
-            self.kernel.load_unwind_table(path, ready)
+            self.kernel.load_table(path, ready)
         except (BinaryError, OSError) as err:
             self.failed.append(f"{path}: {err}")
 
     def seed_process(self, tgid: int) -> None:
         """A process running before tracing began: its mappings and their tables."""
-        if not self.kernel.unwinding:
+        if not self.kernel.enabled:
             return
         maps = exec_mappings(Path(f"/proc/{tgid}/maps"))
         self.add({m[0] for m in maps}, with_deps=False)

@@ -21,18 +21,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from refcntd.binary.callsiteplan import importer_sites
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import (
-    CrossModule,
-    Plan,
-    ProbeSite,
-    importer_sites,
-    resolve_library,
-)
+from refcntd.binary.libpaths import resolve_library
+from refcntd.binary.plan import Plan
+from refcntd.binary.probesite import CrossModule, ProbeSite
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import FileKey, HoldKey
-from refcntd.kernel.loader import Kernel
+from refcntd.kernel.decode import file_key
+from refcntd.kernel.parts import HoldMaps, Probes
 from refcntd.paths import RUN_DIR
 from refcntd.session.unwind import exec_mappings
 
@@ -50,11 +48,12 @@ class VettingStats:
 class Vetting:
     """Which files are accounted for, and what to do with a new one."""
 
-    def __init__(self, kernel: Kernel, plan: Plan, type_ids: Callable[[str], int],
+    def __init__(self, probes: Probes, holds: HoldMaps, plan: Plan,
+                 type_ids: Callable[[str], int],
                  on_sites: Callable[[list[ProbeSite]], None] = lambda _sites: None) -> None:
         """`on_sites(sites)`: call-site probes added for a module mapped later (the
         symbolizer shows their stacks as entry probes')."""
-        self.kernel, self.plan, self.type_ids = kernel, plan, type_ids
+        self.probes, self.holds, self.plan, self.type_ids = probes, holds, plan, type_ids
         self.on_sites = on_sites
         self.stats = VettingStats()
         self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
@@ -66,13 +65,13 @@ class Vetting:
 
     @property
     def active(self) -> bool:
-        return bool(self.plan.cross) and self.kernel.holding
+        return bool(self.plan.cross) and self.holds.enabled
 
     def start(self) -> None:
         """The defining modules and the load set the plan scanned: accounted for.  Where
         the kernel side cannot stop a process that maps a module (no BTF offsets for
         the unwinder's mapping hooks), exported functions go back to their entry."""
-        if self.plan.cross and not self.kernel.holding:
+        if self.plan.cross and not self.holds.enabled:
             why = continue_blocker() or ("the kernel side cannot follow modules mapped later "
                                          "here (the unwinder's BTF offsets are missing)")
             for cross in self.plan.cross:
@@ -93,7 +92,7 @@ class Vetting:
             key = self._function_key(cross)
             if key is not None:
                 self._functions[(key.file.dev, key.file.ino, key.offset)] = (cross, key)
-                self.kernel.hold_function(key)
+                self.holds.hold_function(key)
         self._probe_dlsym()
 
     def _probe_dlsym(self) -> None:
@@ -106,28 +105,28 @@ class Vetting:
             return
         offsets = [off for name in ("dlsym", "dlvsym") for sym in libc.symbols.get(name, [])
                    if (off := libc.vaddr_to_offset(sym.vaddr)) is not None]
-        why = self.kernel.attach_dlsym(str(libc.path), offsets) if offsets else \
+        why = self.probes.attach_dlsym(str(libc.path), offsets) if offsets else \
             f"no dlsym in {libc.path}"
         if why:
             self.stats.dlsym_missing = f"dlsym is not probed ({why}): a function it hands " \
                 "out would be called past its call-site probes, uncounted"
 
     def _function_key(self, cross: CrossModule) -> HoldKey | None:
-        file = self.kernel.file_key(cross.module)
+        file = file_key(cross.module)
         offset = ElfImage(cross.module).vaddr_to_offset(cross.symbol_vaddr)
         return None if file is None or offset is None else HoldKey(file=file, offset=offset)
 
     def _mark(self, paths: Iterable[str], owner: bool = False) -> None:
-        keys = [k for k in (self.kernel.file_key(p) for p in paths) if k is not None]
+        keys = [k for k in (file_key(p) for p in paths) if k is not None]
         self._done |= {(k.dev, k.ino) for k in keys}
-        self.kernel.vet(keys, owner)
+        self.holds.vet(keys, owner)
 
     def handle_held(self) -> None:
         """Every process the BPF side stopped: scan what it maps, then continue it."""
         if not self.active:
             return
         self._retry_stuck()
-        for tgid, why in self.kernel.take_held().items():
+        for tgid, why in self.holds.take_held().items():
             t0 = time.monotonic()
             marker = mark_held(tgid)
             try:
@@ -149,7 +148,7 @@ class Vetting:
         """At detach, once no probe can stop another process: nobody may stay stopped
         because refcntd went away (also the stops whose event was never read)."""
         if self.active:
-            for tgid in self.kernel.take_held():
+            for tgid in self.holds.take_held():
                 self._resume(tgid, HELD_DIR / f"{os.getpid()}-{tgid}")
         self._retry_stuck()
 
@@ -176,12 +175,12 @@ class Vetting:
         for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
             if (dev, ino) in self._done:
                 continue
-            here = self.kernel.file_key(path)  # another mount namespace's path may not be
+            here = file_key(path)  # another mount namespace's path may not be
             readable = path if here is not None and (here.dev, here.ino) == (dev, ino) else \
                 f"/proc/{tgid}/map_files/{start:x}-{end:x}"
             self._vet_file(path, readable)
             self._done.add((dev, ino))
-            self.kernel.vet([FileKey(ino=ino, dev=dev)])
+            self.holds.vet([FileKey(ino=ino, dev=dev)])
 
     def _vet_file(self, shown: str, path: str) -> None:
         self.stats.modules.append(shown)
@@ -202,7 +201,7 @@ class Vetting:
             if not sites:
                 continue
             try:
-                added = self.kernel.add_sites(sites, self.type_ids)
+                added = self.probes.add_sites(sites, self.type_ids)
             except Exception as err:  # noqa: BLE001 - bcc's bare exceptions: entry probe
                 self._fall_back(cross, f"{shown} was mapped and its probes failed: {err}")
                 continue
@@ -210,7 +209,7 @@ class Vetting:
                 self._fall_back(cross, f"{shown} was mapped and the spare probe slots "
                                        "are used up")
                 continue
-            refused = [f for f in self.kernel.failed_probes if f.site_index in added]
+            refused = [f for f in self.probes.failed_probes if f.site_index in added]
             if refused:
                 self._fall_back(cross, f"{shown} was mapped and the kernel refused its "
                                        f"probes: {refused[0].stage}: {refused[0].message}")
@@ -224,7 +223,7 @@ class Vetting:
         if found is not None and self._key(found[0]) not in self._back:
             self._fall_back(found[0], f"dlsym handed its address to process {tgid} "
                                       f"({read_comm(tgid)})")
-            self.kernel.hold_function(found[1], on=False)
+            self.holds.hold_function(found[1], on=False)
 
     @staticmethod
     def _key(cross: CrossModule) -> tuple[str, str, str]:
@@ -233,12 +232,12 @@ class Vetting:
     def _fall_back(self, cross: CrossModule, why: str) -> None:
         """The function's call sites count nothing from now on; its entry probe does."""
         self._back.add(self._key(cross))
-        sites = self.kernel.sites
+        sites = self.probes.sites
         mine = [i for i, s in enumerate(sites) if s.mode == MODE_CALLSITES and
                 s.function == cross.function and (s.callee_module or s.module) == cross.module
                 and s.spec_role == cross.role]
-        self.kernel.disable_sites(mine)
-        added = self.kernel.add_sites(list(cross.fallback), self.type_ids) \
+        self.probes.disable_sites(mine)
+        added = self.probes.add_sites(list(cross.fallback), self.type_ids) \
             if cross.fallback else []
         outcome = "moved back to its entry probe (single-stepped)" if added else \
             "NOT counted from now on: its entry probe could not be added"

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from refcntd.binary.elf import read_build_id
 from refcntd.errors import BinaryError
+from refcntd.inputs.files import file_identity, file_stamp
 from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
 from refcntd.kernel.records import RawFrame
 from refcntd.symbolize.debugfiles import DebugFileFinder
@@ -67,15 +68,7 @@ class Frame:
         return f"{where}{src} ({self.module})"
 
 
-FileId = tuple[int, int] | None  # (st_dev, st_ino); None: the file cannot be found
-
-
-def file_id(path: str) -> FileId:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+FileId = tuple[int, int] | None  # file_identity: (st_dev, st_ino); None: no such file
 
 
 @dataclass(frozen=True)
@@ -216,7 +209,7 @@ class BuildIdIndex:
             os.close(held[0])
 
     def add_library(self, path: str, tgid: int | None = None) -> None:
-        """A path process `tgid` maps or its dynamic loader reported; indexed once."""
+        """A path process `tgid` maps or ld.so reported for it; indexed once."""
         if not path.startswith("/"):
             return
         root = self._roots.get(tgid) if tgid is not None else None
@@ -242,16 +235,15 @@ class BuildIdIndex:
             if tgid is not None and not err.missing:
                 self.note(tgid, f"library {where}: {err.reason}: not read")
             return
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) in self._held:
+        stamp = file_stamp(fd)
+        if stamp is None or stamp.identity in self._held:
             os.close(fd)
             return
         held = f"/proc/{os.getpid()}/fd/{fd}"
-        self._held[(st.st_dev, st.st_ino)] = held
+        self._held[stamp.identity] = held
         self._names[held] = where
         # the unwinder names frames by (kernel dev, inode): find it that way too
-        self._by_file.setdefault((os.major(st.st_dev) << 20 | os.minor(st.st_dev), st.st_ino),
-                                 held)
+        self._by_file.setdefault((stamp.kernel_dev, stamp.ino), held)
         build_id = read_build_id(held)
         if build_id:
             self._by_id.setdefault(build_id, held)
@@ -428,7 +420,7 @@ class Symbolizer:
             return
         path, vaddr = first
         if path not in self._ids:
-            self._ids[path] = file_id(path)
+            self._ids[path] = file_identity(path)
         site = self.call_sites.get((self._ids[path], vaddr))
         if site is None:
             return

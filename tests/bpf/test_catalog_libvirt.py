@@ -12,7 +12,7 @@ from catalog import Outcome, assert_balanced, assert_counts_whole, build, trace
 from ftrace import UprobeEvent, live_at_end, traced
 
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import resolve_library
+from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.sdt import sdt_probes, semaphore_file_offset
 
 REGS = {"%rbx": "%bx", "%r12": "%r12", "%rax": "%ax", "%rbp": "%bp"}

@@ -52,7 +52,7 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
     from refcntd.kernel.loader import Kernel
     from refcntd.kernel.program import KernelOptions
     from refcntd.kernel.records import STAGE_LINK, STAGE_OPEN
-    from refcntd.session.tracer import probe_statuses
+    from refcntd.session.status import probe_statuses
 
     plan = build_plan(load_spec("perf-stubs"), str(build.perflike("O2fp")), ENTRY)
     setup.prepare()
@@ -63,10 +63,10 @@ def test_a_refused_bpf_link_marks_its_probe_not_installed(bpf, build):
         saved = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (one_free_fd_limit(), saved[1]))
         try:
-            kernel.attach_all()  # multi=False: one perf event and one link per site
+            kernel.probes.attach_all()  # multi=False: one perf event and one link per site
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, saved)
-        failures = list(kernel.failed_probes)
+        failures = list(kernel.probes.failed_probes)
     first, *rest = failures
     assert (first.site_index, first.stage, first.errno) == (0, STAGE_LINK, errno.EMFILE)
     assert [(f.site_index, f.stage) for f in rest] == \

@@ -6,7 +6,8 @@ import ctypes as C
 
 from refcntd.kernel import abi, abigen
 from refcntd.kernel.program import layout_difference
-from refcntd.session.tracer import LOST_REASONS, NOTE_REASONS, type_id
+from refcntd.session.status import LOST_REASONS, NOTE_REASONS
+from refcntd.session.tracer import type_id
 
 
 def test_committed_abi_is_what_the_header_generates():

@@ -14,7 +14,7 @@ from conftest import cc
 from refcntd.binary import prefilter
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, plt_stubs
 from refcntd.binary.elf import ElfImage
-from refcntd.binary.plan import resolve_library
+from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.probepoint import Refusal
 from refcntd.binary.sitemode import (
     MODE_AUTO,
@@ -247,16 +247,16 @@ def test_probe_mode_option():
 def test_ldconfig_runs_once_per_version_of_its_cache(tmp_path, monkeypatch):
     """A load set resolves dozens of sonames: `ldconfig -p` runs again only when
     /etc/ld.so.cache changes (a library installed while serve runs)."""
-    from refcntd.binary import plan as planmod
+    from refcntd.binary import libpaths as libpaths
     cache = tmp_path / "ld.so.cache"
     cache.write_text("1")
     runs: list[int] = []
-    monkeypatch.setattr(planmod, "LD_SO_CACHE", str(cache))
-    monkeypatch.setattr(planmod, "_run_ldconfig", lambda: runs.append(1) or [f"/lib{len(runs)}"])
-    monkeypatch.setattr(planmod, "_LDCONFIG", {})
-    assert planmod._ldconfig_dirs() == planmod._ldconfig_dirs() == ["/lib1"]
+    monkeypatch.setattr(libpaths, "LD_SO_CACHE", str(cache))
+    monkeypatch.setattr(libpaths, "_run_ldconfig", lambda: runs.append(1) or [f"/lib{len(runs)}"])
+    monkeypatch.setattr(libpaths, "_LDCONFIG", {})
+    assert libpaths._ldconfig_dirs() == libpaths._ldconfig_dirs() == ["/lib1"]
     os.utime(cache, ns=(1, 10**18))
-    assert planmod._ldconfig_dirs() == ["/lib2"] and len(runs) == 2
+    assert libpaths._ldconfig_dirs() == ["/lib2"] and len(runs) == 2
 
 
 def test_load_set_is_read_again_when_a_library_is_replaced(tmp_path):

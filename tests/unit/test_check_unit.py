@@ -95,8 +95,6 @@ def test_stripped_binary(build, tmp_path):
     assert run.returncode == 24
 
 
-
-
 @pytest.mark.parametrize("case", ["missing", "directory", "script", "text", "elf32",
                                   "truncated", "truncated-headers", "no-stubs"])
 def test_bad_binary_one_line(tmp_path, case):
@@ -144,5 +142,3 @@ def test_not_root_gets_one_line(build):
     assert proc.returncode == 24, proc.stderr
     assert lines == ["refcntd: tracing needs root, or CAP_BPF and CAP_PERFMON "
                      "(run as root, e.g. with sudo)"]
-
-

@@ -1,20 +1,10 @@
-"""The CI audit: exit codes, SARIF / JUnit / GitHub outputs, suppressions, baselines."""
+"""The CI audit's inputs are checked before any work: a bad suppressions file names its
+line (no BPF; the outputs are tested in test_cli_outputs.py, the audit of real runs in
+tests/bpf/test_ci.py)."""
 
 from __future__ import annotations
 
 from conftest import assert_one_line_error, refcntd
-
-# https://docs.github.com/actions/using-workflows/workflow-commands-for-github-actions
-
-
-
-
-
-
-
-
-
-
 
 
 def test_bad_suppression_file_names_its_line(tmp_path):
@@ -22,5 +12,3 @@ def test_bad_suppression_file_names_its_line(tmp_path):
     rules.write_text("leak:ok\nfoo:bar\n")
     result = refcntd(["run", "--suppressions", str(rules), "--", "/bin/true"])
     assert_one_line_error(result, f"{rules}:2: foo:")
-
-

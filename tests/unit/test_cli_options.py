@@ -74,14 +74,15 @@ def test_bounds_themselves_are_accepted() -> None:
 def test_output_paths_checked_before_the_command(argv: list[str], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    readonly = tmp_path / "ro"
+    reached = []
+    for name, command in cli_main.COMMANDS.items():
+        monkeypatch.setattr(command, "run", lambda _args, name=name: reached.append(name))
+    readonly = tmp_path / "ro"  # mounted last: nothing may fail before the umount below
     readonly.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "none", str(readonly)],
                              check=False, capture_output=True).returncode == 0
     if not mounted:  # not root: a mode the kernel enforces for us
         readonly.chmod(0o555)
-    reached = []
-    monkeypatch.setattr(cli_main, "_command", lambda name: reached.append(name))
     try:
         filled = [a.format(missing=tmp_path / "nope", dir=tmp_path, readonly=readonly)
                   for a in argv]

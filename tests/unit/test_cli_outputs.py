@@ -18,7 +18,7 @@ from refcntd.analysis.model import (
     TracingStatus,
 )
 from refcntd.cli.main import main
-from refcntd.outputs import ciformats, report
+from refcntd.outputs import ciformats, report, reportjson
 from refcntd.outputs.policy import Policy
 from refcntd.symbolize.symbolizer import Frame
 
@@ -67,7 +67,7 @@ def leaky_result(root: Path, sites: int = 3) -> RunResult:
 def test_sarif_records_its_root_and_warns_on_another(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     saved = tmp_path / "run.json"
-    report.write_json(leaky_result(tmp_path), str(saved))
+    reportjson.write_json(leaky_result(tmp_path), str(saved))
     assert main(["report", str(saved), "--format", "sarif", "--source-root", str(tmp_path)]) == 23
     out = capsys.readouterr()
     run = json.loads(out.out)["runs"][0]
@@ -108,8 +108,8 @@ def test_strict_fails_a_degraded_report(tmp_path: Path,
     degraded = RunResult("run", "perf-stubs", "x",
                          [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [group])])
     saved = {name: tmp_path / f"{name}.json" for name in ("clean", "degraded")}
-    report.write_json(clean, str(saved["clean"]))
-    report.write_json(degraded, str(saved["degraded"]))
+    reportjson.write_json(clean, str(saved["clean"]))
+    reportjson.write_json(degraded, str(saved["degraded"]))
     limits = ["--max-leaks", "*=5"]  # the leak itself does not fail: only --strict may
     assert main(["report", str(saved["degraded"]), *limits]) == 0
     assert main(["report", str(saved["clean"]), "--strict"]) == 0

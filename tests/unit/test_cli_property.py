@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.cli.main import main
 from refcntd.errors import EnvironmentProblem
-from refcntd.outputs import report
+from refcntd.outputs import reportjson
 
 DOCUMENTED = {0, 2, 23, 24}
 OPTIONS = {
@@ -50,8 +50,8 @@ def inputs(tmp: Path) -> list[str]:
     os.mkfifo(tmp / "fifo")
     (tmp / "dir").mkdir()
     saved = tmp / "saved.json"
-    report.write_json(RunResult("run", "perf-stubs", "x", [ProcessReport(1, "x", [], "exited")]),
-                      str(saved))
+    process = ProcessReport(1, "x", [], "exited")
+    reportjson.write_json(RunResult("run", "perf-stubs", "x", [process]), str(saved))
     return [str(tmp / n) for n in files] + [str(tmp / "fifo"), str(tmp / "dir"), str(saved),
                                            "/bin/true", "/dev/null", str(tmp / "missing")]
 

@@ -9,7 +9,7 @@ import random
 from refcntd.analysis.leaks import StackSource, group_columns, group_leaks
 from refcntd.kernel import abi
 from refcntd.kernel.columns import ColumnBuilder
-from refcntd.outputs import report
+from refcntd.outputs import report, reportjson
 from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
 
 NOW = 10**12
@@ -59,7 +59,7 @@ def test_columns_stream_the_same_json(tmp_path) -> None:
                                                                         sym, NOW)):
         result = RunResult("run", "s", "x", [ProcessReport(7, "x", [], "exited", "", 0, groups)])
         path = tmp_path / "r.json"
-        report.write_json(result, str(path))
+        reportjson.write_json(result, str(path))
         docs.append(json.loads(path.read_text()))
     assert docs[0] == docs[1]
 
@@ -78,6 +78,6 @@ def test_a_process_report_reads_only_the_objects_it_shows(tmp_path, monkeypatch)
     groups = group_columns(objs, StackSource(lambda _i: None), Symbolizer(BuildIdIndex()), NOW)
     process = ProcessReport(7, "x", [], "exited", "", 0, groups)
     report.render_process(process)
-    report.write_json(RunResult("run", "s", "x", [process]), str(tmp_path / "r.json"))
+    reportjson.write_json(RunResult("run", "s", "x", [process]), str(tmp_path / "r.json"))
     assert sum(len(g.objects) for g in groups) > 2000
     assert 0 < len(made) <= 64 * len(groups), len(made)

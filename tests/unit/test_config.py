@@ -57,6 +57,19 @@ def test_bad_config_names_file_line_and_key(tmp_path, text, line, key):
     assert (info.value.lineno, info.value.key) == (line, key), info.value.message
 
 
+def test_missing_cgroup_names_file_line_and_key(tmp_path):
+    """A cgroup that does not exist is found only when serve attaches: the error still
+    points at the config line, like every other config error."""
+    from refcntd.service.targets import _cgroup_id
+    path = write(tmp_path, GOOD + "    cgroup: /no-such.slice\n")
+    (target,) = load_config(path).targets
+    with pytest.raises(ConfigError) as info:
+        _cgroup_id(target)
+    assert (info.value.path, info.value.lineno, info.value.key) == \
+        (path, 5, "targets[0].cgroup"), info.value.message
+    assert "cgroup /no-such.slice not found under" in info.value.message
+
+
 def test_serve_check_reports_one_line(tmp_path):
     path = write(tmp_path, GOOD + "    history: 5\n")
     result = refcntd(["serve", "--config", path, "--check"])

@@ -1,4 +1,5 @@
-"""--history: per-object get/put stacks, bounds, and culprit attribution (real BPF)."""
+"""--history's options are checked before any work: --history-depth must be a power of
+two (no BPF; --history itself is tested in tests/bpf/test_history.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.cli.main import main
-from refcntd.outputs import report
+from refcntd.outputs import reportjson
 
 BAD_KINDS = {
     "latin1": ("not UTF-8 text (byte 0xe9 at offset 6)",
@@ -24,8 +24,8 @@ BAD_KINDS = {
 
 
 def saved_run(path: Path) -> Path:
-    report.write_json(RunResult("run", "perf-stubs", "x", [ProcessReport(1, "x", [], "exited")]),
-                      str(path))
+    process = ProcessReport(1, "x", [], "exited")
+    reportjson.write_json(RunResult("run", "perf-stubs", "x", [process]), str(path))
     return path
 
 
@@ -88,3 +88,24 @@ def test_too_big_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[
         f.truncate((64 << 20) + 1)  # sparse: nothing is written
     assert main(["check", "--binary", "/bin/true", "--spec", str(big)]) == 2
     assert "too big" in capsys.readouterr().err
+
+
+def test_file_stamp_tells_versions_and_files_apart(tmp_path: Path) -> None:
+    """file_stamp is the one stat of a file's identity: a rewrite keeps the (device,
+    inode) identity and changes the stamp; a replacement changes both; the kernel's
+    dev_t is MAJOR << 20 | MINOR (what BPF compares with the maps' FileKey)."""
+    from refcntd.inputs.files import file_identity, file_stamp
+    path = tmp_path / "lib.so"
+    path.write_bytes(b"1")
+    first = file_stamp(path)
+    assert first is not None and file_identity(path) == first.identity
+    path.write_bytes(b"22")
+    assert file_stamp(path) != first and file_identity(path) == first.identity
+    (tmp_path / "new.so").write_bytes(b"1")
+    keep = path.open("rb")  # the old inode stays in use: the new file cannot reuse it
+    os.replace(tmp_path / "new.so", path)
+    assert file_identity(path) != first.identity
+    keep.close()
+    st = os.stat(path)
+    assert file_stamp(path).kernel_dev == os.major(st.st_dev) << 20 | os.minor(st.st_dev)
+    assert file_stamp(tmp_path / "gone") is None and file_identity(tmp_path / "gone") is None

@@ -11,7 +11,7 @@ from refcntd.analysis.model import (
     ProcessReport,
     RunResult,
 )
-from refcntd.outputs import report
+from refcntd.outputs import reportjson
 from refcntd.symbolize.symbolizer import Frame
 
 
@@ -31,7 +31,7 @@ def test_streamed_json_is_run_json(tmp_path):
     for n in (0, 1, 5, 45):
         result = _result(n)
         path = tmp_path / f"r{n}.json"
-        report.write_json(result, str(path))
-        assert json.loads(path.read_text()) == json.loads(json.dumps(report.run_json(result)))
-    chunks = list(report.iter_json(_result(45), chunk_objects=10))
+        reportjson.write_json(result, str(path))
+        assert json.loads(path.read_text()) == json.loads(json.dumps(reportjson.run_json(result)))
+    chunks = list(reportjson.iter_json(_result(45), chunk_objects=10))
     assert "".join(chunks) == path.read_text()

@@ -1,4 +1,5 @@
-"""The service's pieces that need no kernel: rules, the HTTP endpoint, --check --strict."""
+"""The service's pieces that need no kernel: rules, the HTTP endpoint, --check --strict,
+the collectors' describe()."""
 
 from __future__ import annotations
 
@@ -73,3 +74,27 @@ def test_diff_without_a_running_serve_is_one_line():
     result = refcntd(["diff", "--url", "http://127.0.0.1:9"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_describe_names_every_family_collect_yields():
+    """client_python's Collector protocol: describe() (used at registration, so nothing
+    reads the kernel then) must name exactly the families a scrape produces."""
+    import contextlib
+
+    from refcntd.outputs.reportstore import StoreStats
+    from refcntd.service.metrics import BuildInfo, RefcntdCollector, TargetStats
+
+    views = []
+
+    @contextlib.contextmanager
+    def view():
+        views.append(1)
+        yield [TargetStats("svc", 60.0)]
+    for collector in (RefcntdCollector(view, StoreStats), BuildInfo("0", "0")):
+        registry = CollectorRegistry()
+        registry.register(collector)  # through describe(): no scrape yet
+        described = [(m.name, m.type, m.samples) for m in collector.describe()]
+        collected = [(m.name, m.type) for m in collector.collect()]
+        assert [(n, t) for n, t, _ in described] == collected
+        assert all(samples == [] for _, _, samples in described)
+    assert views == [1]  # the one collect() above

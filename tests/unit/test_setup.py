@@ -38,8 +38,8 @@ def test_describe_changes_no_environment_variable():
 
 def test_probe_statuses_follow_typed_failures_of_both_stages():
     """A link failure's site is known by index: it can never be shown installed."""
-    from refcntd.binary.plan import ProbeSite
-    from refcntd.session.tracer import probe_statuses
+    from refcntd.binary.probesite import ProbeSite
+    from refcntd.session.status import probe_statuses
 
     class FakePlan:  # probe_statuses reads only the sites
         sites = [ProbeSite(role, f"f_{role}", "/m", 0, 4, 0, "cheap", "why", -1, False,

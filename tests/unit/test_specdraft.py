@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, assert_one_line_error, refcntd
 
-from refcntd.binary.plan import build_plan, resolve_library
+from refcntd.binary.libpaths import resolve_library
+from refcntd.binary.plan import build_plan
 from refcntd.binary.specdraft import propose, render
 from refcntd.errors import ConfigError
 from refcntd.inputs.spec import load_spec

@@ -1,0 +1,186 @@
+"""What a traced process leaves in the kernel: its live objects (objs), their
+history (history, hist_paths), the sites where its released objects were used
+(released_sites), its counters (proc_stats) and its stacks (stack_store)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from collections.abc import Callable, Iterable
+
+from refcntd.kernel import abi, decode
+from refcntd.kernel import columns as objcols
+from refcntd.kernel.abi import Role, Stat
+from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
+from refcntd.kernel.maps import BackgroundDelete, delete, items, lookup_batches, take
+from refcntd.kernel.program import KernelOptions, Program
+from refcntd.kernel.records import (
+    HistoryRecord,
+    ObjectRecord,
+    ReleasedSite,
+    SiteCount,
+    StackRecord,
+    StackRef,
+)
+
+
+class BpfObjects:
+    """Objects, histories, process counters and stacks, read and removed per process."""
+
+    def __init__(self, program: Program, opts: KernelOptions,
+                 names: Callable[[], dict[int, str]], pending: BackgroundDelete) -> None:
+        """`names()`: every type name known (the type table's); `pending`: the delete of
+        drained objects still running, which every walk of the objects waits for."""
+        self.program, self.opts = program, opts
+        self._names, self._pending = names, pending
+        self.stacks_freed_early = 0  # counted in the report: never silent
+
+    def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]:
+        """Read and remove the objects of one process (gen None: whatever gen)."""
+        self._pending.wait()
+        objs = self.program["objs"]
+        names = self._names()
+        picked = [(k, v) for k, v in items(objs)
+                  if k.tgid == tgid and (gen is None or v.gen == gen)]
+        delete(objs, [k for k, _ in picked])
+        history = self._history([k for k, _ in picked], tgid)
+        return [decode.decode_object(k, v, names, history.get(k.addr)) for k, v in picked]
+
+    def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns:
+        """drain() as columns, for a process without history: the map is read BATCH entries
+        at a time, each batch decoded by C loops; only the process's keys are deleted."""
+        self._pending.wait()
+        objs, builder = self.program["objs"], ColumnBuilder(abi.ObjKey, abi.ObjVal)
+        size, doomed = ctypes.sizeof(abi.ObjKey), bytearray()
+        for keys, values, n in lookup_batches(objs):
+            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
+            gens = objcols.column(values, abi.ObjVal, "gen", n)
+            keep = _rows_of(tgids, gens, tgid, gen, n)
+            builder.add(keys, values, n, None if len(keep) == n else list(keep))
+            raw = memoryview(keys).cast("B")
+            if len(keep) == n:
+                doomed += raw[:n * size]
+            else:
+                for i in keep:
+                    doomed += raw[i * size:(i + 1) * size]
+        if doomed:  # the kernel takes ~2 us a key: done while the report is made
+            self._pending.start(objs, (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed))
+        return ObjectColumns(tgid, builder.columns, self._names())
+
+    def live_objects(self) -> list[ObjectRecord]:
+        self._pending.wait()
+        names = self._names()
+        return [decode.decode_object(keys[i], values[i], names)
+                for keys, values, n in lookup_batches(self.program["objs"]) for i in range(n)]
+
+    def released_sites(self, tgid: int) -> list[ReleasedSite]:
+        """What released objects of `tgid` did where (history only); removed from the map."""
+        if self.opts.history is None:
+            return []
+        names = self._names()
+        picked = take(self.program["released_sites"], tgid)
+        return [ReleasedSite(names.get(k.type_id, ""), SiteCount(
+                    Role(k.op), StackRef(k.stack_id, k.caller_ip),
+                    int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
+                for k, v in picked]
+
+    def take_process_stats(self, tgid: int) -> dict[Stat, int]:
+        """The counters of one reported process; removed from the map."""
+        picked = take(self.program["proc_stats"], tgid)
+        return {Stat(k.stat): int(getattr(v, "value", v)) for k, v in picked
+                if k.stat < len(Stat)}
+
+    def prune_process_stats(self, keep: Callable[[int], bool]) -> int:
+        """Drop the counters of processes that will never be reported (not traced, or
+        gone without a report); `keep(tgid)` says which must stay.  Returns how many."""
+        table = self.program["proc_stats"]
+        stale = [k for k, _ in items(table) if not keep(k.tgid)]
+        delete(table, stale)
+        return len(stale)
+
+    # ---- stacks (bpf/stackstore.h) ---------------------------------------------
+    def stack_record(self, stack_id: int) -> StackRecord | None:
+        """One stored stack; None when none was recorded (counted by the kernel)."""
+        if not stack_id:
+            return None
+        try:
+            value = self.program["stack_store"][ctypes.c_uint64(stack_id)]
+        except KeyError:  # freed: every entry is owned by one process, so never expected
+            self.stacks_freed_early += 1
+            return None
+        return decode.decode_stack(value)
+
+    def forget_stacks(self, tgid: int, gen: int, refs: Iterable[StackRef]) -> None:
+        """Free every stack-store entry a reported process created.
+
+        Each entry is owned by one process generation (proc_stacks); without
+        this a long attach fills the store.  `refs` are the stacks its report
+        used (all owned by it: the hash covers tgid and gen).
+        """
+        owned = [k for k, v in items(self.program["proc_stacks"])
+                 if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
+        delete(self.program["proc_stacks"], owned)
+        # objects a forked child inherited keep their ancestor's stacks: not its to free
+        keys = {r.stack_id for r in refs if self._stack_owner(r.stack_id) in ((tgid, gen), None)}
+        keys |= {k.stack_id for k in owned}
+        if dump := os.environ.get("REFCNTD_DUMP_STACKS"):
+            self._dump_stacks(dump, tgid, sorted(keys))
+        delete(self.program["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
+
+    def _dump_stacks(self, path: str, tgid: int, keys: list[int]) -> None:
+        """REFCNTD_DUMP_STACKS=FILE (debugging, benchmarks/stackquality.py): every stack a
+        reported process stored, raw, one JSON line each, appended to FILE."""
+        lines = []
+        for key in keys:
+            rec = self.stack_record(key) if key else None
+            if rec is not None:
+                lines.append(json.dumps({
+                    "tgid": tgid, "method": rec.method.name, "truncated": rec.truncated.name,
+                    "truncated_at": rec.truncated_at, "ips": list(rec.ips),
+                    "frames": [[f.build_id, f.offset, f.file, f.text_relative]
+                               for f in rec.frames]}))
+        with open(path, "a") as out:
+            out.write("".join(line + "\n" for line in lines))
+
+    def _stack_owner(self, stack_id: int) -> tuple[int, int] | None:
+        """(tgid, gen) that stored a stack-store entry; None if there is no such entry."""
+        try:
+            rec = self.program["stack_store"][ctypes.c_uint64(stack_id)]
+        except KeyError:
+            return None
+        return int(rec.tgid), int(rec.gen)
+
+    # ---- history (HISTORY) -------------------------------------------------------
+    def _history(self, keys: list[abi.ObjKey], tgid: int) -> dict[int, HistoryRecord]:
+        """History of each drained object with its exact per-path counts; removed from
+        the maps (the process's leftover path counts of released objects too)."""
+        if self.opts.history is None:
+            return {}
+        table, values = self.program["history"], {}
+        for key in keys:
+            value = table.get(key)
+            if value is not None:
+                values[key.addr] = value
+        delete(table, [k for k in keys if k.addr in values])
+        paths = self._drain_paths(tgid)
+        return {addr: decode.decode_history(v, self.opts.history_depth,
+                                            paths.get((addr, v.serial), ()))
+                for addr, v in values.items()}
+
+    def _drain_paths(self, tgid: int) -> dict[tuple[int, int], tuple[SiteCount, ...]]:
+        """Per (address, serial): the exact path counts of `tgid`'s objects."""
+        picked = take(self.program["hist_paths"], tgid)
+        out: dict[tuple[int, int], list[SiteCount]] = {}
+        for k, v in picked:
+            out.setdefault((k.addr, k.serial), []).append(SiteCount(
+                Role(k.op), StackRef(k.stack_id, k.caller_ip), v.count, v.first_ns, v.last_ns))
+        return {key: tuple(sites) for key, sites in out.items()}
+
+
+def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n: int
+             ) -> range | list[int]:
+    """Rows of one process (and generation); counted in C when all rows are its own."""
+    if tgids.tolist().count(tgid) == n and (gen is None or gens.tolist().count(gen) == n):
+        return range(n)
+    return [i for i in range(n) if tgids[i] == tgid and (gen is None or gens[i] == gen)]

@@ -1,0 +1,198 @@
+"""A RunResult as versioned JSON (schema refcntd-report, outputs/jsontypes.py), written
+in chunks so a million objects never sit in memory as one string; and the JSON of
+serve's per-site views (GET /diff, GET /live)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import cast
+
+from refcntd import __version__
+from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.model import (
+    AnomalyFinding,
+    LeakedObject,
+    LeakGroup,
+    ProcessReport,
+    ProcessSites,
+    RunResult,
+    SiteGroup,
+    StackUnwind,
+    TracingStatus,
+)
+from refcntd.inputs.safefs import atomic_file
+from refcntd.outputs.jsontypes import (
+    AnomalyJson,
+    CulpritJson,
+    FrameJson,
+    GroupJson,
+    InstanceJson,
+    ProbeJson,
+    ProcessJson,
+    RunJson,
+    TracingJson,
+    UnwindJson,
+)
+from refcntd.symbolize.symbolizer import Frame
+
+JSON_SCHEMA = "refcntd-report"
+JSON_VERSION = 1
+
+
+def site_group_json(g: SiteGroup, since: bool) -> dict[str, object]:
+    """`objects`: what the view counts (created since the checkpoint, with their mean
+    age, or live)."""
+    counted: dict[str, object] = {"objects": g.since, "mean_age_ns": g.since_mean_age_ns} \
+        if since else {"objects": g.live}
+    return {"type": g.type_name, **counted, "live": g.live, "created": g.created,
+            "stack_truncated": g.stack_truncated, "unwind": unwind_json(g.unwind),
+            "stack": [frame_json(f) for f in g.frames]}
+
+
+def sites_json(p: ProcessSites, since: bool) -> dict[str, object]:
+    return {"pid": p.pid, "comm": p.comm, "command": p.command,
+            "groups": [site_group_json(g, since) for g in p.groups]}
+
+
+def frame_json(f: Frame) -> FrameJson:
+    out: FrameJson = {"module": f.module, "address": f"0x{f.vaddr:x}"}
+    if f.function:
+        out.update({"function": f.function, "offset": f.offset})
+    if f.file:
+        out.update({"file": f.file, "line": f.line})
+    if not f.module:
+        out["unresolved"] = f.raw
+    return out
+
+
+def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
+    """Without `instances` the key is left out (stream_json writes them itself)."""
+    out: GroupJson = {
+        "type": g.type_name, "objects": len(g.objects), "stack_truncated": g.stack_truncated,
+        "unwind": unwind_json(g.unwind),
+        "stack": [frame_json(f) for f in g.frames],
+        "culprits": [culprit_json(c) for c in g.culprits],
+    }
+    if instances:
+        out["instances"] = [instance_json(o) for o in g.objects]
+    if g.verdict is not None:
+        out["verdict"] = {"status": g.verdict.status, "reason": g.verdict.reason,
+                          "notes": list(g.verdict.notes)}
+    return out
+
+
+def culprit_json(c: Culprit) -> CulpritJson:
+    return {"kind": c.kind, "function": c.function.function,
+            "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
+            "references": c.references, "released_uses": c.released_uses,
+            "expected_stack": [frame_json(f) for f in c.expected], "why": c.why,
+            "tie": list(c.tie), "holder": c.holder}
+
+
+def unwind_json(u: StackUnwind) -> UnwindJson:
+    """How the stack was obtained: {"method"} plus {"truncated_at", "reason"} when cut."""
+    out: UnwindJson = {"method": u.method}
+    if u.truncated_at is not None:
+        out["truncated_at"] = u.truncated_at
+        out["reason"] = u.reason
+    return out
+
+
+def instance_json(o: LeakedObject) -> InstanceJson:
+    out: InstanceJson = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets,
+                         "puts": o.puts, "age_ns": o.age_ns}
+    if o.leak:
+        out["leak"] = o.leak
+        out["held_by"] = [{"address": f"0x{h.address:x}", "type": h.type_name,
+                           "references": h.references, "stack": [frame_json(f) for f in h.frames]}
+                          for h in o.held_by]
+        out["cycle"] = [f"0x{a:x}" for a in o.cycle]
+    if o.history_total:
+        out["history_total"] = o.history_total
+        out["history_dropped"] = o.history_total - len(o.history)
+        out["history"] = [{"op": s.op, "count_after": s.count_after, "at_ns": s.at_ns,
+                           "stack": [frame_json(f) for f in s.frames],
+                           "unwind": unwind_json(s.unwind)} for s in o.history]
+    return out
+
+
+def anomaly_json(a: AnomalyFinding) -> AnomalyJson:
+    return {"kind": a.kind, "description": a.description, "type": a.type_name,
+            "address": f"0x{a.address:x}", "count_before": a.count_before,
+            "occurrences": a.occurrences, "separate": a.separate,
+            "stack": [frame_json(f) for f in a.frames], "unwind": unwind_json(a.unwind),
+            "alloc_stack": [frame_json(f) for f in a.alloc_frames],
+            "alloc_unwind": unwind_json(a.alloc_unwind)}
+
+
+def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
+    return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
+            "exit_status": p.exit_status or None, "exit_code": p.exit_code,
+            "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
+            "anomalies": [anomaly_json(a) for a in p.anomalies],
+            "groups": [group_json(g, instances) for g in p.groups],
+            "kept_by_library": dict(p.kept),
+            "cycles": [[f"0x{a:x}" for a in c] for c in p.cycles], "notes": list(p.notes)}
+
+
+def tracing_json(t: TracingStatus) -> TracingJson:
+    return {"complete": t.complete, "lost": dict(t.lost), "notes": list(t.notes),
+            "probes": [cast(ProbeJson, vars(p)) for p in t.probes]}
+
+
+def run_json(result: RunResult, instances: bool = True) -> RunJson:
+    return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
+            "mode": result.mode, "spec": result.spec, "target": result.target,
+            "command_status": result.command_status, "tracing": tracing_json(result.tracing),
+            "leaked_objects": result.leaked_objects, "anomalies": result.anomalies,
+            "processes": [process_json(p, instances) for p in result.processes]}
+
+
+def write_json(result: RunResult, path: str) -> None:
+    """Through a new file renamed into place: a link planted at `path` (by the traced
+    command, say) is replaced, never followed."""
+    with atomic_file(path) as f:
+        for chunk in iter_json(result):
+            f.write(chunk.encode())
+
+
+def iter_json(result: RunResult, chunk_objects: int = 20000) -> Iterator[str]:
+    """run_json(result) as text, streamed: each group's instances are formatted and written
+    a chunk at a time, so a million leaked objects never exist as one document of dicts.
+    The rest of the document is small (bounded by groups) and dumped as usual."""
+    token = f"@@refcntd-instances-{uuid.uuid4().hex}-"
+    groups = [g for p in result.processes for g in p.groups]
+    doc = run_json(result, instances=False)
+    marks = iter(range(len(groups)))
+    for process in doc["processes"]:
+        for group in process["groups"]:
+            cast(dict[str, object], group)["instances"] = f"{token}{next(marks)}"
+    text = json.dumps(doc, indent=2)
+    pos = 0
+    for match in re.finditer(f'"{re.escape(token)}(\\d+)"', text):
+        yield text[pos:match.start()]
+        yield from _instances_text(groups[int(match.group(1))].objects, chunk_objects)
+        pos = match.end()
+    yield text[pos:] + "\n"
+
+
+def _instances_text(objects: Sequence[LeakedObject], chunk: int) -> Iterator[str]:
+    yield "["
+    for start in range(0, len(objects), chunk):
+        if hasattr(objects, "json_lines"):  # drained as columns (analysis.leaks)
+            lines = objects.json_lines(start, start + chunk)
+        else:
+            lines = [_instance_line(o) for o in objects[start:start + chunk]]
+        yield ("," if start else "") + ",".join(lines)
+    yield "]"
+
+
+def _instance_line(o: LeakedObject) -> str:
+    """instance_json(o) as JSON text; the common case (no history) without a dict."""
+    if o.history_total:
+        return json.dumps(instance_json(o))
+    return (f'{{"address": "0x{o.address:x}", "count": {o.count}, "gets": {o.gets}, '
+            f'"puts": {o.puts}, "age_ns": {o.age_ns}}}')

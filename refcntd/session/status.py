@@ -1,0 +1,62 @@
+"""The tracing status every report ends with: what each kernel counter means (a
+loss makes the run incomplete, a note is shown), each probe's state, and the
+spec entries that never fired."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from refcntd.analysis.model import ProbeStatus
+from refcntd.binary.plan import Plan
+from refcntd.inputs.spec import RoleSpec
+from refcntd.kernel.abi import STAT_TEXT
+from refcntd.kernel.records import ProbeFailure
+
+# What each kernel counter means for the report, from bpf/refcntd.h: a "loss"
+# makes a run incomplete, a "note" is shown.
+LOST_REASONS = {stat: text.removeprefix("loss: ") for stat, text in STAT_TEXT.items()
+                if text.startswith("loss: ")}
+NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.items()
+                if text.startswith("note: ")}
+
+
+def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
+    """Spec entries none of whose probes fired: wrong functions, or callers that
+    bypass them (inlined, a private alias) - or a run that never needed them."""
+    def key(entry: RoleSpec) -> tuple[str, tuple[str, ...], str | None]:
+        return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
+    fired: dict[tuple[str, tuple[str, ...], str | None], int] = {}
+    for site, n in zip(plan.sites, hits, strict=True):
+        fired[key(site.spec_role)] = fired.get(key(site.spec_role), 0) + n
+    return [f"{entry.role} role never fired in this run: "
+            f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
+            for entry in plan.spec.entries if fired.get(key(entry)) == 0]
+
+
+def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure],
+                   hits: list[int] | None = None) -> list[ProbeStatus]:
+    """One status per entry probe, and one per function for all of its call sites; a
+    failure names its site by index, never by text."""
+    failed = {f.site_index: f for f in failures}
+    hits = hits if hits is not None else [-1] * len(plan.sites)
+    out: dict[tuple[str, str, str, int], ProbeStatus] = {}
+    for i, (s, n) in enumerate(zip(plan.sites, hits, strict=True)):
+        failure = failed.get(i)
+        error = f"{failure.stage} failed: {failure.message}" if failure else ""
+        key = (s.role, s.function, s.module, i if s.mode == "entry" else -1)
+        old = out.get(key)
+        if old is None:
+            reason = next((d.reason for d in plan.decisions if (d.role, d.function, d.module)
+                           == key[:3] and d.mode == s.mode), s.reason) if s.mode != "entry" \
+                else s.reason
+            out[key] = ProbeStatus(s.role, s.function, s.module, s.probe_offset, s.cost, reason,
+                                   not error, error, s.mode, 1, n)
+            continue
+        worst = s.cost if s.cost == "single-step" else old.cost
+        out[key] = replace(old, cost=worst, installed=old.installed and not error,
+                           error=old.error or error, sites=old.sites + 1,
+                           hits=old.hits + n)
+    return list(out.values())
+
+
