@@ -25,7 +25,8 @@ def fake_tracer(objects: list[tuple[str, int]]) -> SimpleNamespace:
                               sym=Symbolizer(BuildIdIndex()), sessions={})
     return SimpleNamespace(plan=plan, tracker=tracker,
                            worker=SimpleNamespace(call=lambda fn: fn()),
-                           kernel=SimpleNamespace(objects=SimpleNamespace(live_objects=lambda: records)))
+                           kernel=SimpleNamespace(
+                               objects=SimpleNamespace(live_objects=lambda: records)))
 
 
 def views() -> Views:
