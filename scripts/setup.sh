@@ -34,7 +34,13 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           # so every run proves the venv does not pick it up (test_environment.py)
           python3-pyelftools
           # libseccomp's Python binding: the unit tests apply the unit's SystemCallFilter=
-          python3-seccomp)
+          python3-seccomp
+          # the corpus of real programs (benchmarks/corpus.py, tests/bpf/test_corpus_smoke.py):
+          # GLib's installed tests, gst-launch-1.0 with the base plugins, virsh, and two
+          # cairo users (rsvg-convert, pdftocairo); gio/gsettings/gdbus, openssl and curl are
+          # already here; dbus-daemon comes with them
+          libglib2.0-tests gstreamer1.0-tools gstreamer1.0-plugins-base libvirt-clients
+          librsvg2-bin poppler-utils)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
