@@ -248,6 +248,13 @@ def test_glibs_own_file():
     assert sum(e.is_leak for e in entries) == 96
 
 
+@pytest.mark.parametrize("path", sorted(Path("/usr/libexec/valgrind").glob("*.supp"))
+                         + sorted(Path("/usr/lib/valgrind").glob("*.supp")))
+def test_valgrinds_own_files(path):
+    """Every file valgrind installs reads without a complaint (when it is installed)."""
+    assert parse_valgrind(path.read_text(), str(path))
+
+
 # ---- LeakSanitizer templates ----------------------------------------------------------
 
 @SETTINGS
