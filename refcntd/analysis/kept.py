@@ -16,6 +16,7 @@ from pathlib import Path
 
 from refcntd.analysis.model import LeakGroup, ProcessReport
 from refcntd.inputs.spec import KeptRule, KeptStack, Spec
+from refcntd.inputs.suppressions import ANY, FrameLine
 from refcntd.symbolize.symbolizer import Frame
 
 SHOWN_ENTRIES = 6  # used entries named per report line
@@ -119,5 +120,4 @@ def _everything(rule: KeptRule) -> list[str]:
     """Entries with nothing left after their allocator frames: they keep every object."""
     return [f"  entry {s.name} ({s.where}) has only allocator frames: it keeps every "
             f"object{' of type ' + rule.type_name if rule.type_name else ''}"
-            for s in rule.stacks if s.pattern.lines == (s.pattern.lines[0],)
-            and str(s.pattern.lines[0]) == "..."]
+            for s in rule.stacks if s.pattern.lines == (FrameLine(ANY),)]

@@ -182,3 +182,12 @@ def test_lsan_lines_use_lsans_matching(tmp_path):
     verdict = Policy.build(str(rules), None, []).evaluate(run_with(group(*SINGLETON)))
     assert [f.status for f in verdict.findings] == [SUPPRESSED]
     assert [str(r) for r in verdict.unused_rules] == ["leak:libgio-2.0.so"]
+
+
+def test_check_warns_of_an_entry_that_keeps_everything(tmp_path):
+    (tmp_path / "all.supp").write_text("{\n  all\n  Memcheck:Leak\n  fun:malloc\n}\n")
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + f"  - {{valgrind: {tmp_path}/all.supp, reason: r}}\n")
+    lines = kept.describe(load_spec(str(path)))
+    assert lines[1] == (f"  entry all ({tmp_path}/all.supp:1) has only allocator frames: "
+                        "it keeps every object")
