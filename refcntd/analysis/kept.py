@@ -81,8 +81,9 @@ def _first_hit(rules: tuple[KeptRule, ...], group: LeakGroup) -> tuple[int, str]
 
 
 def _label(rule: KeptRule, used: Counter[str]) -> str:
-    """REASON (FILE: K of N entries used: NAME xOBJECTS ...; N-K unused)."""
-    if not rule.stacks:
+    """REASON (FILE: K of N entries used: NAME xOBJECTS ...; N-K unused) for a valgrind
+    file; the reason alone for a rule's own `stack` or `created_in`."""
+    if not rule.valgrind:
         return rule.reason
     name = {s.where: s.name for s in rule.stacks}
     ordered = sorted(used.items(), key=lambda kv: (-kv[1], name[kv[0]], kv[0]))

@@ -110,8 +110,8 @@ class KeptRule:
     other_entries: int = 0  # the file's entries for other tools or kinds, not used
 
     def source(self) -> str:
-        """How the report names the rule's stacks."""
-        return Path(self.valgrind).name if self.valgrind else "stack"
+        """How the report names the rule's valgrind file."""
+        return Path(self.valgrind or "").name
 
 
 @dataclass(frozen=True)
