@@ -39,3 +39,10 @@ def test_glib_supp_keeps_gios_one_time_tables(bpf, tmp_path):
     assert left <= {"libglib-2.0", "libgobject-2.0"}, out.stderr
     assert all(not g["stack"][0].get("function") for g in out.process["groups"]), out.stderr
 
+
+
+def test_bundled_glib_spec_keeps_everything_it_makes(bpf, tmp_path):
+    exe = build(tmp_path, "gliboneshots.c", ["gio-2.0"])
+    out = trace(tmp_path, "glib", [str(exe)])
+    assert out.process["groups"] == [], out.stderr
+    assert sum(out.process["kept_by_library"].values()) == 11, out.stderr
