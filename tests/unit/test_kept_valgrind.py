@@ -191,3 +191,11 @@ def test_check_warns_of_an_entry_that_keeps_everything(tmp_path):
     lines = kept.describe(load_spec(str(path)))
     assert lines[1] == (f"  entry all ({tmp_path}/all.supp:1) has only allocator frames: "
                         "it keeps every object")
+
+
+def test_unused_supp_entries_are_one_line(tmp_path):
+    supp = tmp_path / "objs.supp"
+    supp.write_text(SUPP + SUPP.replace("vfs-singleton", "other").replace("never", "never2"))
+    verdict = Policy.build(str(supp), None, []).evaluate(run_with(group(*SINGLETON)))
+    assert [f"{r} (line {r.line})" for r in verdict.unused_rules] == [
+        "valgrind:3 of 4 entries unused (never, other, never2) (line 12)"]
