@@ -37,7 +37,13 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           python3-seccomp
           # Go's own pprof (`go tool pprof`) reads the pprof profiles the tests write and
           # scrape; headless Chromium opens the --format html report (docs/profiles.md)
-          golang-go chromium)
+          golang-go chromium
+          # the corpus of real programs (benchmarks/corpus.py, tests/bpf/test_corpus_smoke.py):
+          # GLib's installed tests, gst-launch-1.0 with the base plugins, virsh, and two
+          # cairo users (rsvg-convert, pdftocairo); gio/gsettings/gdbus, openssl and curl are
+          # already here; dbus-daemon comes with them
+          libglib2.0-tests gstreamer1.0-tools gstreamer1.0-plugins-base libvirt-clients
+          librsvg2-bin poppler-utils)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from refcntd.errors import ConfigError, ConfigErrors, UsageError
+from refcntd.errors import ConfigError, ConfigErrors, InputFileError, UsageError
+from refcntd.inputs.suppressions import StackPattern, load_valgrind, parse_frame_lines
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 from refcntd.paths import SPEC_DIR
 
@@ -82,15 +83,35 @@ class RoleSpec:
 
 
 @dataclass(frozen=True)
+class KeptStack:
+    """One stack pattern of a kept rule: a valgrind Memcheck:Leak entry, or a rule's own
+    `stack:` list (named after the rule's line)."""
+
+    name: str  # the valgrind entry's name, or "stack" for an inline list
+    pattern: StackPattern
+    where: str  # file:line
+
+
+@dataclass(frozen=True)
 class KeptRule:
     """Objects a library creates for itself and never frees on purpose (valgrind's
     default suppressions): leaked objects of `type` (None: any) whose
     constructor's caller (the allocation stack's first frame) is a module or
-    function matching one of `created_in` (fnmatch patterns)."""
+    function matching one of `created_in` (fnmatch patterns), or whose
+    allocation stack matches one of `stacks` (valgrind frame lists: a .supp
+    file's Memcheck:Leak entries, or the rule's own `stack:`)."""
 
     type_name: str | None
     created_in: tuple[str, ...]
     reason: str
+    stacks: tuple[KeptStack, ...] = ()
+    valgrind: str | None = None  # the .supp file the stacks come from
+    absent: bool = False  # `optional: true` and the .supp file is not on this machine
+    other_entries: int = 0  # the file's entries for other tools or kinds, not used
+
+    def source(self) -> str:
+        """How the report names the rule's valgrind file."""
+        return Path(self.valgrind or "").name
 
 
 @dataclass(frozen=True)
@@ -156,7 +177,8 @@ def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
     roles = {name: _collect(errors, _parse_entries, name, node, library) or ()
              for name, node in roles_node.items()}
     description = _optional_string(top.get("description")) or ""
-    kept = tuple(_collect(errors, _kept_rules, top["kept_by_library"]) or ()) \
+    kept = tuple(_collect(errors, _kept_rules, top["kept_by_library"],
+                          return_constructors(roles.get("init", ()))) or ()) \
         if "kept_by_library" in top else ()
     unknown = _collect(errors, _unknown_objects, top.get("unknown_objects")) or "report"
     if errors:
@@ -184,17 +206,65 @@ def _collect(errors: list[ConfigError], parse: Callable[..., T], *args: Any) -> 
     return None
 
 
-def _kept_rules(node: YNode) -> tuple[KeptRule, ...]:
-    return tuple(_kept_rule(item) for item in node.items())
+def return_constructors(inits: tuple[RoleSpec, ...]) -> frozenset[str]:
+    """Constructors probed at their return: not on the allocation stack (it starts at
+    their caller), so a valgrind entry naming one anchors the next frame at frame 0."""
+    return frozenset(f for e in inits if e.obj.at_return for f in e.functions)
 
 
-def _kept_rule(node: YNode) -> KeptRule:
-    fields = node.mapping({"type", "created_in", "reason"}, {"created_in", "reason"})
+def _kept_rules(node: YNode, constructors: frozenset[str]) -> tuple[KeptRule, ...]:
+    errors: list[ConfigError] = []
+    rules = [_collect(errors, _kept_rule, item, constructors) for item in node.items()]
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    return tuple(r for r in rules if r is not None)
+
+
+KEPT_KINDS = ("created_in", "valgrind", "stack")
+
+
+def _kept_rule(node: YNode, constructors: frozenset[str]) -> KeptRule:
+    fields = node.mapping({"type", "reason", "optional", *KEPT_KINDS}, {"reason"})
+    kinds = [k for k in KEPT_KINDS if k in fields]
+    if len(kinds) != 1:
+        raise node.fail("needs exactly one of created_in, valgrind, stack")
+    if "optional" in fields and kinds != ["valgrind"]:
+        raise fields["optional"].fail("only a valgrind file can be optional")
+    type_name = fields["type"].string() if "type" in fields else None
+    reason = fields["reason"].string()
+    if kinds == ["valgrind"]:
+        optional = "optional" in fields and fields["optional"].boolean()
+        return _valgrind_rule(fields["valgrind"], type_name, reason, optional, constructors)
+    if kinds == ["stack"]:
+        items = list(fields["stack"].items())
+        if not items:
+            raise fields["stack"].fail("needs at least one frame line (fun:, obj: or ...)")
+        lines = parse_frame_lines([(i.line, i.string()) for i in items], node.path)
+        stack = KeptStack("stack", StackPattern.from_lines(lines, constructors),
+                          f"{node.path}:{fields['stack'].line}")
+        return KeptRule(type_name, (), reason, (stack,))
     patterns = tuple(item.string() for item in fields["created_in"].items())
     if not patterns:
         raise fields["created_in"].fail("needs at least one module or function pattern")
-    type_name = fields["type"].string() if "type" in fields else None
-    return KeptRule(type_name, patterns, fields["reason"].string())
+    return KeptRule(type_name, patterns, reason)
+
+
+def _valgrind_rule(node: YNode, type_name: str | None, reason: str, optional: bool,
+                   constructors: frozenset[str]) -> KeptRule:
+    """A valgrind .supp file's Memcheck:Leak entries; an absent optional file keeps
+    nothing, and says so (`check`, the report)."""
+    path = os.path.abspath(node.string())
+    if optional and not os.path.exists(path):
+        return KeptRule(type_name, (), reason, valgrind=path, absent=True)
+    try:
+        entries = load_valgrind(path, "valgrind suppressions")
+    except InputFileError as err:
+        hint = "" if os.path.exists(path) else " (`optional: true` if it may be absent)"
+        raise node.fail(f"{err}{hint}") from None
+    stacks = tuple(KeptStack(e.name, StackPattern.from_lines(e.frames, constructors),
+                             e.where()) for e in entries if e.is_leak)
+    return KeptRule(type_name, (), reason, stacks, path,
+                    other_entries=len(entries) - len(stacks))
 
 
 def _optional_string(node: YNode | None) -> str | None:

@@ -1,33 +1,43 @@
 """What fails a CI run: findings minus suppressions, baseline and thresholds.
 
-Suppression files follow LeakSanitizer's `leak:` lines:
+A suppression file is either LeakSanitizer's lines or a valgrind .supp file:
 
     # comment
     leak:map__new          a function, module or source file in the stack
-    leak:libfoo.so         (substring match; * and ? are wildcards)
+    leak:libfoo.so         (LeakSanitizer's matching: substring, * any, ^ and $ anchors)
     type:dso               leak groups of this type
     anomaly:double-put     anomalies of this kind, or with this in their stack
 
 `leak:` matches the allocation stack and the culprit stacks of leak groups;
-`anomaly:` the offending stack.  Suppressed findings are listed and counted,
+`anomaly:` the offending stack.  A .supp file's Memcheck:Leak entries match
+allocation stacks as refcntd/inputs/suppressions.py says (valgrind's rules
+after the allocator frames).  Suppressed findings are listed and counted,
 never dropped; rules that matched nothing are reported as unused.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from refcntd.analysis.model import AnomalyFinding, LeakGroup, RunResult
-from refcntd.errors import ConfigError
+from refcntd.errors import ConfigError, RefcntdError
 from refcntd.inputs.files import read_text
+from refcntd.inputs.spec import load_spec, return_constructors
+from refcntd.inputs.suppressions import (
+    FrameLine,
+    StackPattern,
+    looks_like_valgrind,
+    lsan_match,
+    parse_valgrind,
+)
 from refcntd.outputs.runjson import load_run
 from refcntd.symbolize.symbolizer import Frame
 
 RULE_KINDS = ("leak", "type", "anomaly")
+VALGRIND = "valgrind"  # a .supp file's Memcheck:Leak entry
 FindingKey = tuple[str, str, tuple[str, ...]]  # (kind, type name, stack without addresses)
 FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in baseline", \
     "under threshold"
@@ -36,14 +46,14 @@ FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in ba
 @dataclass
 class Rule:
     kind: str
-    pattern: str
+    pattern: str  # a valgrind entry's name
     line: int
     used: int = 0
+    frames: tuple[FrameLine, ...] = ()  # a valgrind entry's frame lines
+    stack: StackPattern | None = None  # those, as matched for the run's spec
 
     def matches(self, texts: Iterable[str]) -> bool:
-        wild = any(c in self.pattern for c in "*?")
-        return any(fnmatch.fnmatchcase(t, self.pattern) if wild else self.pattern in t
-                   for t in texts if t)
+        return any(lsan_match(self.pattern, t) for t in texts if t)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.pattern}"
@@ -95,7 +105,11 @@ def _frame_name(f: Frame) -> str:
 
 
 def load_suppressions(path: str) -> list[Rule]:
-    lines = read_text(path, "suppressions").splitlines()
+    text = read_text(path, "suppressions")
+    if looks_like_valgrind(text):
+        return [Rule(VALGRIND, e.name, e.line, frames=e.frames)
+                for e in parse_valgrind(text, path) if e.is_leak]
+    lines = text.splitlines()
     rules = []
     for number, raw in enumerate(lines, 1):
         text = raw.split("#", 1)[0].strip()
@@ -160,11 +174,15 @@ class Policy:
         return cls(rules, keys, parse_thresholds(max_leaks))
 
     def evaluate(self, result: RunResult) -> Verdict:
+        constructors = _return_constructors(result.spec)
+        for rule in self.rules:
+            if rule.kind == VALGRIND:
+                rule.stack = StackPattern.from_lines(rule.frames, constructors)
         findings = collect_findings(result)
         for f in findings:
             self._classify(f)
         self._apply_thresholds(findings)
-        return Verdict(findings, [r for r in self.rules if not r.used])
+        return Verdict(findings, _unused(self.rules))
 
     def _classify(self, f: Finding) -> None:
         for rule in self.rules:
@@ -190,7 +208,33 @@ class Policy:
                 f.reason = f"{per_type[f.type_name]} leaked {f.type_name} objects <= {limit}"
 
 
+def _unused(rules: list[Rule]) -> list[Rule]:
+    """Rules that matched nothing; a .supp file's unused entries as one line (glib.supp
+    alone has 96 leak entries, most of which a given run never needs)."""
+    unused = [r for r in rules if not r.used]
+    entries = [r for r in unused if r.kind == VALGRIND]
+    if len(entries) <= 1:
+        return unused
+    total = sum(1 for r in rules if r.kind == VALGRIND)
+    names = ", ".join(r.pattern for r in entries[:3]) + (", ..." if len(entries) > 3 else "")
+    summary = Rule(VALGRIND, f"{len(entries)} of {total} entries unused ({names})",
+                   entries[0].line)
+    return [r for r in unused if r.kind != VALGRIND] + [summary]
+
+
+def _return_constructors(spec: str) -> frozenset[str]:
+    """The run's spec's constructors probed at their return (off the allocation stack);
+    none when the spec cannot be read here (a saved run from another machine)."""
+    try:
+        return return_constructors(load_spec(spec).roles.get("init", ()))
+    except RefcntdError:
+        return frozenset()
+
+
 def _rule_applies(rule: Rule, f: Finding) -> bool:
+    if rule.kind == VALGRIND:
+        return f.kind == "leak" and rule.stack is not None and \
+            rule.stack.matches([(fr.function, fr.module) for fr in f.frames])
     if rule.kind == "type":
         return f.kind == "leak" and rule.matches([f.type_name])
     if rule.kind == "leak":
