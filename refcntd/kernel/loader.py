@@ -213,7 +213,7 @@ class Kernel:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
         cookies = [delta & 0xFFFFFFFFFFFFFFFF for _, delta in sites]  # two's complement
         try:
-            prog = self.program.load_func("on_loader", bpfsys.PROG_KPROBE, self._attach_type())
+            prog = self.program.load_func("on_ldso", bpfsys.PROG_KPROBE, self._attach_type())
             if self.multi:
                 self._links.append(perf_uprobe.link_uprobe_multi(
                     prog, path, [offset for offset, _ in sites], cookies))
