@@ -91,7 +91,7 @@ static __always_inline void hist_record(struct pt_regs *ctx, struct probe_cfg *c
 	if (!h)
 		return;
 	struct hist_entry e = {.op = op, .count_after = count_after, .ts = bpf_ktime_get_ns()};
-	capture_stacks(ctx, cfg, &e.stack_id, &e.caller_ip);
+	capture_stacks(ctx, cfg, &e.stack_id, &e.caller_ip, 0);  /* needs_stack: always */
 	hist_count_path(h, key, op, &e);
 	hist_count_type_path(key, type_id, op, &e);
 	__u64 i = __sync_fetch_and_add(&h->n, 1);

@@ -70,13 +70,19 @@ static __always_inline int to_body(struct pt_regs *ctx, __u64 key)
 	return 0;
 }
 
-/* The stack at the probe: from on_unwind, else the frame-pointer walk. */
-static __always_inline __u64 record_stack(struct pt_regs *ctx)
+/* The stack at the probe: the one on_unwind left, else, with `walk` (an anomaly
+ * needs_stack did not foresee), the kernel's frame-pointer walk now.  Where
+ * needs_stack asked for the stack (an init, any operation with history), on_unwind
+ * has walked and counted any loss already: no second walk, and one inlined walk
+ * fewer per call site (the inlined copies made most of the compile's time). */
+static __always_inline __u64 record_stack(struct pt_regs *ctx, int walk)
 {
 	int zero = 0;
 	__u64 *slot = probe_stack.lookup(&zero);
 	if (slot && *slot)
 		return *slot;
+	if (!walk)
+		return 0;
 	struct stack_rec *rec = stack_new();
 	return rec ? stack_keep(rec, unwind_fp(ctx, rec) == 0) : 0;
 }
@@ -84,9 +90,9 @@ static __always_inline __u64 record_stack(struct pt_regs *ctx)
 /* The stack, and the caller's return address where the walk misses it (a probe
  * before the callee's prologue: rbp is still the caller's). */
 static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg *cfg,
-					   __u64 *stack_id, __u64 *caller_ip)
+					   __u64 *stack_id, __u64 *caller_ip, int walk)
 {
-	*stack_id = record_stack(ctx);
+	*stack_id = record_stack(ctx, walk);
 	*caller_ip = 0;
 	if (cfg->caller_sp >= 0) {
 		void *slot = (void *)(PT_REGS_SP(ctx) + (__u32)cfg->caller_sp);
@@ -161,7 +167,7 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	}
 	val.gen = proc->gen;
 	val.init_ns = bpf_ktime_get_ns();
-	capture_stacks(ctx, cfg, &val.stack_id, &val.caller_ip);
+	capture_stacks(ctx, cfg, &val.stack_id, &val.caller_ip, 0);  /* needs_stack: always */
 	graveyard.delete(&key);
 	unknown_seen.delete(&key);
 	struct obj_val *old = objs.lookup(&key);
@@ -189,9 +195,12 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	struct obj_val *o = obj_lookup(&key);
 	if (!o) {
-		if (!obj_early_op(&key, 1) && !obj_revive(cfg, &key))
-			anomaly_missing(ctx, cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET,
-					ST_UNKNOWN_GET);
+		struct grave_val g = {};
+		__u32 kind = obj_early_op(&key, 1) || obj_revive(cfg, &key) ? 0 :
+			anomaly_missing(cfg, &key, AN_GET_AFTER_DELETE, AN_UNKNOWN_GET,
+					ST_UNKNOWN_GET, &g);
+		if (kind)
+			anomaly_report(ctx, cfg, kind, &key, 0, &g);
 		return 0;
 	}
 	if (obj_set_aside(cfg, &key))
@@ -203,38 +212,42 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 	return 0;
 }
 
+/* Misuse found by a put or a delete is reported once, at the end (anomaly_report). */
 static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = arg_fetch(ctx, &cfg->obj)};
 	if (key.addr == 0 || obj_is_static(cfg, key.addr))
 		return 0;
+	struct grave_val g = {};
+	__u32 kind = 0;
+	__s64 before = 0;
 	struct obj_val *o = obj_lookup(&key);
 	if (!o) {
-		if (obj_absorbed_put(&key))
+		if (obj_absorbed_put(&key) || obj_early_op(&key, -1))
 			return 0;
-		if (!obj_early_op(&key, -1))
-			anomaly_missing(ctx, cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
-					ST_UNKNOWN_PUT);
-		return 0;
+		kind = anomaly_missing(cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
+				       ST_UNKNOWN_PUT, &g);
+	} else {
+		if (obj_set_aside(cfg, &key))
+			return 0;
+		__sync_fetch_and_add(&o->puts, 1);
+		before = __sync_fetch_and_add(&o->count, -1);
+		site_count_op(&key, o, OP_PUT);
+		hist_record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
+		if (before <= 0) {
+			stat_count(ST_PUT_BELOW_ZERO);
+			g = obj_describe(o, 0);
+			kind = before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT;
+		}
+		if (before == 1 && (!KNOB(has_delete) || (cfg->flags & PF_FREES_AT_ZERO))) {
+			__u32 tid = (__u32)bpf_get_current_pid_tgid();
+			obj_release(&key, o);
+			last_released.update(&tid, &key);
+		}
 	}
-	if (obj_set_aside(cfg, &key))
-		return 0;
-	__sync_fetch_and_add(&o->puts, 1);
-	__s64 before = __sync_fetch_and_add(&o->count, -1);
-	site_count_op(&key, o, OP_PUT);
-	hist_record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
-	if (before <= 0) {
-		stat_count(ST_PUT_BELOW_ZERO);
-		struct grave_val g = obj_describe(o, 0);
-		anomaly_report(ctx, cfg, before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT, &key,
-			       before, &g);
-	}
-	if (before == 1 && (!KNOB(has_delete) || (cfg->flags & PF_FREES_AT_ZERO))) {
-		__u32 tid = (__u32)bpf_get_current_pid_tgid();
-		obj_release(&key, o);
-		last_released.update(&tid, &key);
-	}
+	if (kind)
+		anomaly_report(ctx, cfg, kind, &key, before, &g);
 	return 0;
 }
 
@@ -244,27 +257,33 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 			      .addr = arg_fetch(ctx, &cfg->obj)};
 	if (key.addr == 0)
 		return 0;
+	struct grave_val g = {};
+	__u32 kind = 0;
+	__s64 count = 0;
 	struct obj_val *o = obj_lookup(&key);
 	if (!o) {
-		anomaly_missing(ctx, cfg, &key, AN_DOUBLE_DELETE, AN_UNKNOWN_DELETE,
-				ST_UNKNOWN_DELETE);
-		return 0;
+		kind = anomaly_missing(cfg, &key, AN_DOUBLE_DELETE, AN_UNKNOWN_DELETE,
+				       ST_UNKNOWN_DELETE, &g);
+	} else {
+		if ((cfg->flags & PF_DELETE_IN_PUT) && o->count == 1) {
+			/* The last put is under way and its own probe fires after this:
+			 * count it now, and let that probe pass. */
+			__u32 tid = (__u32)bpf_get_current_pid_tgid();
+			__sync_fetch_and_add(&o->puts, 1);
+			__sync_fetch_and_add(&o->count, -1);
+			put_due.update(&key, &tid);
+			site_count_op(&key, o, OP_PUT);
+		}
+		count = o->count;
+		if (count != 0) {
+			g = obj_describe(o, 0);
+			kind = AN_DELETE_LIVE;
+		}
+		hist_record(ctx, cfg, &key, o->type_id, ROLE_DELETE, count);
+		obj_release(&key, o);
 	}
-	if ((cfg->flags & PF_DELETE_IN_PUT) && o->count == 1) {
-		/* The last put is under way and its own probe fires after this:
-		 * count it now, and let that probe pass. */
-		__u32 tid = (__u32)bpf_get_current_pid_tgid();
-		__sync_fetch_and_add(&o->puts, 1);
-		__sync_fetch_and_add(&o->count, -1);
-		put_due.update(&key, &tid);
-		site_count_op(&key, o, OP_PUT);
-	}
-	if (o->count != 0) {
-		struct grave_val g = obj_describe(o, 0);
-		anomaly_report(ctx, cfg, AN_DELETE_LIVE, &key, o->count, &g);
-	}
-	hist_record(ctx, cfg, &key, o->type_id, ROLE_DELETE, o->count);
-	obj_release(&key, o);
+	if (kind)
+		anomaly_report(ctx, cfg, kind, &key, count, &g);
 	return 0;
 }
 
