@@ -63,6 +63,7 @@ class Row:
     note: str = ""
     ratio_to: str = ""  # row name this is a ratio against
     extra: dict = field(default_factory=dict)
+    bpf: list[float] = field(default_factory=list)  # ns per probe run inside BPF (ProbeClock)
 
     @property
     def median(self) -> float:
@@ -120,17 +121,21 @@ def untraced(exe: Path, mode: str, n: int, env: dict | None = None) -> float:
     return ns_of(sh([str(exe), mode, str(n)], env=env).stdout)
 
 
-def traced(exe: Path, mode: str, n: int, extra: list[str] = ()) -> tuple[float, str]:
-    proc = subprocess.run([*REFCNTD, "run", *extra, "--", str(exe), mode, str(n)],
-                          capture_output=True, text=True, cwd=ROOT)
+def traced(exe: Path, mode: str, n: int, extra: list[str] = ()) -> tuple[float, str, float]:
+    """(ns per call in the program, its output, ns per probe run inside BPF)."""
+    proc = subprocess.Popen([*REFCNTD, "run", *extra, "--", str(exe), mode, str(n)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    with ProbeClock(proc.pid) as clock:
+        out, err = proc.communicate()
     if proc.returncode not in (0, 23):
-        raise RuntimeError(f"refcntd run failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return ns_of(proc.stdout), proc.stdout
+        raise RuntimeError(f"refcntd run failed ({proc.returncode}): {err[-2000:]}")
+    return ns_of(out), out, clock.ns_per_run()
 
 
-def attached(exe: Path, mode: str, n: int) -> float:
+def attached(exe: Path, mode: str, n: int) -> tuple[float, float]:
     """The program run while `refcntd attach --binary` traces it system-wide: attach's
-    kernel side also counts live objects per allocation site and age (as serve's)."""
+    kernel side also counts live objects per allocation site and age (as serve's).
+    (ns per call in the program, ns per probe run inside BPF)."""
     proc = subprocess.Popen([*REFCNTD, "attach", "--binary", str(exe)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -139,10 +144,71 @@ def attached(exe: Path, mode: str, n: int) -> float:
                 break
         else:
             raise RuntimeError("refcntd attach did not start")
-        return untraced(exe, mode, n)
+        with ProbeClock(proc.pid) as clock:
+            ns = untraced(exe, mode, n)
+            clock.sample()
+        return ns, clock.ns_per_run()
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
+
+
+class ProbeClock:
+    """The time a refcntd process's probe programs spend inside BPF per run (on_probe and
+    what it tail-calls; kernel.bpf_stats_enabled), without the uprobe trap around them.
+
+    Sampled from the process's /proc/PID/fdinfo while it runs (its programs are gone
+    once it detaches): the counts are cumulative, so the last sample holds them all."""
+
+    STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+    enabled = False  # --bpf-time: the kernel's accounting costs each probe run a little
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.runs, self.ns = pid, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> ProbeClock:
+        if not self.enabled:
+            return self
+        self._saved = self.STATS.read_text().strip()
+        self.STATS.write_text("1")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        self._stop.set()
+        self._thread.join()
+        self.STATS.write_text(self._saved)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.005):
+            self.sample()
+
+    def sample(self) -> None:
+        if not self.enabled:
+            return
+        runs = ns = 0
+        try:
+            infos = list(Path(f"/proc/{self.pid}/fdinfo").iterdir())
+        except OSError:
+            return
+        for info in infos:
+            try:
+                fields = dict(line.split(":\t", 1) for line in info.read_text().splitlines()
+                              if ":\t" in line)
+            except OSError:
+                continue
+            if fields.get("prog_type", "").strip() == "2":  # kprobe: the probe programs
+                runs += int(fields.get("run_cnt", "0"))
+                ns += int(fields.get("run_time_ns", "0"))
+        if runs > self.runs:
+            self.runs, self.ns = runs, ns
+
+    def ns_per_run(self) -> float:
+        return self.ns / self.runs if self.runs else float("nan")
 
 
 class Floor:
@@ -178,6 +244,12 @@ class Floor:
 
 def repeat(n: int, fn: callable) -> list[float]:
     return [fn() for _ in range(n)]
+
+
+def clocked(n: int, fn: callable) -> dict:
+    """Row fields of n runs of fn() -> (ns per call, ns per probe run inside BPF)."""
+    runs = [fn() for _ in range(n)]
+    return {"values": [ns for ns, *_ in runs], "bpf": [r[-1] for r in runs if r[-1] == r[-1]]}
 
 
 def memleak(exe: Path, n: int) -> float:
@@ -351,44 +423,45 @@ def measure(sizes: Sizes, out: Path, per_call_only: bool = False) -> dict:
     rows.append(Row("uprobe floor: empty program, same instructions", repeat(
         r, lambda: untraced(o0, "getput", n)), note=floor.describe()))
     floor.close()
-    rows.append(Row("refcntd counting", repeat(r, lambda: traced(o0, "getput", n)[0]),
+    rows.append(Row("refcntd counting", **clocked(r, lambda: traced(o0, "getput", n)),
                     ratio_to="uprobe floor: empty program, same instructions"))
-    rows.append(Row("refcntd attach counting (per-site and age counts, as serve)", repeat(
-        r, lambda: attached(o0, "getput", n)),
-        ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("refcntd attach counting (per-site and age counts, as serve)",
+                    **clocked(r, lambda: attached(o0, "getput", n)),
+                    ratio_to="uprobe floor: empty program, same instructions"))
     rows.append(Row("init+release pair, no tracer", repeat(
         r, lambda: untraced(o0, "churn", sizes.churn)), unit="ns/pair"))
-    rows.append(Row("init+release pair, refcntd run (allocation stack per init)", repeat(
-        r, lambda: traced(o0, "churn", sizes.churn)[0]), unit="ns/pair"))
-    rows.append(Row("init+release pair, refcntd attach (per-site and age counts)", repeat(
-        r, lambda: attached(o0, "churn", sizes.churn)), unit="ns/pair"))
-    rows.append(Row("refcntd counting + --history", repeat(
-        r, lambda: traced(o0, "getput", n, ["--history"])[0]),
-        ratio_to="uprobe floor: empty program, same instructions"))
+    rows.append(Row("init+release pair, refcntd run (allocation stack per init)",
+                    **clocked(r, lambda: traced(o0, "churn", sizes.churn)), unit="ns/pair"))
+    rows.append(Row("init+release pair, refcntd attach (per-site and age counts)",
+                    **clocked(r, lambda: attached(o0, "churn", sizes.churn)), unit="ns/pair"))
+    rows.append(Row("refcntd counting + --history",
+                    **clocked(r, lambda: traced(o0, "getput", n, ["--history"])),
+                    ratio_to="uprobe floor: empty program, same instructions"))
     rows.append(Row("no tracer (-O2 lock-prefixed stubs)",
                     repeat(r, lambda: untraced(o2, "getput", n))))
     floor2 = Floor(o2)
     rows.append(Row("uprobe floor on the -O2 build's probe points", repeat(
         r, lambda: untraced(o2, "getput", n)), note=floor2.describe()))
     floor2.close()
-    rows.append(Row("refcntd counting, -O2 lock-prefixed stubs", repeat(
-        r, lambda: traced(o2, "getput", n)[0]),
-        ratio_to="uprobe floor: empty program, same instructions",
-        note="call-site probes (--probe-mode auto)"))
+    rows.append(Row("refcntd counting, -O2 lock-prefixed stubs",
+                    **clocked(r, lambda: traced(o2, "getput", n)),
+                    ratio_to="uprobe floor: empty program, same instructions",
+                    note="call-site probes (--probe-mode auto)"))
     floor3 = Floor(o2, mode="entry")
     rows.append(Row("uprobe floor on the -O2 build's entry probes (single-stepped)", repeat(
         r, lambda: untraced(o2, "getput", n)), note=floor3.describe()))
     floor3.close()
-    rows.append(Row("refcntd counting, -O2 stubs, --probe-mode entry", repeat(
-        r, lambda: traced(o2, "getput", n, ["--probe-mode", "entry"])[0])))
+    rows.append(Row("refcntd counting, -O2 stubs, --probe-mode entry",
+                    **clocked(r, lambda: traced(o2, "getput", n, ["--probe-mode", "entry"]))))
     lib_floor = Floor(lib, spec=str(b["bench-lib.yaml"]))
     rows.append(Row("uprobe floor on the exported -O2 stubs' PLT call sites", repeat(
         r, lambda: untraced(lib, "getput", n)), note=lib_floor.describe()))
     lib_floor.close()
-    rows.append(Row("refcntd counting, -O2 stubs exported by a library (PLT callers)", repeat(
-        r, lambda: traced(lib, "getput", n, ["--spec", str(b["bench-lib.yaml"])])[0]),
-        ratio_to="uprobe floor on the exported -O2 stubs' PLT call sites",
-        note="call-site probes in the program, on its calls to the PLT stubs"))
+    rows.append(Row("refcntd counting, -O2 stubs exported by a library (PLT callers)",
+                    **clocked(r, lambda: traced(lib, "getput", n,
+                                                ["--spec", str(b["bench-lib.yaml"])])),
+                    ratio_to="uprobe floor on the exported -O2 stubs' PLT call sites",
+                    note="call-site probes in the program, on its calls to the PLT stubs"))
     if per_call_only:
         return {"rows": rows}
     rows.append(Row("USDT probes, semaphore off (not traced)", repeat(
@@ -404,9 +477,9 @@ def measure(sizes: Sizes, out: Path, per_call_only: bool = False) -> dict:
     rows.append(Row("bcc memleak (-p PID) on malloc/free", repeat(
         r, lambda: memleak(o0, n)), note="per malloc or free call"))
     thread_runs = [traced(o0, "threads", n) for _ in range(r)]
-    exact = all("counts 1 1 1 1" in out for _, out in thread_runs)
+    exact = all("counts 1 1 1 1" in out for _, out, _ in thread_runs)
     rows.append(Row("2 threads sharing 4 objects, refcntd counting",
-                    [ns for ns, _ in thread_runs], extra={"counts_exact": exact},
+                    [ns for ns, _, _ in thread_runs], extra={"counts_exact": exact},
                     note=f"final counts exact: {exact}"))
     results = {"rows": rows, "scale": [scale(o0, k, out) for k in sizes.scale],
                "map_memory": map_bytes_per_object(min(100_000, max(sizes.scale))),
@@ -450,7 +523,9 @@ def row_json(row: Row, by_name: dict[str, Row]) -> dict:
     return {"name": row.name, "unit": row.unit, "median": round(row.median, 1),
             "min": round(min(row.values), 1), "max": round(max(row.values), 1),
             "runs": len(row.values), "ratio_to_floor": round(row.median / base.median, 2),
-            "floor_row": base.name, "note": row.note, **row.extra}
+            "floor_row": base.name, "note": row.note,
+            "bpf_ns_per_run": round(statistics.median(row.bpf), 1) if row.bpf else None,
+            **row.extra}
 
 
 def goals(results: dict, rows: dict[str, dict]) -> list[dict]:
@@ -504,11 +579,13 @@ def rows_table(results: dict, sizes: Sizes, title: str) -> tuple[list[str], dict
           "Machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()), "",
           f"{sizes.runs} runs of {sizes.calls} get+put pairs each (churn: {sizes.churn} "
           "init+release pairs); median and min-max of the runs; ratios against the uprobe "
-          "floor measured in the same run.", "",
-          "| workload | median | min-max | unit | x floor | note |", "|---|---|---|---|---|---|"]
+          "floor measured in the same run; BPF ns/run: the time inside refcntd's probe "
+          "programs per probe hit (kernel.bpf_stats_enabled), median of the runs.", "",
+          "| workload | median | min-max | unit | x floor | BPF ns/run | note |",
+          "|---|---|---|---|---|---|---|"]
     for r in rows.values():
         md.append(f"| {r['name']} | {r['median']} | {r['min']}-{r['max']} | {r['unit']} | "
-                  f"{r['ratio_to_floor']} | {r['note']} |")
+                  f"{r['ratio_to_floor']} | {r['bpf_ns_per_run'] or '-'} | {r['note']} |")
     return md, rows
 
 
@@ -576,7 +653,11 @@ def main() -> int:
     parser.add_argument("--per-call", action="store_true",
                         help="only the per-call rows (-O0, -O2, exported -O2) and their floors;"
                              " written as per-call.md/json")
+    parser.add_argument("--bpf-time", action="store_true",
+                        help="also time refcntd's probe programs inside BPF "
+                             "(kernel.bpf_stats_enabled, which adds its own cost to every run)")
     args = parser.parse_args()
+    ProbeClock.enabled = args.bpf_time
     if os.geteuid() != 0:
         print("benchmarks/run.py: needs root (BPF)", file=sys.stderr)
         return 1

@@ -16,8 +16,8 @@
 #define ARGV_SLOTS 8
 #define ARGV_LEN 128
 #define PATH_LEN 128
-#define LINK_MAP_MAX 64
-#define FNV_OFFSET 2166136261  /* FNV-1a 32-bit: type ids (intern_type) */
+#define LINK_MAP_MAX 64  /* ld.so's loaded objects reported per change (ldso.h) */
+#define FNV_OFFSET 2166136261  /* FNV-1a 32-bit: type ids (type_intern) */
 #define FNV_PRIME 16777619
 
 enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
@@ -125,8 +125,11 @@ struct probe_cfg {
 	__u32 kept_mask;
 };
 
+/* hist_val.e as compiled: the most entries an object with history keeps.  A start
+ * keeps refcntd_config.history_depth of them (--history-depth, a power of two up
+ * to this): kernel/program.py cuts the history maps' values to that size. */
 #ifndef HISTORY_DEPTH
-#define HISTORY_DEPTH 16
+#define HISTORY_DEPTH 256
 #endif
 #define HISTORY_SITES 8
 
@@ -226,7 +229,7 @@ struct obj_val {
 	__u64 init_ns;
 	__u64 caller_ip;      /* raw return address into the init's caller, 0 if in the stack */
 	__u64 name_ptr;       /* type-name pointer when the page was not present at init */
-	__u64 since_cp;       /* SITES: the checkpoint whose since-count holds it (0: none) */
+	__u64 since_cp;       /* sites.h: the checkpoint whose since-count holds it (0: none) */
 };
 
 /* A released object, remembered (LRU) to tell use-after-delete from an
@@ -263,7 +266,7 @@ struct anomaly {
 	__u64 released_ns;    /* 0 unless the object had been released */
 };
 
-/* SITES (serve): live objects counted where they were created, per process,
+/* sites.h (serve, attach): live objects counted where they were created, per process,
  * so that a scrape or a diff reads O(allocation sites), never every object. */
 struct alloc_site {
 	__u32 tgid;
@@ -370,7 +373,7 @@ struct file_key {
 	__u32 pad;
 };
 
-/* HOLD: a place in a module (a function, by file offset; 0: the module itself). */
+/* hold.h: a place in a module (a function, by file offset; 0: the module itself). */
 struct hold_key {
 	struct file_key file;
 	__u64 offset;
@@ -406,6 +409,42 @@ struct mmap_args {
 	__u64 off;
 	__s32 fd;
 	__u32 pad;
+};
+
+/* The run-time configuration: the one entry of the `config` array (bpf/knobs.h),
+ * written by refcntd/kernel/program.py before any program is loaded, then frozen. */
+struct refcntd_config {
+	__u8 filtered;          /* only processes in `procs` (run / --pid); 0: system-wide */
+	__u8 has_delete;        /* the spec has a delete role: a put to zero does not end life */
+	__u8 filter_comm;       /* system-wide: only processes whose comm is in comm_allow */
+	__u8 unwind;            /* CFI unwinding with tables from user space (unwind.h); off_* set */
+	__u8 hold;              /* stop processes that map unscanned modules (hold.h); needs unwind */
+	__u8 sites;             /* count live objects per allocation site and age (sites.h) */
+	__u8 history;           /* keep get/put history (history.h) of the types in history_types */
+	__u8 history_all;       /* ... of every type */
+	__u32 history_depth;    /* entries kept per object: a power of two <= HISTORY_DEPTH */
+	__s32 exit_code_off;    /* offset of exit_code in task_struct (BTF); -1: unknown */
+	__u64 cgroup_id;        /* system-wide: only processes in this cgroup v2; 0: any */
+	__u32 off_task_mm;      /* unwind: offsets of these members in the kernel's structs (BTF) */
+	__u32 off_task_files;
+	__u32 off_mm_start_code;
+	__u32 off_mm_end_code;
+	__u32 off_mm_exe_file;
+	__u32 off_files_fdt;
+	__u32 off_fdt_fd;
+	__u32 off_file_inode;
+	__u32 off_inode_ino;
+	__u32 off_inode_sb;
+	__u32 off_sb_dev;
+	__u32 pad;
+	__u32 off_task_utask;   /* pending uretprobes (unwind.h), all 0 when BTF lacks them */
+	__u32 off_utask_ri;
+	__u32 off_ri_stack;
+	__u32 off_ri_orig_ret;
+	__u32 off_ri_next;
+	__u32 off_mm_uprobes;
+	__u32 off_uprobes_xol;
+	__u32 off_xol_vaddr;
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */

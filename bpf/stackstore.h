@@ -10,7 +10,6 @@
  * (proc_stacks), so user space frees exactly that process's stacks once its
  * report is written.
  *
- * Included by refcntd.c after count_stat() and the procs map.
  * The walk itself (frame pointers and CFI) is in unwind.h.
  */
 #ifndef REFCNTD_STACKSTORE_H
@@ -27,26 +26,26 @@ BPF_PERCPU_ARRAY(stack_scratch, struct stack_rec, 1);
  * verifier needs (it may otherwise merge it with the data-dependent one). */
 #define bounded(i) asm volatile("" : "+r"(i))
 
-static __always_inline __u64 mix(__u64 hash, __u64 word)
+static __always_inline __u64 stack_mix(__u64 hash, __u64 word)
 {
 	return (hash ^ word) * STACK_HASH_PRIME;
 }
 
 static __always_inline __u64 stack_hash(struct stack_rec *rec)
 {
-	__u64 hash = mix(STACK_HASH_OFFSET, ((__u64)rec->gen << 32) | rec->tgid);
-	hash = mix(hash, rec->nr);
+	__u64 hash = stack_mix(STACK_HASH_OFFSET, ((__u64)rec->gen << 32) | rec->tgid);
+	hash = stack_mix(hash, rec->nr);
 	for (__u32 i = 0; i < STACK_DEPTH; i++) {
 		bounded(i);
 		if (i >= rec->nr)
 			break;
-		hash = mix(hash, rec->ip[i]);
-		hash = mix(hash, rec->frame[i].offset);
+		hash = stack_mix(hash, rec->ip[i]);
+		hash = stack_mix(hash, rec->frame[i].offset);
 	}
 	return hash | 1;  /* 0 means "no stack" */
 }
 
-static __always_inline int same_stack(struct stack_rec *a, struct stack_rec *b)
+static __always_inline int stack_same(struct stack_rec *a, struct stack_rec *b)
 {
 	if (a->tgid != b->tgid || a->gen != b->gen || a->nr != b->nr)
 		return 0;
@@ -61,20 +60,20 @@ static __always_inline int same_stack(struct stack_rec *a, struct stack_rec *b)
 }
 
 /* Key of `rec` in the store, inserting it if new; 0 when it could not be kept. */
-static __always_inline __u64 store_stack(struct stack_rec *rec)
+static __always_inline __u64 stack_insert(struct stack_rec *rec)
 {
 	__u64 key = stack_hash(rec);
 	struct stack_rec *old = stack_store.lookup(&key);
 	if (old) {
-		if (same_stack(old, rec))
+		if (stack_same(old, rec))
 			return key;
-		count_stat(ST_STACK_COLLISION);
+		stat_count(ST_STACK_COLLISION);
 		return 0;
 	}
 	struct proc_stack owner = {.tgid = rec->tgid, .stack_id = key};
 	__u32 gen = rec->gen;
 	if (proc_stacks.update(&owner, &gen) != 0) {
-		count_stat(ST_STACK_LOST);
+		stat_count(ST_STACK_LOST);
 		return 0;
 	}
 	int err = stack_store.insert(&key, rec);
@@ -82,14 +81,40 @@ static __always_inline __u64 store_stack(struct stack_rec *rec)
 		return key;
 	if (err == -EEXIST) {  /* another thread of the process stored it just now */
 		old = stack_store.lookup(&key);
-		if (old && same_stack(old, rec))
+		if (old && stack_same(old, rec))
 			return key;
-		count_stat(ST_STACK_COLLISION);
+		stat_count(ST_STACK_COLLISION);
 		return 0;
 	}
 	proc_stacks.delete(&owner);
-	count_stat(ST_STACK_LOST);
+	stat_count(ST_STACK_LOST);
 	return 0;
+}
+
+/* The CPU's scratch record, for the current process; no frames yet. */
+static __always_inline struct stack_rec *stack_new(void)
+{
+	int zero = 0;
+	struct stack_rec *rec = stack_scratch.lookup(&zero);
+	if (!rec)
+		return 0;
+	rec->tgid = bpf_get_current_pid_tgid() >> 32;
+	struct proc_val *proc = procs.lookup(&rec->tgid);
+	rec->gen = proc ? proc->gen : 0;
+	rec->nr = 0;
+	return rec;
+}
+
+/* Keeps a walked stack (ok: the walk produced frames); its key, 0 if not kept. */
+static __always_inline __u64 stack_keep(struct stack_rec *rec, int ok)
+{
+	if (!ok) {
+		stat_count(ST_STACK_UNREAD);
+		return 0;
+	}
+	if (rec->truncated != TR_NONE && rec->truncated <= TR_BAD_RULE)
+		stat_count(ST_TRUNC_NO_TABLE + rec->truncated - TR_NO_TABLE);
+	return stack_insert(rec);
 }
 
 #endif

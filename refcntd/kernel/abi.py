@@ -23,7 +23,7 @@ PF_STATIC_IF = 8
 PF_QUIET_UNKNOWN = 16
 PF_MAY_LEAK_FLAG = 32
 PF_REVIVE = 64
-HISTORY_DEPTH = 16
+HISTORY_DEPTH = 256
 HISTORY_SITES = 8
 AGE_FINE_SHIFT = 30
 AGE_COARSE_SHIFT = 37
@@ -285,8 +285,8 @@ class HistPath(C.Structure):
     ]
 
 
-def hist_val_type(history_depth: int = 16) -> type[C.Structure]:
-    """struct hist_val with HISTORY_DEPTH chosen at compile time."""
+def hist_val_type(history_depth: int = 256) -> type[C.Structure]:
+    """struct hist_val with HISTORY_DEPTH as given; the default is the header's, as compiled."""
     return type("HistVal", (C.Structure,), {"_fields_": [
         ("n", C.c_uint64),
         ("serial", C.c_uint64),
@@ -528,6 +528,42 @@ class MmapArgs(C.Structure):
     ]
 
 
+class RefcntdConfig(C.Structure):
+    _fields_ = [
+        ("filtered", C.c_uint8),
+        ("has_delete", C.c_uint8),
+        ("filter_comm", C.c_uint8),
+        ("unwind", C.c_uint8),
+        ("hold", C.c_uint8),
+        ("sites", C.c_uint8),
+        ("history", C.c_uint8),
+        ("history_all", C.c_uint8),
+        ("history_depth", C.c_uint32),
+        ("exit_code_off", C.c_int32),
+        ("cgroup_id", C.c_uint64),
+        ("off_task_mm", C.c_uint32),
+        ("off_task_files", C.c_uint32),
+        ("off_mm_start_code", C.c_uint32),
+        ("off_mm_end_code", C.c_uint32),
+        ("off_mm_exe_file", C.c_uint32),
+        ("off_files_fdt", C.c_uint32),
+        ("off_fdt_fd", C.c_uint32),
+        ("off_file_inode", C.c_uint32),
+        ("off_inode_ino", C.c_uint32),
+        ("off_inode_sb", C.c_uint32),
+        ("off_sb_dev", C.c_uint32),
+        ("pad", C.c_uint32),
+        ("off_task_utask", C.c_uint32),
+        ("off_utask_ri", C.c_uint32),
+        ("off_ri_stack", C.c_uint32),
+        ("off_ri_orig_ret", C.c_uint32),
+        ("off_ri_next", C.c_uint32),
+        ("off_mm_uprobes", C.c_uint32),
+        ("off_uprobes_xol", C.c_uint32),
+        ("off_xol_vaddr", C.c_uint32),
+    ]
+
+
 class CommKey(C.Structure):
     _fields_ = [
         ("comm", (C.c_char * 16)),
@@ -601,6 +637,7 @@ STRUCTS: dict[str, type[C.Structure]] = {
     "exec_map": ExecMap,
     "exec_maps": ExecMaps,
     "mmap_args": MmapArgs,
+    "refcntd_config": RefcntdConfig,
     "comm_key": CommKey,
     "proc_val": ProcVal,
     "type_name": TypeName,
@@ -617,6 +654,7 @@ MAPS: dict[str, tuple[str, str, str]] = {
     "cfi_rows": ("int", "cfi_row", "MAX_CFI_ROWS"),
     "checkpoint": ("int", "__u64", "1"),
     "comm_allow": ("comm_key", "__u32", "64"),
+    "config": ("int", "refcntd_config", "1"),
     "ctor_depth": ("__u32", "__u32", "MAX_PROCS"),
     "early_ops": ("obj_key", "__s64", "MAX_PROCS"),
     "events": ("", "", "RINGBUF_PAGES"),
@@ -624,7 +662,7 @@ MAPS: dict[str, tuple[str, str, str]] = {
     "fork_parent": ("__u32", "__u32", "MAX_PROCS"),
     "gen_counter": ("int", "__u64", "1"),
     "graveyard": ("obj_key", "grave_val", "MAX_GRAVES"),
-    "held": ("__u32", "hold_key", "MAX_PROCS"),
+    "held": ("__u32", "hold_key", "MAX_HELD"),
     "hist_paths": ("path_key", "path_val", "MAX_PATHS"),
     "hist_zero": ("int", "hist_val", "1"),
     "history": ("obj_key", "hist_val", "MAX_HISTORY"),
@@ -637,7 +675,7 @@ MAPS: dict[str, tuple[str, str, str]] = {
     "name_buf": ("int", "type_name", "1"),
     "objs": ("obj_key", "obj_val", "MAX_OBJECTS"),
     "pending_init": ("__u32", "init_args", "MAX_PROCS"),
-    "pending_mmap": ("__u32", "mmap_args", "4096"),
+    "pending_mmap": ("__u32", "mmap_args", "MAX_MMAP_CALLS"),
     "probe_cfgs": ("int", "probe_cfg", "MAX_PROBES"),
     "probe_hits": ("int", "__u64", "MAX_PROBES"),
     "probe_progs": ("int", "int", "3"),

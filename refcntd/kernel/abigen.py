@@ -140,7 +140,8 @@ def render(h: Header) -> str:
         if params:
             args = ", ".join(f"{p.lower()}: int = {h.defines[p]}" for p in params)
             out += ["", "", f"def {name}_type({args}) -> type[C.Structure]:",
-                    f'    """struct {name} with {", ".join(params)} chosen at compile time."""',
+                    f'    """struct {name} with {", ".join(params)} as given; the default '
+                    f'is the header\'s, as compiled."""',
                     f'    return type("{_class(name)}", (C.Structure,), {{"_fields_": [',
                     *body, "    ]})"]
         else:

@@ -1,13 +1,14 @@
-"""Compile the BPF program in a thread while the binary is analysed.
+"""Make the BPF program in a thread while the binary is analysed.
 
-bcc's compile takes about 3.5 s here (a cached one about 0.1 s, and the
-kernel's verification of the probe programs 0.25 s) and depends only on the
-options and on the number of probe slots (a power of two, see
-program.probe_slots), both known before the analysis: so attach and run start
-it first.  bcc's compile and the bpf() calls are ctypes calls, which release
-the GIL: the analysis runs meanwhile.  When
-the analysis ends with other options (more probes than guessed, no ld.so
-probe), the early program is dropped and the right one compiled as before.
+From the program cache that takes about 0.05 s, plus the kernel's verification of the
+probe programs (0.25-0.7 s here); a compile (3-6 s, only with no cached program:
+`refcntd prebuild` makes it) depends on nothing but bpf/, bcc and the kernel.  The
+options (the run-time configuration written into the maps, kernel/knobs.py) and the
+number of probe slots (a power of two, see program.probe_slots) are known before the
+analysis: so attach and run start it first.  bcc's compile and the bpf() calls are
+ctypes calls, which release the GIL: the analysis runs meanwhile.  When the analysis
+ends with other options (more probes than guessed, holding or not), the early program
+is dropped and the right one made again, from the cache.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class BpfProbes:
     def attach_ldso(self, path: str, sites: tuple[tuple[int, int], ...]) -> str | None:
         """Probe ld.so's calls to _dl_debug_state; returns why not, if it could not."""
         cookies = [delta & U64_MASK for _, delta in sites]
-        why = self._attach_helper("on_loader", path, [offset for offset, _ in sites], cookies)
+        why = self._attach_helper("on_ldso", path, [offset for offset, _ in sites], cookies)
         if why is None and self.multi:
             self.ldso_links += 1
         return why

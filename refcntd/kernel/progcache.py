@@ -284,7 +284,8 @@ def discard(cache_dir: Path, key: str) -> None:
 
 
 def prune(directory: Path, keep: int = KEEP) -> None:
-    """Keep the `keep` most recently used entries: each option set makes one."""
+    """Keep the `keep` most recently used files: an entry and a layout per version of bpf/,
+    bcc and the kernel headers (checkouts and wheels of refcntd side by side each make one)."""
     with contextlib.suppress(OSError):
         entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
         for old in entries[:-keep] if len(entries) > keep else []:

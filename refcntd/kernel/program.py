@@ -2,6 +2,11 @@
 cache, bcc's compile when the cache has no entry, and the maps and programs made from
 an entry (Program), the same whether compiled just now or cached.
 
+One compiled object serves every option set: the flags only size maps, and the
+options that pick branches are the program's run-time configuration (knobs.py),
+written into each start's maps.  `refcntd prebuild` compiles it once; with
+REFCNTD_NO_COMPILE=1 a start that would still need clang fails instead.
+
 The only module that imports bcc (loader.py, which attaches and reads, does not).
 """
 
@@ -23,7 +28,7 @@ from typing import Any
 
 from refcntd.binary import cpus
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel import abi, bpfsys, perf_uprobe, progcache
+from refcntd.kernel import abi, bpfsys, knobs, perf_uprobe, progcache
 from refcntd.paths import BPF_DIR, CACHE_DIR
 
 
@@ -37,9 +42,8 @@ class KernelOptions:
     max_types: int = 1024
     max_graves: int = 16384
     exit_code_offset: int | None = None
-    loader_probe: bool = False  # attach on_loader at ld.so's _dl_debug_state calls
     history: tuple[str, ...] | None = None  # type names, ("all",), or None: no history
-    history_depth: int = 16  # events kept per object; a power of two
+    history_depth: int = 16  # events kept per object; a power of two <= abi.HISTORY_DEPTH
     max_history: int = 65536  # objects with a history at once
     max_sites: int = 16384
     max_paths: int = 262144  # (object, path) counts of objects with history
@@ -53,43 +57,41 @@ class KernelOptions:
     sites: bool = False  # count live objects per allocation site and age (serve)
     max_alloc_sites: int = 65536  # (process, type, allocation stack) with live objects
     max_age_bins: int = 65536  # (process, type, creation-time bin) with live objects
+    max_vetted: int = 65536  # holding: modules user space has scanned
+    max_mmap_calls: int = 4096  # unwinding: threads inside an mmap(PROT_EXEC) at once
 
 
 HOLD_SPARE_PROBES = 256  # probe slots left free for the call sites of modules mapped later
 
+
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
-    """Every -D the BPF program is compiled with, from one validated options object."""
-    flags = [f"-I{BPF_DIR}", f"-DFILTERED={int(opts.filtered)}",
-             f"-DHAS_DELETE={int(opts.has_delete)}", f"-DMAX_OBJECTS={opts.max_objects}",
-             f"-DMAX_STACKS={opts.max_stacks}", f"-DMAX_PROCS={opts.max_procs}",
-             f"-DMAX_TYPES={opts.max_types}",
-             f"-DMAX_PROBES={probe_slots(probe_count + (HOLD_SPARE_PROBES if opts.hold else 0))}",
-             f"-DMAX_GRAVES={opts.max_graves}", f"-DRINGBUF_PAGES={opts.ringbuf_pages}"]
-    if opts.exit_code_offset is not None:
-        flags.append(f"-DEXIT_CODE_OFFSET={opts.exit_code_offset}")
-    flags.append(f"-DLOADER_PROBE={int(opts.loader_probe)}")
-    flags.append(f"-DFILTER_COMM={int(bool(opts.comm_filter))}")
-    if opts.cgroup_id is not None:
-        flags.append(f"-DCGROUP_ID={opts.cgroup_id}ULL")
-    flags.append(f"-DUNWIND={int(opts.unwind_offsets is not None)}")
-    flags.append(f"-DHOLD={int(opts.hold and opts.unwind_offsets is not None)}")  # holding
-    if opts.unwind_offsets is not None:
-        flags += [f"-D{name}={value}" for name, value in opts.unwind_offsets.items()]
-        flags += [f"-DMAX_CFI_ROWS={opts.max_cfi_rows}", f"-DMAX_MODULES={opts.max_modules}"]
-    flags += [f"-DSITES={int(opts.sites)}", f"-DMAX_ALLOC_SITES={opts.max_alloc_sites}",
-              f"-DMAX_AGE_BINS={opts.max_age_bins}"]
-    flags += [f"-DHISTORY={int(opts.history is not None)}",
-              f"-DHISTORY_ALL={int(opts.history == ('all',))}",
-              f"-DHISTORY_DEPTH={opts.history_depth}", f"-DMAX_HISTORY={opts.max_history}",
-              f"-DMAX_SITES={opts.max_sites}", f"-DMAX_PATHS={opts.max_paths}"]
-    return flags
+    """Every -D the BPF program is compiled with: map sizes only, so that the cached
+    program serves every option set (`resized`); the maps of a concern this start does
+    not use (history, per-site counts, unwinding, holding) get one entry."""
+    unwind = opts.unwind_offsets is not None
+    hold, history = opts.hold and unwind, opts.history is not None
+    sizes = {"MAX_OBJECTS": opts.max_objects, "MAX_STACKS": opts.max_stacks,
+             "MAX_PROCS": opts.max_procs, "MAX_TYPES": opts.max_types,
+             "MAX_PROBES": probe_slots(probe_count + (HOLD_SPARE_PROBES if opts.hold else 0)),
+             "MAX_GRAVES": opts.max_graves, "RINGBUF_PAGES": opts.ringbuf_pages,
+             "MAX_CFI_ROWS": opts.max_cfi_rows if unwind else 1,
+             "MAX_MODULES": opts.max_modules if unwind else 1,
+             "MAX_MMAP_CALLS": opts.max_mmap_calls if unwind else 1,
+             "MAX_VETTED": opts.max_vetted if hold else 1,
+             "MAX_HELD": opts.max_procs if hold else 1,
+             "MAX_ALLOC_SITES": opts.max_alloc_sites if opts.sites else 1,
+             "MAX_AGE_BINS": opts.max_age_bins if opts.sites else 1,
+             "MAX_HISTORY": opts.max_history if history else 1,
+             "MAX_SITES": opts.max_sites if history else 1,
+             "MAX_PATHS": opts.max_paths if history else 1}
+    return [f"-I{BPF_DIR}", *(f"-D{name}={value}" for name, value in sizes.items())]
 
 
-_INLINED = re.compile(r'^#include "(\w+\.h)"\s*/\* inlined by the loader \*/$', re.M)
+_INLINED = re.compile(r'^#include "(\w+\.h)"\s*/\* pasted in by kernel/program.py \*/$', re.M)
 
 
 def program_text(main: Path = BPF_DIR / "refcntd.c") -> str:
-    """refcntd.c with the headers that use maps pasted in.
+    """refcntd.c with the headers that use maps pasted in (each concern's header).
 
     bcc rewrites `map.lookup(...)` only in the main source file; in an
     #included file the call stays a call through a function pointer and the
@@ -113,22 +115,37 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
     2-4 s, or a maps-only one for a new map layout, ~0.8 s; the results are cached).
     Also run ahead in a thread (precompile.py)."""
     text, cflags = program_text(), bpf_cflags(opts, probe_count)
-    headers = "".join(p.read_text() for p in sorted(BPF_DIR.glob("*.h")))  # refcntd.h too
-    key = progcache.entry_key(text + headers, cflags, _toolchain())
+    key = cache_key(text, cflags)
     sizes = progcache.sizing_flags(text, cflags)
     entry = progcache.load(CACHE_DIR, key) if cached else None
     layout = progcache.load_layout(CACHE_DIR, key) if entry is not None else None
     if layout is not None:
         layout = resized(layout, sizes)
+    if layout is not None:
+        layout = history_sized(layout, opts.history_depth)
     if entry is not None and layout is not None and not _fits(layout, opts, entry.maps):
         layout = None
     how, checked, from_cache = "cached programs, no compile", frozenset[str](), entry is not None
     if entry is None or layout is None:
         how = "BPF compile" if entry is None else "maps-only compile + cached programs"
+        if os.environ.get("REFCNTD_NO_COMPILE") == "1":
+            raise EnvironmentProblem(f"REFCNTD_NO_COMPILE=1, and this start needs a {how}: "
+                                     f"{CACHE_DIR / 'bpf'} has no program for this kernel, "
+                                     f"bcc and {BPF_DIR}",
+                                     "run `refcntd prebuild` (scripts/setup.sh does), or "
+                                     "unset REFCNTD_NO_COMPILE")
         entry, layout, checked = _compile(text, cflags, key, sizes, opts, entry)
     if "bcc" not in sys.modules:
         how += " (bcc not loaded)"
     return Program(entry, layout, opts, how, from_cache, checked)
+
+
+def cache_key(text: str, cflags: list[str], bpf_dir: Path = BPF_DIR) -> str:
+    """The compiled program's key: its text (program_text), every header in bpf/ (the
+    ones included, not pasted in, such as refcntd.h, are not in the text), the flags
+    that do more than size maps (none today), bcc and the kernel headers."""
+    headers = "".join(f"/* {p.name} */\n{p.read_text()}" for p in sorted(bpf_dir.glob("*.h")))
+    return progcache.entry_key(text + headers, cflags, _toolchain())
 
 
 def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
@@ -148,7 +165,7 @@ def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
         raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
                                  "check kernel headers (BCC_KERNEL_SOURCE)") from None
     try:
-        checked = frozenset(_check_layout(bpf, opts))
+        checked = frozenset(_check_layout(bpf))
         names = _map_names(bpf)
         fds = {name: bpf[name.encode()].map_fd for name in names}
         infos = {name: bpfsys.map_info(fd) for name, fd in fds.items()}
@@ -163,13 +180,14 @@ def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
         compiled = entry is None
         if entry is None:
             entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
-        if not _fits(layout, opts, entry.maps):
+        sized = history_sized(layout, opts.history_depth)
+        if not _fits(sized, opts, entry.maps):
             raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
                                      "run `python -m refcntd.kernel.abigen`")
         if compiled:
             progcache.store(CACHE_DIR, entry)
         progcache.store_layout(CACHE_DIR, layout)
-        return entry, layout, checked
+        return entry, sized, checked
     finally:
         bpf.cleanup()
 
@@ -216,6 +234,18 @@ def resized(layout: progcache.Layout, sizes: dict[str, str]) -> progcache.Layout
     return progcache.Layout(layout.key, tuple(maps), sizes, layout.btf)
 
 
+def history_sized(layout: progcache.Layout, depth: int) -> progcache.Layout:
+    """`layout` with the values of the maps of struct hist_val cut to `depth` entries
+    (knob history_depth): compiled with abi.HISTORY_DEPTH of them, the programs never
+    touch an entry beyond the depth (the verifier checks it).  Without BTF: its type
+    has the compiled size, and the kernel refuses a map whose value size differs."""
+    size = ctypes.sizeof(abi.hist_val_type(depth))
+    maps = tuple(replace(spec, value_size=size, btf_key=0, btf_value=0)
+                 if abi.MAPS.get(spec.name, ("", "", ""))[1] == "hist_val"
+                 and spec.value_size != size else spec for spec in layout.maps)
+    return replace(layout, maps=maps)
+
+
 def map_types(name: str, spec: progcache.MapSpec, opts: KernelOptions) -> tuple[Any, Any]:
     """A map's key and value as ctypes, from abi.MAPS (the declarations in bpf/);
     bytes of the recorded sizes for the maps only the BPF side reads."""
@@ -247,8 +277,11 @@ def _fits(layout: progcache.Layout, opts: KernelOptions, needed: Iterable[str]) 
     return set(needed) <= {spec.name for spec in layout.maps}
 
 
-CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/unwind.h
+CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/refcntd.c
 TRACEPOINT_PREFIX = "tracepoint__"  # bcc's TRACEPOINT_PROBE(category, event) functions
+MAPPING_TRACEPOINTS = frozenset(TRACEPOINT_PREFIX + name for name in (  # bpf/execmaps.h
+    "sched__sched_process_exec", "syscalls__sys_enter_mmap", "syscalls__sys_exit_mmap",
+    "syscalls__sys_enter_mprotect", "syscalls__sys_enter_munmap"))
 
 
 class Program:
@@ -258,8 +291,9 @@ class Program:
     def __init__(self, entry: progcache.Entry, layout: progcache.Layout, opts: KernelOptions,
                  how: str, from_cache: bool, layout_checked: frozenset[str]) -> None:
         """`layout` fits `entry` (compile_program checked it); `how` says, for --verbose,
-        whether bcc compiled; `layout_checked`: the structs compared with bcc's."""
-        self.entry, self.how, self.from_cache = entry, how, from_cache
+        whether bcc compiled; `layout_checked`: the structs compared with bcc's.  The
+        configuration (knobs.py) is written and frozen before any program loads."""
+        self.entry, self.how, self.from_cache, self.opts = entry, how, from_cache, opts
         self.layout_checked = layout_checked
         self.tables: dict[str, bpfsys.Table] = {}
         self._loaded: dict[tuple[str, int, int], int] = {}
@@ -278,6 +312,7 @@ class Program:
                 key, value = map_types(spec.name, spec, opts)
                 self.tables[spec.name] = bpfsys.Table(spec.name, fd, spec.map_type, key,
                                                       value, spec.max_entries)
+            knobs.write(self.tables[knobs.MAP], opts)
         except OSError as err:
             self.cleanup()
             raise EnvironmentProblem(f"the BPF maps could not be created: {err}",
@@ -318,8 +353,12 @@ class Program:
             future.result()
 
     def attach_tracepoints(self, tracefs: Path) -> None:
-        """The TRACEPOINT_PROBE programs (process exit, fork, exec, mmap), attached."""
+        """The TRACEPOINT_PROBE programs (process exit, fork, exec; the mapping hooks of
+        bpf/execmaps.h only when unwinding: without, they would return at once), attached."""
+        unwind = self.opts.unwind_offsets is not None
         for name in sorted(self.entry.functions):
+            if name in MAPPING_TRACEPOINTS and not unwind:
+                continue
             if name.startswith(TRACEPOINT_PREFIX):
                 fd = self.load_func(name, bpfsys.PROG_TRACEPOINT)
                 category, event = name[len(TRACEPOINT_PREFIX):].split("__", 1)
@@ -396,13 +435,13 @@ def _map_names(bpf: Any) -> list[str]:
             for i in range(lib.bpf_num_tables(bpf.module))]
 
 
-def _check_layout(bpf: Any, opts: KernelOptions) -> set[str]:
+def _check_layout(bpf: Any) -> set[str]:
     """Every map whose key or value is a struct of bpf/refcntd.h must match abi.py exactly.
 
     Returns the structs compared, so a test can see the check really ran.
     """
     mirrors = dict(abi.STRUCTS)
-    mirrors["hist_val"] = abi.hist_val_type(opts.history_depth)
+    mirrors["hist_val"] = abi.hist_val_type()  # as compiled: abi.HISTORY_DEPTH entries
     checked: set[str] = set()
     for name in _map_names(bpf):
         table = bpf[name.encode()]

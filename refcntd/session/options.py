@@ -42,7 +42,6 @@ def kernel_options(spec: Spec, has_ldso: bool, filtered: bool, opts: TraceOption
     return KernelOptions(filtered=filtered, has_delete=spec.has_delete,
                          max_objects=opts.max_objects, max_stacks=opts.max_stacks,
                          exit_code_offset=btf.member_offset("task_struct", "exit_code"),
-                         loader_probe=has_ldso,  # KernelOptions' name (kernel/program.py)
                          history=opts.history, history_depth=opts.history_depth,
                          comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
                          sites=opts.sites, max_alloc_sites=_env_int(

@@ -74,7 +74,7 @@ def bpf_objects() -> tuple[set[str], set[str]]:
     return ({p.get("name", "") for p in progs} - {""}, {m.get("name", "") for m in maps} - {""})
 
 
-REFCNTD_PROGS = {"on_probe", "on_unwind", "on_body", "on_unwind_more", "on_loader"}
+REFCNTD_PROGS = {"on_probe", "on_unwind", "on_body", "on_unwind_more", "on_ldso"}
 
 
 def settled_bpf_objects(timeout: float = 20) -> tuple[set[str], set[str]]:

@@ -56,7 +56,7 @@ def test_layout_difference_names_the_drifted_field():
 
 
 def test_type_ids_match_the_kernel_hash():
-    # FNV-1a of "map", low bit set: the value bpf/refcntd.c:intern_type computes
+    # FNV-1a of "map", low bit set: the value bpf/types.h:type_intern computes
     h = abi.FNV_OFFSET
     for byte in b"map":
         h = ((h ^ byte) * abi.FNV_PRIME) & 0xFFFFFFFF

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import ctypes as C
 import json
 import re
+import shutil
 import struct
 from pathlib import Path
 
 import pytest
 
-from refcntd.kernel import abi, progcache
-from refcntd.kernel.program import KernelOptions, bpf_cflags, program_text, resized
+from refcntd.cli.argtypes import HISTORY_DEPTH
+from refcntd.kernel import abi, knobs, progcache
+from refcntd.kernel.program import (
+    KernelOptions,
+    bpf_cflags,
+    cache_key,
+    history_sized,
+    program_text,
+    resized,
+)
+from refcntd.paths import BPF_DIR
 
 LD_IMM64 = 0x18
 
@@ -137,12 +148,63 @@ def test_flags_that_only_size_maps_are_not_part_of_the_key():
     assert key != progcache.entry_key(text, ["-DMAX_X=8", "-DDEPTH=3"], {})
 
 
-def test_the_real_program_keys_on_options_not_sizes():
-    opts = KernelOptions(filtered=True, has_delete=True)
+OPTION_SETS = [  # run, run --history, attach/serve (holding, filters), unwinding off
+    KernelOptions(filtered=True, has_delete=True),
+    KernelOptions(filtered=True, has_delete=False, history=("all",), history_depth=256),
+    KernelOptions(filtered=True, has_delete=True, history=("map", "dso"), history_depth=4,
+                  exit_code_offset=2000),
+    KernelOptions(filtered=False, has_delete=True, sites=True, hold=True,
+                  unwind_offsets={"OFF_TASK_MM": 1}, comm_filter=("perf",), cgroup_id=7,
+                  max_objects=4096, ringbuf_pages=16),
+]
+
+
+def test_every_option_set_has_the_same_key():
+    """Every flag only sizes maps: one compiled program serves every option set."""
     text = program_text()
-    sized = [f for f in bpf_cflags(opts, 16) if progcache.sizes_maps_only(text, f)]
-    assert {f.split("=")[0] for f in sized} >= {"-DMAX_OBJECTS", "-DMAX_PROBES", "-DMAX_STACKS"}
-    assert not any(f.startswith(("-DFILTERED", "-DHAS_DELETE")) for f in sized)
+    keys = set()
+    for opts in OPTION_SETS:
+        cflags = bpf_cflags(opts, 16)
+        assert all(f.startswith("-I") or progcache.sizes_maps_only(text, f) for f in cflags), \
+            [f for f in cflags if not progcache.sizes_maps_only(text, f)]
+        keys.add(cache_key(text, cflags))
+    assert len(keys) == 1
+
+
+def test_the_key_covers_every_header(tmp_path):
+    shutil.copytree(BPF_DIR, tmp_path / "bpf")
+    text, cflags = program_text(), bpf_cflags(OPTION_SETS[0], 16)
+    base = cache_key(text, cflags, tmp_path / "bpf")
+    headers = sorted((tmp_path / "bpf").glob("*.h"))
+    assert {"refcntd.h", "knobs.h", "history.h"} <= {h.name for h in headers}
+    for header in headers:
+        original = header.read_text()
+        header.write_text(original + "/* changed */\n")
+        assert cache_key(text, cflags, tmp_path / "bpf") != base, header.name
+        header.write_text(original)
+
+
+def test_the_configuration_follows_the_options():
+    run, history, types, serve = (knobs.config(o) for o in OPTION_SETS)
+    assert (run.filtered, run.has_delete, run.sites, run.history, run.unwind) == (1, 1, 0, 0, 0)
+    assert run.exit_code_off == -1 and run.cgroup_id == 0
+    assert (history.history, history.history_all, history.history_depth) == (1, 1, 256)
+    assert (types.history, types.history_all, types.history_depth) == (1, 0, 4)
+    assert types.exit_code_off == 2000
+    assert (serve.filtered, serve.sites, serve.hold, serve.unwind) == (0, 1, 1, 1)
+    assert (serve.filter_comm, serve.cgroup_id, serve.off_task_mm) == (1, 7, 1)
+    assert knobs.config(KernelOptions(filtered=True, has_delete=True, hold=True)).hold == 0
+
+
+def test_history_values_are_cut_to_the_depth():
+    spec = progcache.MapSpec("history", 1, 16, C.sizeof(abi.hist_val_type()), 8, 1, 3, 4)
+    other = progcache.MapSpec("objs", 1, 16, 64, 8, 1, 5, 6)
+    cut = history_sized(progcache.Layout("k", (spec, other), {}), 16)
+    assert cut.maps[0].value_size == C.sizeof(abi.hist_val_type(16)) < spec.value_size
+    assert (cut.maps[0].btf_key, cut.maps[0].btf_value) == (0, 0)  # BTF has the compiled size
+    assert cut.maps[1] == other
+    assert history_sized(progcache.Layout("k", (spec,), {}), abi.HISTORY_DEPTH).maps == (spec,)
+    assert HISTORY_DEPTH.high == abi.HISTORY_DEPTH  # --history-depth's range
 
 
 def test_file_identity_changes_with_the_file(tmp_path):
