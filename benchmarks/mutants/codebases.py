@@ -43,7 +43,7 @@ class Codebase:
     build_dir: Path
     api: Api
     targets: dict[str, str]  # a call instruction's callee -> "get" or "put"
-    scan: list[str]  # source files (relative to source) whose sites count
+    scan: list[str]  # globs (relative to source) of the files whose sites count
     binaries: list[Path]
     workloads: list[Workload]
     spec: Path
@@ -59,6 +59,10 @@ class Codebase:
         started = time.monotonic()
         subprocess.run(self.build_cmd, check=True, capture_output=True, text=True)
         return round(time.monotonic() - started, 1)
+
+    def files(self) -> list[str]:
+        return sorted(str(p.relative_to(self.source)) for g in self.scan
+                      for p in self.source.glob(g))
 
     def role(self, name: str) -> str:
         return "get" if name in self.api.gets else "put"
@@ -99,7 +103,7 @@ def perf(out: Path) -> Codebase:
     report = (str(perf_bin), "report", "-i", str(data), "--stdio", "-g", "none",
               "--no-children")
     return Codebase(
-        "perf", work, root, build, api, targets, [], [perf_bin],
+        "perf", work, root, build, api, targets, ["**/*.c"], [perf_bin],
         [Workload("perf report", report),
          Workload("perf test", (str(perf_bin), "test", "-F", *PERF_TESTS)),
          Workload("perf buildid-list", (str(perf_bin), "buildid-list", "-i", str(data),
@@ -133,7 +137,6 @@ def prepare_perf(cb: Codebase) -> None:
                         str(data), "--", "sh", "-c", PERF_RECORD], check=True,
                        stdout=subprocess.DEVNULL)
     cb.prepared = steps
-    cb.scan = sorted(str(p.relative_to(cb.source)) for p in cb.source.rglob("*.c"))
 
 
 def perf_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
@@ -209,7 +212,8 @@ def gstreamer(out: Path) -> Codebase:
            "GST_PLUGIN_SCANNER_1_0": str(build / "libs/gst/helpers/gst-plugin-scanner"),
            "GST_REGISTRY_FORK": "no", "GST_REGISTRY_UPDATE": "no", "GST_DEBUG": "0"}
     return Codebase(
-        "gstreamer", work, work / "src", build, api, targets, [], binaries,
+        "gstreamer", work, work / "src", build, api, targets,
+        [f"{d}/*.c" for d in GST_SCAN_DIRS], binaries,
         [gst_launch(build, label, pipeline) for label, pipeline in GST_PIPELINES.items()],
         work / "gstreamer-built.yaml", env=env, build_cmd=["ninja", "-C", str(build)])
 
@@ -245,8 +249,6 @@ def prepare_gstreamer(cb: Codebase) -> None:
         subprocess.run([str(cb.build_dir / "tools" / "gst-inspect-1.0")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
     cb.prepared = steps
-    cb.scan = sorted(str(p.relative_to(cb.source)) for d in GST_SCAN_DIRS
-                     for p in (cb.source / d).glob("*.c"))
 
 
 def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
