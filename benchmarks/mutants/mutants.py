@@ -1,0 +1,59 @@
+"""Real-code mutation benchmark for refcntd's culprit (issue 31).
+
+Two real codebases built from Debian's sources (perf from linux-source-6.12
+with the 2015 refcnt stubs; GStreamer core from `apt-get source
+gstreamer1.0`).  Each mutant deletes one put call or adds one get at a call
+site the codebase's workload executes (measured with ftrace uprobes on the
+unmutated build), one mutant per incremental build.  Truth: the mutated
+function, and the new leaked objects per type counted by plain ftrace uprobe
+events (mutants that leak no new object are "equivalent").  Each leaking
+mutant is run under `refcntd run --history all --json` --repeats times and
+scored (right, tie, unknown, wrong, missed); repeats that disagree are
+reported as nondeterministic.
+
+Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke
+               [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
+Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import codebases
+import runner
+
+DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=("prepare", "sites", "run", "smoke"))
+    ap.add_argument("--codebase", choices=(*codebases.CODEBASES, "all"), default="all")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="sources, builds, caches and results (default %(default)s)")
+    ap.add_argument("--limit", type=int, default=0, help="at most N mutants per codebase")
+    ap.add_argument("--repeats", type=int, default=2, help="refcntd runs per mutant")
+    ap.add_argument("--seconds", type=int, default=0,
+                    help="stop starting new mutants after this long (0: no limit)")
+    args = ap.parse_args(argv)
+    names = list(codebases.CODEBASES) if args.codebase == "all" else [args.codebase]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "smoke":
+        return runner.smoke(args.out, args.repeats)
+    loaded = [codebases.load(n, args.out) for n in names]
+    if args.command == "prepare":
+        for cb in loaded:
+            print(f"{cb.name}: {cb.prepared}")
+        return 0
+    if args.command == "sites":
+        for cb in loaded:
+            runner.executed_sites(cb, verbose=True)
+        return 0
+    return runner.run_all(loaded, args.out, args.limit, args.repeats, args.seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

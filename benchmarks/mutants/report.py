@@ -1,0 +1,108 @@
+"""mutants.md from mutants.json: the machine, the counts, the scores per pattern."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from score import OUTCOMES
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PATTERNS = ("put deleted", "get added")
+
+
+def machine() -> dict[str, Any]:
+    mem = Path("/proc/meminfo").read_text().split()[1]
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
+            "memory_gib": round(int(mem) / 2**20, 1), "python": platform.python_version(),
+            "date": datetime.date.today().isoformat(), "refcntd_commit": commit,
+            "load_at_start": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def rate(num: int, den: int) -> str:
+    return f"{100 * num / den:.0f} %" if den else "-"
+
+
+def score_row(label: str, outcomes: list[str]) -> str:
+    n = len(outcomes)
+    c = {k: outcomes.count(k) for k in OUTCOMES}
+    precision = rate(c["right"], c["right"] + c["wrong"])
+    return (f"| {label} | {n} | " + " | ".join(str(c[k]) for k in OUTCOMES)
+            + f" | {precision} | {rate(c['right'], n)} |")
+
+
+def score_table(mutants: list[dict[str, Any]]) -> list[str]:
+    head = ["| pattern | scored | " + " | ".join(OUTCOMES) + " | precision | recall |",
+            "|---|---" + "|---" * (len(OUTCOMES) + 2) + "|"]
+    scored = [m for m in mutants if m["status"] == "scored"]
+    rows = []
+    for cb in sorted({m["codebase"] for m in scored}) + ["all"]:
+        mine = [m for m in scored if cb in ("all", m["codebase"])]
+        for p in PATTERNS:
+            direct = [m["outcome"] for m in mine if m["pattern"] == p]
+            if direct:
+                rows.append(score_row(f"{cb}: {p}, direct", direct))
+            ind = [i["outcome"] for m in mine if m["pattern"] == p for i in m["indirect"]]
+            if ind:
+                rows.append(score_row(f"{cb}: {p}, indirect", ind))
+        rows.append(score_row(f"**{cb}: all direct**", [m["outcome"] for m in mine]))
+    return head + rows
+
+
+def counts(doc: dict[str, Any], cb: str) -> str:
+    ms = [m for m in doc["mutants"] if m["codebase"] == cb]
+    cov = doc["codebases"].get(cb, {}).get("coverage", {})
+    status = {s: sum(m["status"] == s for m in ms) for s in
+              ("scored", "equivalent", "build failed", "truth lost events")}
+    return (f"{cb}: {cov.get('sites', '?')} call sites found in the source, "
+            f"{cov.get('with_code', '?')} with code in the build, "
+            f"{cov.get('executed', '?')} executed by the workload; {len(ms)} mutants built and "
+            f"run: {status['scored']} leak (scored), {status['equivalent']} equivalent "
+            f"(no new leaked object), {status['build failed']} did not build, "
+            f"{status['truth lost events']} lost trace events")
+
+
+def mutant_rows(mutants: list[dict[str, Any]]) -> list[str]:
+    out = ["| mutant | call | function | pattern | truth: new leaks | refcntd | outcome |",
+           "|---|---|---|---|---|---|---|"]
+    for m in mutants:
+        if m["status"] != "scored":
+            continue
+        new = ", ".join(f"{t} +{n}" for t, n in m["new_leaks"].items())
+        flag = "" if m["deterministic"] else " (repeats differ: " + \
+            "/".join(m["repeat_outcomes"]) + ")"
+        out.append(f"| {m['codebase']} {m['file']}:{m['line']} | {m['call']} | {m['function']} "
+                   f"| {m['pattern']} | {new} | {m['said']} | {m['outcome']}{flag} |")
+    return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    mutants = doc["mutants"]
+    lines = ["# Culprit accuracy on real-code mutants", "",
+             f"Machine: {doc['machine']}", "",
+             f"Run from {doc['started']} to {doc.get('finished', '?')}, "
+             f"{doc['repeats']} refcntd runs per mutant"
+             f"{' (stopped early: time limit)' if doc.get('stopped_early') else ''}.", ""]
+    for name, cb in doc["codebases"].items():
+        lines += [f"## {name}", "", f"* prepared: `{cb['prepared']}`",
+                  f"* spec: `{cb['spec']}`", "* workloads:"]
+        lines += [f"  * {label}: `{cmd}`" for label, cmd in cb["workloads"].items()]
+        lines += [f"* baseline {label}: truth {b['truth']['objects'] or 'no leak'}, "
+                  f"{len(b['refcntd_groups'])} refcntd leak groups, "
+                  f"repeatable: {b['repeatable']}" for label, b in cb["baseline"].items()]
+        lines += ["", counts(doc, name), ""]
+    lines += ["## Scores", "", *score_table(mutants), ""]
+    nondet = [m for m in mutants if m["status"] == "scored" and not m["deterministic"]]
+    lines += [f"Repeats that disagreed: {len(nondet)} of "
+              f"{sum(m['status'] == 'scored' for m in mutants)} scored mutants.", ""]
+    lines += ["## Mutants", "", *mutant_rows(mutants), ""]
+    return "\n".join(lines)

@@ -1,0 +1,364 @@
+"""The benchmark's loop: executed sites, baselines, one mutant per build."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import codebases
+import coverage
+import report
+import score
+import sites
+import truth
+from codebases import Codebase, Workload
+from sites import Site
+
+REPO = codebases.REPO
+SEED = 31
+
+
+@dataclass
+class Executed:
+    site: Site
+    hits: dict[str, int]  # workload label -> times the site ran
+    symbol: str  # the function the site's code ends up in (after inlining)
+
+    @property
+    def first(self) -> str:
+        return next(label for label, n in self.hits.items() if n)
+
+
+@dataclass
+class Baseline:
+    books: dict[str, truth.Books] = field(default_factory=dict)
+    groups: dict[str, list[score.Group]] = field(default_factory=dict)
+    repeatable: dict[str, bool] = field(default_factory=dict)
+
+
+# ---- executed sites ---------------------------------------------------------
+
+def executed_sites(cb: Codebase, verbose: bool = False) -> list[Executed]:
+    """The sites the workloads run, measured once per build of the baseline (cached)."""
+    cache = cb.work / "executed.json"
+    all_sites = sites.all_sites(cb.source, cb.files(), cb.api)
+    by_key = {s.key: s for s in all_sites}
+    if cache.exists():
+        rows = json.loads(cache.read_text())["executed"]
+        return [Executed(by_key[r["site"]], r["hits"], r["symbol"]) for r in rows
+                if r["site"] in by_key]
+    by_line: dict[tuple[str, int], list[Site]] = {}
+    for s in all_sites:
+        by_line.setdefault((s.file, s.line), []).append(s)
+    role_of = {n: cb.role(n) for n in cb.api.gets | cb.api.puts}
+    insns = [i for b in cb.binaries for i in coverage.call_insns(b, frozenset(cb.targets))]
+    mapped = [coverage.site_of(i, by_line, cb.source, cb.targets, role_of) for i in insns]
+    hits: dict[str, dict[str, int]] = {}
+    symbol: dict[str, str] = {}
+    for w in cb.workloads:
+        counts = coverage.measure([(w.argv, cb.run_env())], insns)
+        for idx, found in enumerate(mapped):
+            for s in found:
+                hits.setdefault(s.key, {x.label: 0 for x in cb.workloads})
+                hits[s.key][w.label] += counts.get(idx, 0)
+                symbol[s.key] = insns[idx].chain[-1][0] if insns[idx].chain else ""
+    rows = [{"site": k, "hits": h, "symbol": symbol[k]} for k, h in sorted(hits.items())
+            if any(h.values())]
+    summary = {"sites": len(all_sites), "with_code": len(hits), "executed": len(rows),
+               "call_instructions": len(insns),
+               "per_workload": {w.label: sum(1 for r in rows if r["hits"][w.label])
+                                for w in cb.workloads}}
+    cache.write_text(json.dumps({"summary": summary, "executed": rows}, indent=1))
+    if verbose:
+        print(f"{cb.name}: {summary}")
+    return [Executed(by_key[r["site"]], r["hits"], r["symbol"]) for r in rows]
+
+
+def coverage_summary(cb: Codebase) -> dict[str, Any]:
+    return dict(json.loads((cb.work / "executed.json").read_text())["summary"])
+
+
+# ---- one traced run ---------------------------------------------------------
+
+class TimedOut(Exception):
+    """refcntd did not finish its run within REFCNTD_TIMEOUT."""
+
+
+REFCNTD_TIMEOUT = 420  # s per run; mutants leaking thousands of objects can take longer
+
+
+def refcntd_run(cb: Codebase, w: Workload, json_out: Path) -> list[score.Group]:
+    cmd = [sys.executable, "-m", "refcntd", "run", "--spec", str(cb.spec), "--history", "all",
+           "--json", str(json_out), "--quiet", "--wait-descendants", "5", "--", *w.argv]
+    json_out.unlink(missing_ok=True)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=cb.run_env(), capture_output=True,
+                              text=True, timeout=REFCNTD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise TimedOut() from None
+    if not json_out.exists():
+        raise RuntimeError(f"refcntd run failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    return score.groups(json_out)
+
+
+def count(cb: Codebase, w: Workload) -> truth.Books:
+    probes, rules = codebases.probes(cb)
+    return truth.count(w.argv, probes, rules, env=cb.run_env())
+
+
+def baseline(cb: Codebase, repeats: int, scratch: Path) -> Baseline:
+    base = Baseline()
+    for w in cb.workloads:
+        first, second = count(cb, w), count(cb, w)
+        base.books[w.label] = first
+        runs = [refcntd_run(cb, w, scratch / f"base-{r}.json") for r in range(repeats)]
+        base.groups[w.label] = runs[0]
+        base.repeatable[w.label] = (first.objects == second.objects
+                                    and all(score.signature(g) == score.signature(runs[0])
+                                            for g in runs))
+    return base
+
+
+# ---- one mutant ---------------------------------------------------------------
+
+def mutant_id(cb: Codebase, ex: Executed) -> str:
+    s = ex.site
+    return f"{cb.name}:{s.file}:{s.line}:{s.col}"
+
+
+def apply(cb: Codebase, site: Site) -> str:
+    """Write the mutant into the tree; returns the pattern."""
+    pattern = sites.pattern_of(site, cb.api)
+    pristine = codebases.keep_pristine(cb, site.file)
+    (cb.source / site.file).write_text(sites.mutate(pristine.read_text(), site, pattern, cb.api))
+    return pattern
+
+
+def restore(cb: Codebase, site: Site) -> None:
+    """The unmutated text, with a new mtime: the next build compiles it again."""
+    pristine = codebases.keep_pristine(cb, site.file)
+    (cb.source / site.file).write_text(pristine.read_text())
+
+
+def run_mutant(cb: Codebase, ex: Executed, base: Baseline, repeats: int, scratch: Path
+               ) -> dict[str, Any]:
+    site = ex.site
+    row: dict[str, Any] = {"id": mutant_id(cb, ex), "codebase": cb.name, "file": site.file,
+                           "line": site.line, "call": site.name, "function": site.function,
+                           "symbol": ex.symbol, "type": cb.api.type_of[site.name],
+                           "workload": ex.first, "hits": ex.hits[ex.first]}
+    row["pattern"] = apply(cb, site)
+    try:
+        row["build_s"] = cb.build()
+    except subprocess.CalledProcessError as err:
+        restore(cb, site)
+        return {**row, "status": "build failed", "error": (err.stderr or "")[-400:]}
+    try:
+        return {**row, **judge(cb, row, base, repeats, scratch)}
+    finally:
+        restore(cb, site)
+
+
+def judge(cb: Codebase, row: dict[str, Any], base: Baseline, repeats: int, scratch: Path
+          ) -> dict[str, Any]:
+    w = next(x for x in cb.workloads if x.label == row["workload"])
+    started = time.monotonic()
+    books = count(cb, w)
+    new = truth.new_leaks(base.books[w.label], books)
+    out: dict[str, Any] = {"truth": books.summary(), "new_leaks": new, "exit": books.returncode,
+                           "truth_s": round(time.monotonic() - started, 1)}
+    if books.lost:
+        return {**out, "status": "truth lost events"}
+    if not new:
+        return {**out, "status": "equivalent"}
+    out["leak"] = "direct" if row["type"] in new else "indirect only"
+    started = time.monotonic()
+    try:
+        runs = [score.new_groups(base.groups[w.label],
+                                 refcntd_run(cb, w, scratch / f"m{r}.json"))
+                for r in range(repeats)]
+    except TimedOut:
+        return {**out, "status": "scored", "outcome": "missed", "timed_out": True,
+                "said": f"refcntd run did not finish in {REFCNTD_TIMEOUT} s",
+                "indirect": [{"type": t, "objects": n, "outcome": "missed",
+                              "marked_indirect": False, "said": "timed out"}
+                             for t, n in sorted(new.items()) if t != row["type"]],
+                "repeat_outcomes": ["missed"], "deterministic": True, "named_inliner": False}
+    out["refcntd_s"] = round(time.monotonic() - started, 1)
+    return {**out, "status": "scored", **verdicts(runs, row, new)}
+
+
+def verdicts(runs: list[list[score.Group]], row: dict[str, Any], new: dict[str, int]
+             ) -> dict[str, Any]:
+    """Outcomes of the first run; whether the repeats said the same."""
+    found = runs[0]
+    direct = score.answer(found, row["type"])
+    out: dict[str, Any] = {"outcome": score.outcome(direct, row["function"]),
+                           "said": score.said(direct)}
+    # the function the mutated one was inlined into, named instead of it
+    out["named_inliner"] = (row["symbol"] != row["function"] and direct is not None
+                            and direct.culprits[:1] == (score.plain(row["symbol"]),))
+    out["indirect"] = [{"type": t, "objects": n,
+                        "outcome": score.outcome(score.answer(found, t), row["function"]),
+                        "marked_indirect": (g := score.answer(found, t)) is not None
+                        and g.status in ("indirect", "cycle"),
+                        "said": score.said(score.answer(found, t))}
+                       for t, n in sorted(new.items()) if t != row["type"]]
+    sigs = [score.signature(r) for r in runs]
+    out["repeat_outcomes"] = [score.outcome(score.answer(r, row["type"]), row["function"])
+                              for r in runs]
+    out["deterministic"] = all(s == sigs[0] for s in sigs)
+    return out
+
+
+# ---- the whole benchmark ------------------------------------------------------
+
+def chosen(executed: list[Executed], limit: int) -> list[Executed]:
+    """The executed sites in a seeded random order (a run stopped early is still a fair
+    sample), the first `limit` of them when limited."""
+    order = random.Random(SEED).sample(executed, len(executed))
+    return order[:limit] if limit else order
+
+
+def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: int) -> int:
+    """Baselines first, then the codebases' mutants in turn (a run stopped early has both)."""
+    results = out / "mutants.json"
+    doc = _load_or_new(results, repeats)
+    started = time.monotonic()
+    queues: list[tuple[Codebase, Baseline, Path, list[Executed]]] = []
+    for cb in cbs:
+        scratch = out / "scratch" / cb.name
+        scratch.mkdir(parents=True, exist_ok=True)
+        cb.build()
+        executed = executed_sites(cb)
+        base = baseline(cb, repeats, scratch)
+        doc["codebases"][cb.name] = _codebase_doc(cb, base)
+        done = {r["id"] for r in doc["mutants"]}
+        todo = [e for e in chosen(executed, limit) if mutant_id(cb, e) not in done]
+        queues.append((cb, base, scratch, todo))
+    _save(doc, results, out)
+    for turn in range(max((len(q[3]) for q in queues), default=0)):
+        for cb, base, scratch, todo in queues:
+            if turn >= len(todo):
+                continue
+            if seconds and time.monotonic() - started > seconds:
+                doc["stopped_early"] = True
+                _save(doc, results, out)
+                return 0
+            row = run_mutant(cb, todo[turn], base, repeats, scratch)
+            doc["mutants"].append(row)
+            _save(doc, results, out)
+            print(f"{row['id']} {row['pattern']}: {row['status']} {row.get('outcome', '')} "
+                  f"{row.get('said', '')}", flush=True)
+    for cb, *_ in queues:
+        cb.build()
+    return 0
+
+
+def _load_or_new(path: Path, repeats: int) -> dict[str, Any]:
+    if path.exists():
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
+    return {"machine": report.machine(), "started": datetime.datetime.now().isoformat(
+        timespec="seconds"), "repeats": repeats, "codebases": {}, "mutants": []}
+
+
+def _codebase_doc(cb: Codebase, base: Baseline) -> dict[str, Any]:
+    return {"prepared": cb.prepared, "spec": str(cb.spec), "coverage": coverage_summary(cb),
+            "workloads": {w.label: " ".join(w.argv) for w in cb.workloads},
+            "baseline": {label: {"truth": b.summary(),
+                                 "refcntd_groups": [asdict(g) for g in base.groups[label]],
+                                 "repeatable": base.repeatable[label]}
+                         for label, b in base.books.items()}}
+
+
+def _save(doc: dict[str, Any], path: Path, out: Path) -> None:
+    doc["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    path.write_text(json.dumps(doc, indent=1))
+    (out / "mutants.md").write_text(report.markdown(doc))
+
+
+# ---- smoke ----------------------------------------------------------------------
+
+def smoke(out: Path, repeats: int) -> int:
+    """Three perf mutants from binaries cached under OUT/smoke (built once)."""
+    cb = codebases.load("perf", out)
+    executed = executed_sites(cb)
+    picks = smoke_picks(cb, executed)
+    cache = out / "smoke"
+    base_bin = cache / "baseline" / "perf"
+    built = cb.build_dir / "perf"
+    if not base_bin.exists():
+        cb.build()
+        base_bin.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, base_bin)
+    rows = []
+    for ex in picks:
+        binary = cache / mutant_id(cb, ex).replace("/", "_").replace(":", "_") / "perf"
+        if not binary.exists():
+            apply(cb, ex.site)
+            try:
+                cb.build()
+                binary.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(built, binary)
+            finally:
+                restore(cb, ex.site)
+        rows.append(smoke_one(cb, ex, base_bin, binary, repeats, cache))
+    doc = {"machine": report.machine(), "smoke": rows}
+    (cache / "smoke.json").write_text(json.dumps(doc, indent=1))
+    for r in rows:
+        print(f"{r['id']} {r['pattern']}: new leaks {r['new_leaks']}, refcntd {r['said']} "
+              f"({r['outcome']})")
+    return 0
+
+
+# (call, function): one site each in perf 6.12 that perf report runs once, each seen to
+# leak (a thread with its maps and comm; a map with its dso; a dso)
+SMOKE = (("thread__put", "perf_session__register_idle_thread"),
+         ("map__put", "machine__update_kernel_mmap"), ("dso__get", "dsos__find_kernel_dso_cb"))
+
+
+def smoke_picks(cb: Codebase, executed: list[Executed]) -> list[Executed]:
+    picks = [next((e for e in executed if (e.site.name, e.site.function) == pick), None)
+             for pick in SMOKE]
+    if None in picks:
+        raise SystemExit(f"smoke: not all of {SMOKE} run by the workload in this perf")
+    return [e for e in picks if e is not None]
+
+
+def smoke_one(cb: Codebase, ex: Executed, base_bin: Path, binary: Path, repeats: int,
+              cache: Path) -> dict[str, Any]:
+    scratch = cache / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    w = next(x for x in cb.workloads if x.label == ex.first)
+    base = Baseline()
+    on_base, on_mut = with_binary(cb, w, base_bin), with_binary(cb, w, binary)
+    on = dataclasses.replace(cb, binaries=[base_bin])
+    base.books[w.label] = count(on, on_base)
+    base.groups[w.label] = refcntd_run(on, on_base, scratch / "base.json")
+    cb = dataclasses.replace(cb, binaries=[binary])
+    row = {"id": mutant_id(cb, ex), "function": ex.site.function, "type":
+           cb.api.type_of[ex.site.name], "pattern": sites.pattern_of(ex.site, cb.api),
+           "workload": w.label}
+    books = count(cb, on_mut)
+    new = truth.new_leaks(base.books[w.label], books)
+    runs = [score.new_groups(base.groups[w.label], refcntd_run(cb, on_mut, scratch / f"m{r}.json"))
+            for r in range(repeats)]
+    direct = score.answer(runs[0], row["type"])
+    return {**row, "new_leaks": new, "truth_lost": books.lost,
+            "refcntd_types": sorted({g.type for g in runs[0]}),
+            "outcome": score.outcome(direct, row["function"]), "said": score.said(direct)}
+
+
+def with_binary(cb: Codebase, w: Workload, binary: Path) -> Workload:
+    old = str(cb.build_dir / "perf")
+    return Workload(w.label, tuple(str(binary) if a == old else a for a in w.argv))
