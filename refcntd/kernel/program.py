@@ -19,7 +19,6 @@ import importlib.util
 import os
 import re
 import sys
-import sysconfig
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -402,8 +401,12 @@ def _toolchain() -> dict[str, str]:
 
 def _libbcc_path() -> str:
     """Where the dynamic linker finds libbcc.so.0 for bcc (LD_LIBRARY_PATH, then the
-    system's library directories)."""
-    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    system's library directories).
+
+    Called from the early-compile thread: sysconfig.get_config_var fills its table on
+    first use without a lock, and a concurrent caller saw no MULTIARCH, so the key
+    named no libbcc and the next start missed the cache.  os.uname() has no state."""
+    arch = f"{os.uname().machine}-linux-gnu"
     dirs = [*filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")),
             f"/usr/local/lib/{arch}", "/usr/local/lib", f"/lib/{arch}", f"/usr/lib/{arch}",
             "/lib64", "/usr/lib64", "/lib", "/usr/lib"]

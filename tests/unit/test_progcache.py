@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -259,3 +261,27 @@ def test_every_sizing_flag_of_the_real_program_is_a_plain_map_size():
     declared = {size for _, _, size in abi.MAPS.values()}
     assert set(sizes) >= {"MAX_OBJECTS", "MAX_PROBES", "RINGBUF_PAGES"}
     assert set(sizes) <= declared, set(sizes) - declared
+
+
+def test_the_key_is_the_same_from_any_thread():
+    """The early compile computes the key in a thread while the main thread analyses the
+    binary; a key that depended on lazily filled global state (sysconfig's table) named
+    no libbcc one start in eight, and the next start missed the cache (CI saw 6 tests
+    fail that way).  Fresh interpreters, so nothing is warmed up before the race."""
+    code = (
+        "import sys, threading\n"
+        "from refcntd.kernel.program import _toolchain\n"
+        "out = []\n"
+        "ts = [threading.Thread(target=lambda: out.append(repr(_toolchain()))) for _ in range(8)]\n"
+        "[t.start() for t in ts]\n"
+        "import sysconfig; sysconfig.get_config_vars()\n"
+        "[t.join() for t in ts]\n"
+        "print(len(set(out)), out[0])\n")
+    seen = set()
+    for _ in range(6):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True)
+        distinct, key = done.stdout.split(" ", 1)
+        assert distinct == "1", done.stdout
+        seen.add(key)
+    assert len(seen) == 1, seen
