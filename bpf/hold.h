@@ -1,12 +1,19 @@
-/* Holding processes for exported functions probed at their call sites (knob
- * `hold`, which needs `unwind`'s mapping hooks, execmaps.h).
+/* Holding processes until user space has caught up (knob `hold`, which needs
+ * `unwind`'s mapping hooks, execmaps.h), for two reasons:
  *
- * Such a function is only counted exactly if every module that calls it has its
- * call sites probed before its code runs.  A process that maps (or execs) a
- * module nobody has scanned, while it maps a module defining such a function, is
- * stopped before the mmap or exec returns; user space (session/vetting.py) scans
- * the module, probes its calls (or moves the function back to its entry probe)
- * and continues it.
+ * - Exported functions probed at their call sites: such a function is only
+ *   counted exactly if every module that calls it has its call sites probed
+ *   before its code runs.  A process that maps (or execs) a module nobody has
+ *   scanned, while it maps a module defining such a function, is stopped.
+ * - Unwind tables (knob `hold_tables`): a process that maps a probed module
+ *   while one of its modules has no table in cfi_modules yet would have its
+ *   first stacks cut there (a program exec'd after attach, by a script, ...).
+ *
+ * The process is stopped before the mmap or exec returns, so none of that
+ * module's code has run; user space (session/vetting.py) loads the tables,
+ * scans the module and probes its calls (or moves the function back to its
+ * entry probe), and continues it.  A module is held for once: user space gives
+ * every file it tried a cfi_modules entry, an empty one when it has no table.
  *
  * Sizes (-D): MAX_VETTED, MAX_HELD.
  */
@@ -23,6 +30,7 @@ BPF_HASH(vetted, struct file_key, __u32, MAX_VETTED);  /* modules user space has
 BPF_HASH(hold_owners, struct file_key, __u32, 64);      /* modules defining such functions */
 BPF_HASH(held, __u32, struct hold_key, MAX_HELD);       /* stopped, waiting for a scan */
 BPF_HASH(hold_funcs, struct hold_key, __u32, 256);      /* the functions themselves */
+BPF_HASH(table_owners, struct file_key, __u32, 64);     /* probed modules (hold_tables) */
 
 static __always_inline void hold_stop(__u32 tgid, struct hold_key *why)
 {
@@ -33,30 +41,48 @@ static __always_inline void hold_stop(__u32 tgid, struct hold_key *why)
 	bpf_send_signal(SIGSTOP);  /* the whole process, before it returns to user space */
 }
 
-/* The module that was mapped first is also caught: the check covers every
+/* Whether the process must wait for user space, for one reason (`tables` is a
+ * constant at each call, so each is compiled as a loop of its own: one loop
+ * tracking both reasons has too many verifier states):
+ * - 0: `file`, or another of its mappings, defines an exported function probed
+ *   at its call sites while one of them was never scanned (vetted);
+ * - 1: one of them is a probed module while one has no unwind table (not even
+ *   an empty entry) in cfi_modules yet.
+ * Each flag only goes from 0 to 1 and the walk ends once both are set. */
+static __always_inline int hold_needed(struct exec_maps *maps, struct file_key *file,
+				       int tables)
+{
+	int owner = (tables ? table_owners.lookup(file) : hold_owners.lookup(file)) != 0;
+	int missing = (file->ino || file->dev) &&
+		      !(tables ? (void *)cfi_modules.lookup(file) : (void *)vetted.lookup(file));
+	if (owner && missing)
+		return 1;
+	for (__u32 i = 0; maps && i < MAX_EXEC_MAPS; i++) {
+		bounded(i);
+		if (i >= maps->n)
+			break;
+		struct file_key key = maps->m[i].file;
+		if (!key.ino && !key.dev)
+			continue;
+		if (!owner && (tables ? table_owners.lookup(&key) : hold_owners.lookup(&key)))
+			owner = 1;
+		if (!missing &&
+		    !(tables ? (void *)cfi_modules.lookup(&key) : (void *)vetted.lookup(&key)))
+			missing = 1;
+		if (owner && missing)
+			return 1;
+	}
+	return 0;
+}
+
+/* The module that was mapped first is also caught: the checks cover every
  * mapping of the process. */
 static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file)
 {
 	if (!KNOB(hold))
 		return;
-	int owner = hold_owners.lookup(file) != 0;
-	int unvetted = (file->ino || file->dev) && !vetted.lookup(file);
 	struct exec_maps *maps = exec_maps.lookup(&tgid);
-	if (maps) {
-		for (__u32 i = 0; i < MAX_EXEC_MAPS; i++) {
-			bounded(i);
-			if (i >= maps->n)
-				break;
-			struct file_key key = maps->m[i].file;
-			if (!key.ino && !key.dev)
-				continue;
-			if (hold_owners.lookup(&key))
-				owner = 1;
-			if (!vetted.lookup(&key))
-				unvetted = 1;
-		}
-	}
-	if (!owner || !unvetted)
+	if (!hold_needed(maps, file, 0) && !(KNOB(hold_tables) && hold_needed(maps, file, 1)))
 		return;
 	struct hold_key why = {.file = *file};
 	hold_stop(tgid, &why);

@@ -436,7 +436,9 @@ struct refcntd_config {
 	__u32 off_inode_ino;
 	__u32 off_inode_sb;
 	__u32 off_sb_dev;
-	__u32 pad;
+	__u8 hold_tables;       /* also stop a process mapping a probed module while one of its
+				 * modules has no unwind table yet (hold.h); needs hold */
+	__u8 pad[3];
 	__u32 off_task_utask;   /* pending uretprobes (unwind.h), all 0 when BTF lacks them */
 	__u32 off_utask_ri;
 	__u32 off_ri_stack;

@@ -145,12 +145,14 @@ def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | s
     of their paths are made first (references nest like brackets: a temporary
     get and its put share the deepest caller).
     """
-    gets = [op for op in ops if is_get(op.op)]
-    puts = [op for op in ops if op.op == Role.PUT]
+    gets = sorted((op for op in ops if is_get(op.op)), key=_in_time)
+    puts = sorted((op for op in ops if op.op == Role.PUT), key=_in_time)
     left_g, left_p = [op.count for op in gets], [op.count for op in puts]
+    # equal ranks: the earliest get and put first, never the order the kernel's
+    # history slots happened to hold them in (hashes of addresses: other each run)
     ranked = sorted(((_match_rank(g, p, sources, sinks), gi, pi)
                      for gi, g in enumerate(gets) for pi, p in enumerate(puts)),
-                    key=lambda r: r[0], reverse=True)
+                    key=lambda r: (r[0], -r[1], -r[2]), reverse=True)
     matches: list[Match] = []
     for _, gi, pi in ranked:
         n = min(left_g[gi], left_p[pi])
@@ -159,6 +161,11 @@ def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | s
             left_p[pi] -= n
             matches.append((gets[gi], puts[pi], n))
     return [(op, n) for op, n in zip(gets, left_g, strict=True) if n > 0], matches
+
+
+def _in_time(op: PathOp) -> tuple[int, tuple[FuncKey, ...], int]:
+    """Operations in the order they first happened; a baseline's (no times) by path."""
+    return (op.first_ns, op.path, op.count)
 
 
 def pair_puts(ops: list[PathOp], sources: set[FuncKey],

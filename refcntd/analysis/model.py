@@ -212,6 +212,7 @@ class TracingStatus:
     probes: list[ProbeStatus] = field(default_factory=list)
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, zero entries omitted
     notes: list[str] = field(default_factory=list)
+    stacks_cut: int = 0  # stacks the unwinder ended early (the notes say where and why)
 
     @property
     def complete(self) -> bool:

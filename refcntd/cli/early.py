@@ -5,7 +5,6 @@ benchmark goal: about 0.2 s of imports now overlap the compile)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from typing import TypedDict
 
 from refcntd.binary.hints import probe_count_hint
@@ -13,6 +12,7 @@ from refcntd.errors import UsageError
 from refcntd.inputs.spec import Spec
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.vetting import with_holds
 
 NO_HINT_SLOTS = 32768  # probe slots of an early compile for a file never planned before
 
@@ -45,4 +45,4 @@ def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
     if not count:  # a file never planned: room for a call-site plan (a 3 MiB array)
         count = NO_HINT_SLOTS
     kopts = kernel_options(spec, True, filtered, opts)
-    return BackgroundCompile(replace(kopts, hold=hold), max(guess, count))
+    return BackgroundCompile(with_holds(kopts, hold), max(guess, count))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 
 from refcntd.errors import EnvironmentProblem
 from refcntd.inputs.spec import load_spec
@@ -23,6 +22,7 @@ from refcntd.kernel import perf_uprobe, setup
 from refcntd.kernel.program import compile_program
 from refcntd.paths import CACHE_DIR, SPEC_DIR
 from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.vetting import with_holds
 
 # (label, process filter, per-site counts, holding, history): what each command configures
 CONFIGURATIONS = (("run", True, False, False, None),
@@ -34,8 +34,8 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     setup.prepare()
     spec = load_spec(str(SPEC_DIR / "perf-stubs.yaml"))  # any spec: the options do not key
     for label, filtered, sites, hold, history in CONFIGURATIONS:
-        kopts = replace(kernel_options(spec, True, filtered,
-                                       TraceOptions(sites=sites, history=history)), hold=hold)
+        kopts = with_holds(kernel_options(spec, True, filtered,
+                                          TraceOptions(sites=sites, history=history)), hold)
         t0 = time.monotonic()
         program = compile_program(kopts, 16)
         try:

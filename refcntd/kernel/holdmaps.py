@@ -35,6 +35,14 @@ class BpfHoldMaps:
             if owner:
                 self.program["hold_owners"][key] = ctypes.c_uint32(1)
 
+    def own_tables(self, keys: Iterable[abi.FileKey]) -> None:
+        """The probed modules: a process mapping one while a module it maps has no unwind
+        table yet is stopped until user space has loaded the tables (knob hold_tables)."""
+        if not (self.enabled and self.opts.hold_tables):
+            return
+        for key in keys:
+            self.program["table_owners"][key] = ctypes.c_uint32(1)
+
     def take_held(self) -> dict[int, abi.HoldKey]:
         """Processes the BPF side stopped (tgid -> the module it was mapping, or the
         function dlsym returned), forgotten here: the caller must continue each one."""

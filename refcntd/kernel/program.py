@@ -53,6 +53,7 @@ class KernelOptions:
     max_modules: int = 1024
     ringbuf_pages: int = 1024  # events ring buffer, pages (a power of 2)
     hold: bool = False  # stop processes mapping unscanned modules (exported call-site mode)
+    hold_tables: bool = False  # ... and those mapping a probed module before their tables
     sites: bool = False  # count live objects per allocation site and age (serve)
     max_alloc_sites: int = 65536  # (process, type, allocation stack) with live objects
     max_age_bins: int = 65536  # (process, type, creation-time bin) with live objects

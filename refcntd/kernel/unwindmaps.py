@@ -41,6 +41,7 @@ class BpfUnwindMaps:
         first = self._rows_used
         if first + table.count > self.opts.max_cfi_rows:
             self.not_loaded.append(path)
+            self.mark_without_table(path)
             return None
         if table.count:
             update_array(self.program["cfi_rows"], first, abi.CfiRow, table.rows)
@@ -49,6 +50,16 @@ class BpfUnwindMaps:
             first=first, count=table.count, flags=abi.MOD_FP if table.has_frame_pointers else 0,
             text_off=table.text_offset, build_id=(ctypes.c_uint8 * BUILD_ID_LEN)(*table.build_id))
         return table
+
+    def mark_without_table(self, path: str) -> None:
+        """An empty entry for a file whose table could not be had (unreadable, no
+        .eh_frame, no room): its frames are walked with frame pointers as before, and
+        a process mapping it is not stopped again to wait for a table (hold.h)."""
+        key = decode.file_key(path)
+        if key is None or not self.enabled:
+            return
+        self._tables.add((key.ino, key.dev))
+        self.program["cfi_modules"][key] = abi.CfiModule(first=0, count=0, flags=0)
 
     def seed_exec_maps(self, tgid: int, maps: list[tuple[int, int, int, int, int]]) -> None:
         """Executable mappings (start, end, file offset, dev, ino) of a process that was

@@ -134,6 +134,7 @@ class TracingJson(TypedDict):
     lost: dict[str, int]
     notes: list[str]
     probes: list[ProbeJson]
+    stacks_cut: NotRequired[int]
 
 
 class RunJson(TypedDict):

@@ -249,8 +249,10 @@ def render_tracing(t: TracingStatus) -> str:
     failed = [p for p in t.probes if not p.installed]
     if t.complete:
         installed = _plural(sum(p.sites for p in t.probes), 'probe')
+        cut = f", {_plural(t.stacks_cut, 'stack')} cut short (see the notes)" \
+            if t.stacks_cut else ""
         lines.append(f"refcntd: tracing complete: {installed} installed, "
-                     "nothing lost")
+                     f"nothing lost{cut}")
     else:
         lines.append("refcntd: tracing INCOMPLETE, a clean result cannot be claimed:")
         lines += [f"  probe not installed: {p.role} {p.function} in {p.module}: {p.error}"

@@ -140,7 +140,8 @@ def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
 
 def tracing_json(t: TracingStatus) -> TracingJson:
     return {"complete": t.complete, "lost": dict(t.lost), "notes": list(t.notes),
-            "probes": [cast(ProbeJson, vars(p)) for p in t.probes]}
+            "probes": [cast(ProbeJson, vars(p)) for p in t.probes],
+            "stacks_cut": t.stacks_cut}
 
 
 def run_json(result: RunResult, instances: bool = True) -> RunJson:

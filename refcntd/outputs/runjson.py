@@ -55,7 +55,8 @@ def load_run(path: str, what: str = "saved report") -> RunResult:
 
 def _run(d: RunJson) -> RunResult:
     tracing = TracingStatus([ProbeStatus(**p) for p in d["tracing"]["probes"]],
-                            dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]))
+                            dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]),
+                            int(d["tracing"].get("stacks_cut", 0)))
     return RunResult(d["mode"], d["spec"], d["target"], [_process(p) for p in d["processes"]],
                      tracing, d.get("command_status"))
 

@@ -174,8 +174,9 @@ class Targets:
         try:
             tracer.start()
             self._adopt(tracer)  # a binary attached after the checkpoint
-            if tracer.vetting.active:  # their later dlopens must stop them too
-                tracer.adopt_running()
+            # processes already running: their mappings and tables (whole stacks), and
+            # the modules they map scanned (their later dlopens must stop them too)
+            tracer.adopt_running()
         except BaseException:
             tracer.close()  # never a probe (or a stopped process) without its owner
             raise

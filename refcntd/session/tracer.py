@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 
 from refcntd import progress
@@ -21,7 +20,7 @@ from refcntd.binary.plan import Plan
 from refcntd.binary.probesite import ProbeSite
 from refcntd.inputs.files import file_identity
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
-from refcntd.kernel.decode import pack_probe_cfgs
+from refcntd.kernel.decode import file_key, pack_probe_cfgs
 from refcntd.kernel.loader import Kernel
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.program import KernelOptions
@@ -38,7 +37,7 @@ from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.status import LOST_REASONS, NOTE_REASONS, probe_statuses, silent_roles
 from refcntd.session.typekeeper import TypeKeeper
 from refcntd.session.unwind import UnwindTables, exec_mappings, prefetch
-from refcntd.session.vetting import Vetting, continue_blocker, continue_orphans
+from refcntd.session.vetting import Vetting, continue_orphans, with_holds
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
     BuildIdIndex,
@@ -102,14 +101,15 @@ class Tracer:
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         # stopping a process is only safe when refcntd can continue it (CAP_KILL)
-        kopts = replace(kopts, hold=bool(plan.cross) and continue_blocker() is None)
+        kopts = with_holds(kopts, bool(plan.cross))
         self._type_ids = _fixed_type_ids(plan)
         # read while the early compile may still be running: the main thread would wait
         self._packed = pack_probe_cfgs(plan.sites, self._type_ids.__getitem__)
         ready = prefetch(plan.modules) if kopts.unwind_offsets is not None else None
         self.kernel = _load_kernel(kopts, plan, early)
         self.vetting = Vetting(self.kernel.probes, self.kernel.holds, plan,
-                               self._type_ids.__getitem__, self._more_call_sites)
+                               self._type_ids.__getitem__, self._more_call_sites,
+                               self._load_tables if kopts.hold_tables else None)
         # a process stopped by the BPF side is continued even if refcntd is SIGKILLed
         self.guardian = Guardian(self.kernel.holds.held_map_fd()) if self.kernel.holds.enabled \
             else None
@@ -119,6 +119,7 @@ class Tracer:
         self.unwind = UnwindTables(self.kernel.unwind, ready)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
+        self.kernel.holds.own_tables(k for k in map(file_key, plan.modules) if k is not None)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
@@ -168,6 +169,10 @@ class Tracer:
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
+
+    def _load_tables(self, tgid: int) -> None:
+        """A process stopped before a probed module of its runs: its unwind tables."""
+        self.unwind.load_for_process(tgid)
 
     def _more_call_sites(self, sites: list[ProbeSite]) -> None:
         """Probes added for a module mapped later: their stacks read like entry probes'."""
@@ -269,7 +274,9 @@ class Tracer:
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
                   for p in self.kernel.unwind.not_loaded]
-        return TracingStatus(probes, lost, notes + list(self.plan.notes))
+        cut = sum(stats[s] for s in (Stat.TRUNC_NO_TABLE, Stat.TRUNC_UNREADABLE,
+                                     Stat.TRUNC_DEPTH, Stat.TRUNC_OUTSIDE, Stat.TRUNC_BAD_RULE))
+        return TracingStatus(probes, lost, notes + list(self.plan.notes), cut)
 
 
 def _processes_mapping(modules: Iterable[str]) -> list[int]:

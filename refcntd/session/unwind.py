@@ -22,6 +22,7 @@ from refcntd.binary.sitemode import load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
+from refcntd.kernel.decode import file_key
 from refcntd.kernel.parts import UnwindMaps
 
 
@@ -31,7 +32,7 @@ class UnwindTables:
     def __init__(self, kernel: UnwindMaps, ready: Prefetched | None = None) -> None:
         """`ready`: prefetch()'s tables, read before the kernel side was loaded."""
         self.kernel = kernel
-        self._done: set[str] = set()
+        self._done: set[object] = set()  # (dev, inode) of each file tried; else its path
         self.failed: list[str] = []
         self._ready = ready or Prefetched()
 
@@ -39,7 +40,7 @@ class UnwindTables:
         if not self.kernel.enabled:
             return
         for path in paths:
-            if path in self._done:
+            if _identity(path) in self._done:
                 continue
             deps = self._ready.deps.get(path)
             for module in [path, *((deps if deps is not None else linked_libraries(path))
@@ -47,9 +48,11 @@ class UnwindTables:
                 self._load(module)
 
     def _load(self, path: str) -> None:
-        if path in self._done:
+        """Once per file: a path upgraded in place (a new inode) is a new file."""
+        identity = _identity(path)
+        if identity in self._done:
             return
-        self._done.add(path)
+        self._done.add(identity)
         try:
             ready = self._ready.tables.pop(path, None)
             if isinstance(ready, Exception):
@@ -57,6 +60,21 @@ class UnwindTables:
             self.kernel.load_table(path, ready)
         except (BinaryError, OSError) as err:
             self.failed.append(f"{path}: {err}")
+            self.kernel.mark_without_table(path)
+
+    def load_for_process(self, tgid: int) -> None:
+        """A process stopped by the BPF side (hold.h) because it maps a probed module
+        while some of its modules have no table: every file it maps, and what each
+        links against, get theirs before it runs on (its mappings are followed by
+        the BPF side since its exec).  A file of another mount namespace is read
+        through /proc/PID/map_files, the same inode."""
+        if not self.kernel.enabled:
+            return
+        for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
+            here = file_key(path)
+            same = here is not None and (here.dev, here.ino) == (dev, ino)
+            self.add([path if same else f"/proc/{tgid}/map_files/{start:x}-{end:x}"],
+                     with_deps=same)
 
     def seed_process(self, tgid: int) -> None:
         """A process running before tracing began: its mappings and their tables."""
@@ -65,6 +83,11 @@ class UnwindTables:
         maps = exec_mappings(Path(f"/proc/{tgid}/maps"))
         self.add({m[0] for m in maps}, with_deps=False)
         self.kernel.seed_exec_maps(tgid, [m[1:] for m in maps])
+
+
+def _identity(path: str) -> object:
+    key = file_key(path)
+    return path if key is None else (key.dev, key.ino)
 
 
 @dataclass

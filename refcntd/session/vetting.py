@@ -1,5 +1,5 @@
-"""Modules mapped after tracing began, when exported functions are probed at their
-call sites.
+"""Modules mapped after tracing began: scanned when exported functions are probed at
+their call sites, and their unwind tables loaded before a probed module runs.
 
 Why: a call-site probe only counts the calls it sits on.  For an exported
 function, any module can call it through its PLT, including a library
@@ -9,6 +9,12 @@ this module has not scanned; here the file is scanned, its calls are probed,
 and the process is continued.  A module whose calls cannot all be probed (it
 takes the function's address through its GOT) moves the function back to
 its entry probe, with the reason in the report.
+
+The same stop serves the unwinder (knob hold_tables): a process that maps a
+probed module while a module it maps has no CFI table yet (a program a script
+exec'd after attach, one that serve's target starts) is continued once its
+tables are loaded, so its first stacks are as whole as those of `run`'s
+command.  Only a process that can be continued is ever stopped (CAP_KILL).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from refcntd.binary.callsiteplan import importer_sites
@@ -31,14 +37,17 @@ from refcntd.errors import BinaryError
 from refcntd.kernel.abi import FileKey, HoldKey
 from refcntd.kernel.decode import file_key
 from refcntd.kernel.parts import HoldMaps, Probes
+from refcntd.kernel.program import KernelOptions
 from refcntd.paths import RUN_DIR
 from refcntd.session.unwind import exec_mappings
 
 
 @dataclass
 class VettingStats:
-    holds: int = 0  # times a process was stopped for a scan
-    held_s: float = 0.0  # total time processes waited
+    holds: int = 0  # times a process was stopped to scan what it maps
+    held_s: float = 0.0  # total time those processes waited
+    table_holds: int = 0  # times a process was stopped for its unwind tables
+    table_held_s: float = 0.0
     modules: list[str] = field(default_factory=list)  # scanned after start
     probed: dict[str, int] = field(default_factory=dict)  # module -> call-site probes added
     fallbacks: list[str] = field(default_factory=list)  # functions back to their entry probe
@@ -50,11 +59,14 @@ class Vetting:
 
     def __init__(self, probes: Probes, holds: HoldMaps, plan: Plan,
                  type_ids: Callable[[str], int],
-                 on_sites: Callable[[list[ProbeSite]], None] = lambda _sites: None) -> None:
+                 on_sites: Callable[[list[ProbeSite]], None] = lambda _sites: None,
+                 load_tables: Callable[[int], None] | None = None) -> None:
         """`on_sites(sites)`: call-site probes added for a module mapped later (the
-        symbolizer shows their stacks as entry probes')."""
+        symbolizer shows their stacks as entry probes').  `load_tables(tgid)`: the
+        unwind tables of what a stopped process maps (None: no table holds)."""
         self.probes, self.holds, self.plan, self.type_ids = probes, holds, plan, type_ids
         self.on_sites = on_sites
+        self.load_tables = load_tables
         self.stats = VettingStats()
         self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
         self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
@@ -65,7 +77,13 @@ class Vetting:
 
     @property
     def active(self) -> bool:
+        """Scanning modules mapped later (exported functions at their call sites)."""
         return bool(self.plan.cross) and self.holds.enabled
+
+    @property
+    def holding(self) -> bool:
+        """The BPF side may stop a process: for a scan, or for unwind tables."""
+        return self.holds.enabled and (bool(self.plan.cross) or self.load_tables is not None)
 
     def start(self) -> None:
         """The defining modules and the load set the plan scanned: accounted for.  Where
@@ -122,14 +140,19 @@ class Vetting:
         self.holds.vet(keys, owner)
 
     def handle_held(self) -> None:
-        """Every process the BPF side stopped: scan what it maps, then continue it."""
-        if not self.active:
+        """Every process the BPF side stopped: load its unwind tables and scan what it
+        maps, then continue it."""
+        if not self.holding:
             return
         self._retry_stuck()
         for tgid, why in self.holds.take_held().items():
             t0 = time.monotonic()
             marker = mark_held(tgid)
+            tables = self.load_tables is not None and not why.offset
+            scanned = len(self.stats.modules)
             try:
+                if tables and self.load_tables is not None:
+                    self.load_tables(tgid)
                 if why.offset:
                     self._handed_out(tgid, why)
                 else:
@@ -139,15 +162,23 @@ class Vetting:
                     if self._key(cross) not in self._back:
                         self._fall_back(cross, f"scanning what process {tgid} maps failed: "
                                                f"{err}")
+                if not self.plan.cross:
+                    self.stats.fallbacks.append(f"loading the unwind tables of process "
+                                                f"{tgid} failed: {err}")
             finally:
                 self._resume(tgid, marker)
-                self.stats.holds += 1
-                self.stats.held_s += time.monotonic() - t0
+                held = time.monotonic() - t0
+                if why.offset or len(self.stats.modules) > scanned or not tables:
+                    self.stats.holds += 1
+                    self.stats.held_s += held
+                if tables:
+                    self.stats.table_holds += 1
+                    self.stats.table_held_s += held
 
     def continue_all(self) -> None:
         """At detach, once no probe can stop another process: nobody may stay stopped
         because refcntd went away (also the stops whose event was never read)."""
-        if self.active:
+        if self.holding:
             for tgid in self.holds.take_held():
                 self._resume(tgid, HELD_DIR / f"{os.getpid()}-{tgid}")
         self._retry_stuck()
@@ -245,12 +276,16 @@ class Vetting:
                                     f"since {why}")
 
     def notes(self) -> list[str]:
-        if not self.plan.cross:
-            return []
         s = self.stats
         out = [f"process {tgid} ({read_comm(tgid)}) that refcntd stopped to scan a module "
                f"could NOT be continued: {why}; continue it with `kill -CONT {tgid}` as root"
                for tgid, why in sorted(self.stuck.items())]
+        if s.table_holds:
+            out.append(f"{s.table_holds} stop(s) of a process that mapped a probed module "
+                       f"before its unwind tables were loaded ({s.table_held_s * 1000:.0f} ms "
+                       f"in all)")
+        if not self.plan.cross:
+            return out + s.fallbacks
         if s.holds:
             out.append(f"{s.holds} stop(s) of a traced process to scan {len(s.modules)} "
                        f"module(s) mapped after start for calls to exported functions "
@@ -269,6 +304,16 @@ def read_comm(tgid: int) -> str:
 
 
 CAP_KILL = 5  # capability bit number (linux/capability.h)
+
+
+def with_holds(kopts: KernelOptions, cross: bool) -> KernelOptions:
+    """Which stops this start may make: for the call sites of modules mapped later
+    (`cross`: exported functions probed at their call sites), and for unwind tables
+    whenever the CFI unwinder runs.  None without CAP_KILL (continue_blocker)."""
+    if continue_blocker() is not None:
+        return replace(kopts, hold=False, hold_tables=False)
+    tables = kopts.unwind_offsets is not None
+    return replace(kopts, hold=cross or tables, hold_tables=tables)
 
 
 def continue_blocker() -> str | None:
