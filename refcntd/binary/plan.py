@@ -18,7 +18,7 @@ from refcntd.binary.callsiteplan import try_call_sites
 from refcntd.binary.clones import remap_for_clone
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.ldso import LdsoProbe, find_ldso_probe
-from refcntd.binary.libpaths import resolve_library
+from refcntd.binary.libpaths import resolve_spec_library
 from refcntd.binary.probesite import CrossModule, ProbeSite, entry_sites, needed_args
 from refcntd.binary.usdtplan import plan_usdt
 from refcntd.errors import ProbeError
@@ -88,7 +88,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         for role in spec.entries:
             module = str(main.path.resolve())
             if role.library:
-                module = resolve_library(role.library, main)
+                module = resolve_spec_library(role.library, main)
                 if module not in images:
                     images[module] = ElfImage(module)
             if role.usdt:
@@ -105,7 +105,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         f.save()
     plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}
     libraries: dict[str, str | None] = {
-        role.library or "": (resolve_library(role.library, main) if role.library
+        role.library or "": (resolve_spec_library(role.library, main) if role.library
                              else str(main.path.resolve())) for role in spec.entries}
     plan.problems += specchecks.double_counts(spec, libraries, images)
     plan.ldso = find_ldso_probe(main)

@@ -274,10 +274,16 @@ def _optional_string(node: YNode | None) -> str | None:
 
 
 def _library_path(node: YNode | None) -> str | None:
-    """A soname, or a path made absolute now: bcc's compile, which runs during the
-    analysis, changes the working directory for a moment."""
+    """A soname, or a path made absolute now (bcc's compile, which runs during the
+    analysis, changes the working directory for a moment): relative to the working
+    directory, or else to the spec's own, so a spec kept beside its library works from
+    anywhere."""
     name = _optional_string(node)
-    return os.path.abspath(name) if name and "/" in name else name
+    if not name or "/" not in name or os.path.isabs(name) or node is None:
+        return name
+    here = os.path.abspath(name)
+    beside = os.path.join(os.path.dirname(os.path.abspath(node.path)), name)
+    return here if os.path.exists(here) or not os.path.exists(beside) else os.path.normpath(beside)
 
 
 def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpec, ...]:

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, assert_one_line_error, refcntd
+from conftest import FIXTURES, REFCNTD, assert_one_line_error, refcntd
 
 from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.plan import build_plan
@@ -121,3 +121,36 @@ def test_draft_of_a_users_unstripped_library_names_that_file(tmp_path, stripped)
         [("buf", "buf_ref", "buf_unref", ["buf_new"])]
     assert draft.library == str(lib)  # not on ld.so's path: the absolute path
     assert resolve_library(draft.library, None) == str(lib)
+
+
+@pytest.mark.parametrize("named", ["absolute", "relative", "bare", "soname"])
+def test_check_accepts_a_spec_whose_library_is_the_binary(tmp_path, named):
+    """`spec draft --library ./libbuf.so`, confirmed, then `check --binary ./libbuf.so`:
+    the spec's library is the --binary file however it is named, from any directory
+    (issue 29: `library libbuf.so (named in the spec) not found`)."""
+    lib = tmp_path / "lib" / "libbuf.so"
+    lib.parent.mkdir()
+    soname = ["-Wl,-soname,libbuf.so.1"] if named == "soname" else []
+    subprocess.run(["gcc", "-O2", "-g", "-fPIC", "-shared", *soname, "-o", str(lib),
+                    str(FIXTURES / "libbuf.c")], check=True)
+    draft = tmp_path / "lib" / "draft.yaml"
+    assert refcntd(["spec", "draft", "--library", str(lib), "--output", str(draft)]
+                   ).returncode == 0
+    library = {"absolute": str(lib), "relative": "./libbuf.so", "bare": "libbuf.so",
+               "soname": "libbuf.so.1"}[named]
+    text = draft.read_text()
+    assert f"library: {lib}\n" in text  # not on ld.so's path: the file that was read
+    spec = tmp_path / "lib" / "spec.yaml"  # confirmed: the draft line deleted
+    spec.write_text(text.replace("draft: true\n", "").replace(str(lib), library))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([*REFCNTD, "check", "--binary", "../lib/libbuf.so", "--spec",
+                             str(spec)], cwd=elsewhere, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert f"module {lib}\n" in result.stdout
+    assert "put    buf_unref at " in result.stdout
+    assert "init   buf_new at " in result.stdout
+    missing = subprocess.run([*REFCNTD, "check", "--binary", "/bin/true", "--spec",
+                              str(spec)], cwd=elsewhere, capture_output=True, text=True)
+    if named in ("bare", "soname"):  # another binary: looked up as ld.so would, not found
+        assert missing.returncode == 2 and "not found" in missing.stderr, missing.stderr
