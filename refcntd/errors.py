@@ -53,6 +53,7 @@ class ConfigErrors(ConfigError):
         first = errors[0]
         super().__init__(first.path, first.lineno, first.key, first.problem)
         self.errors = errors
+        self.message = "; ".join(e.message for e in errors)  # serve's one log line
 
     def line(self) -> str:
         return "\n".join(e.line() for e in self.errors)

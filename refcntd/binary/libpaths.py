@@ -26,6 +26,15 @@ def resolve_library(name: str, exe: ElfImage | None) -> str:
                       "give its path in the spec, or set LD_LIBRARY_PATH")
 
 
+def resolve_spec_library(name: str, binary: ElfImage) -> str:
+    """A spec's `library:` for tracing `binary`: a bare name equal to the traced file's
+    own name or soname is that file (`spec draft` then `attach --binary ./libfoo.so`
+    traces the library that was read, not one that ld.so would find elsewhere)."""
+    if "/" not in name and name in (binary.path.name, binary.soname()):
+        return str(binary.path.resolve())
+    return resolve_library(name, binary)
+
+
 def _library_dirs(exe: ElfImage | None) -> list[str]:
     dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     if exe is not None:

@@ -10,6 +10,7 @@ probes), usdtplan.py (USDT probes), clones.py (gcc's copies), libpaths.py
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 from refcntd.binary import dwarfinfo, probepoint, sdt, sitemode, specchecks
@@ -18,10 +19,10 @@ from refcntd.binary.callsiteplan import try_call_sites
 from refcntd.binary.clones import remap_for_clone
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.ldso import LdsoProbe, find_ldso_probe
-from refcntd.binary.libpaths import resolve_library
+from refcntd.binary.libpaths import resolve_spec_library
 from refcntd.binary.probesite import CrossModule, ProbeSite, entry_sites, needed_args
 from refcntd.binary.usdtplan import plan_usdt
-from refcntd.errors import ProbeError
+from refcntd.errors import ConfigError, ConfigErrors, ProbeError
 from refcntd.inputs.spec import RoleSpec, Spec
 
 FP_SAMPLE = 400
@@ -55,6 +56,8 @@ class Plan:
     scan_gaps: dict[str, int] = field(default_factory=dict)
     dwarf_cached: dict[str, bool] = field(default_factory=dict)  # module -> answers from cache
     cross: list[CrossModule] = field(default_factory=list)  # exported, in call-site mode
+    # function names the spec gives that a module with a symbol table lacks: spec errors
+    missing: list[ConfigError] = field(default_factory=list)
 
     def require_complete(self) -> None:
         if self.problems:
@@ -88,7 +91,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         for role in spec.entries:
             module = str(main.path.resolve())
             if role.library:
-                module = resolve_library(role.library, main)
+                module = resolve_spec_library(role.library, main)
                 if module not in images:
                     images[module] = ElfImage(module)
             if role.usdt:
@@ -103,9 +106,11 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
             f.finish()
     for f in facts.values():
         f.save()
+    if plan.missing:  # every name at once, as a compiler reports its errors
+        raise plan.missing[0] if len(plan.missing) == 1 else ConfigErrors(plan.missing)
     plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}
     libraries: dict[str, str | None] = {
-        role.library or "": (resolve_library(role.library, main) if role.library
+        role.library or "": (resolve_spec_library(role.library, main) if role.library
                              else str(main.path.resolve())) for role in spec.entries}
     plan.problems += specchecks.double_counts(spec, libraries, images)
     plan.ldso = find_ldso_probe(main)
@@ -124,15 +129,22 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
 def _plan_role(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str) -> None:
     image = facts.image
     found_any = False
+    absent = []
     for fname in role.functions:
         syms = image.symbols.get(fname, [])
         for sym in syms:
             _plan_symbol(plan, role, image, module, sym)
         clones = _plan_clones(plan, role, facts, module, fname)
         found_any = found_any or bool(syms) or clones
+        if not syms and not clones:
+            absent.append(fname)
     scan = facts.inlined_copies(set(role.functions))
     _note_scan_gaps(plan, role, module, scan)
     inlined = scan.copies
+    absent = [f for f in absent if f not in {c.function for c in inlined}]
+    if absent and image.has_symtab and scan.complete:  # (else perhaps inlined where unread)
+        plan.missing += [_missing_name(plan.spec.path, role, f, image, module) for f in absent]
+        return
     for copy in inlined:
         plan.problems.append(
             f"{role.role}: {copy.function} was inlined at {copy.count} call site(s) in {module} "
@@ -142,6 +154,18 @@ def _plan_role(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str) -> No
         names = ", ".join(role.functions)
         where = module if image.has_symtab else f"{module} (stripped: no .symtab)"
         plan.problems.append(f"{role.role}: no function {names} in {where}")
+
+
+def _missing_name(spec_path: str, role: RoleSpec, fname: str, image: ElfImage, module: str
+                  ) -> ConfigError:
+    """A name the module's full symbol table lacks is the spec's mistake (a typo, or the
+    wrong binary): said where the spec writes it, with the module's closest names."""
+    path, line, key = dict(zip(role.functions, role.written_at, strict=False)).get(
+        fname, (spec_path, 0, f"roles.{role.role}.functions"))
+    close = difflib.get_close_matches(fname, list(image.symbols), n=3, cutoff=0.6)
+    hint = (f"; did you mean {close[0]!r}?" + (f" (also close: {', '.join(map(repr, close[1:]))})"
+                                               if close[1:] else "")) if close else ""
+    return ConfigError(path, line, key, f"{role.role}: no function {fname} in {module}{hint}")
 
 
 def _note_scan_gaps(plan: Plan, role: RoleSpec, module: str, scan: dwarfinfo.InlinedScan

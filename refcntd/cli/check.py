@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from refcntd.cli import argtypes
 from refcntd.cli.options import progress_arguments, spec_arguments
-from refcntd.errors import EXIT_INCOMPLETE, UsageError
+from refcntd.errors import EXIT_INCOMPLETE, ConfigError, UsageError
 
 if TYPE_CHECKING:
     from refcntd.binary.plan import Plan
@@ -35,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
     print("\n".join(f"tracing {line}" for line in setup.describe().lines()))
-    return EXIT_INCOMPLETE if plan.problems or plan.scan_gaps or plan.spec.draft else 0
+    if plan.spec.draft:  # run and attach refuse it with 2: the same status, once explained
+        raise ConfigError(plan.spec.path, plan.spec.draft_line, "draft",
+                          "a draft from `refcntd spec draft`: confirm each role and the "
+                          "unplaced items (listed above), then delete this line")
+    return EXIT_INCOMPLETE if plan.problems or plan.scan_gaps else 0
 
 
 def render_check(plan: Plan, pid: int | None = None) -> str:
@@ -64,10 +68,12 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
     lines += [f"PROBLEM: {p}" for p in plan.problems]
     lines += [f"UNPLACED (draft): {u}" for u in plan.spec.unplaced]
     lines += [f"INCOMPLETE: {n} {why}" for why, n in plan.scan_gaps.items()]
-    lines.append("result: " + _verdict(plan))
     if plan.spec.draft:
-        lines.append("result: a DRAFT: confirm every role and the unplaced items above, "
-                     "then delete its `draft: true` line to trace with it")
+        lines.append(f"result: a DRAFT, not a spec yet (as proposed: {_verdict(plan)}): "
+                     "confirm every role and the unplaced items above, then delete its "
+                     "`draft: true` line to trace with it")
+    else:
+        lines.append("result: " + _verdict(plan))
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,6 +80,9 @@ class RoleSpec:
     quiet_unknown: bool = False  # the spec's unknown_objects: count
     may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
     revives: bool = False  # get: the object this thread's last put released comes back
+    # (file, line, key) of each function name, so that a name the binary lacks is
+    # reported where the user wrote it
+    written_at: tuple[tuple[str, int, str], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class Spec:
     unknown_objects: str = "report"  # "count": objects the library makes internally
     draft: bool = False  # proposed by `refcntd spec draft`, not confirmed yet
     unplaced: tuple[str, ...] = ()  # what the draft could not place
+    draft_line: int = 0  # where the draft says `draft: true`
 
     @property
     def has_delete(self) -> bool:
@@ -188,7 +192,7 @@ def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:
         roles = {name: tuple(replace(e, quiet_unknown=True) for e in group)
                  for name, group in roles.items()}
     return Spec(top["name"].string(), root.path, description, roles, kept, unknown, draft,
-                unplaced)
+                unplaced, top["draft"].line if draft else 0)
 
 
 T = TypeVar("T")
@@ -274,10 +278,16 @@ def _optional_string(node: YNode | None) -> str | None:
 
 
 def _library_path(node: YNode | None) -> str | None:
-    """A soname, or a path made absolute now: bcc's compile, which runs during the
-    analysis, changes the working directory for a moment."""
+    """A soname, or a path made absolute now (bcc's compile, which runs during the
+    analysis, changes the working directory for a moment): relative to the working
+    directory, or else to the spec's own, so a spec kept beside its library works from
+    anywhere."""
     name = _optional_string(node)
-    return os.path.abspath(name) if name and "/" in name else name
+    if not name or "/" not in name or os.path.isabs(name) or node is None:
+        return name
+    here = os.path.abspath(name)
+    beside = os.path.join(os.path.dirname(os.path.abspath(node.path)), name)
+    return here if os.path.exists(here) or not os.path.exists(beside) else os.path.normpath(beside)
 
 
 def _parse_entries(role: str, node: YNode, library: str | None) -> tuple[RoleSpec, ...]:
@@ -338,7 +348,10 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
             raise fields["type"].fail("a constant type must be a name, e.g. {name: dso}")
         initial = (_parse_source(fields["initial_count"], False, allow_const=True, max_arg=limit)
                    if "initial_count" in fields else Source(constant=1))
+    written_at = tuple((n.path, n.line, n.key) for n in fields["functions"].items()) \
+        if functions else ()
     return RoleSpec(role, functions, library, usdt, obj, type_name, initial,
+                    written_at=written_at,
                     frees_at_zero=fields["frees_at_zero"].boolean()
                     if "frees_at_zero" in fields else False,
                     inside_last_put=_inside_last_put(fields.get("inside_last_put")),

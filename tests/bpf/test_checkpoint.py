@@ -20,7 +20,8 @@ class Requests:
         self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
 
-    def handle(self, n: int) -> None:
+    def handle(self, n: int | str) -> None:
+        """One stdin line (a count, or bufsvc.c's "N drop")."""
         self.proc.stdin.write(f"{n}\n")
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "ok"

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, assert_one_line_error, refcntd
+from conftest import FIXTURES, REFCNTD, assert_one_line_error, refcntd
 
 from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.plan import build_plan
@@ -121,3 +121,98 @@ def test_draft_of_a_users_unstripped_library_names_that_file(tmp_path, stripped)
         [("buf", "buf_ref", "buf_unref", ["buf_new"])]
     assert draft.library == str(lib)  # not on ld.so's path: the absolute path
     assert resolve_library(draft.library, None) == str(lib)
+
+
+@pytest.mark.parametrize("named", ["absolute", "relative", "bare", "soname"])
+def test_check_accepts_a_spec_whose_library_is_the_binary(tmp_path, named):
+    """`spec draft --library ./libbuf.so`, confirmed, then `check --binary ./libbuf.so`:
+    the spec's library is the --binary file however it is named, from any directory
+    (issue 29: `library libbuf.so (named in the spec) not found`)."""
+    lib = tmp_path / "lib" / "libbuf.so"
+    lib.parent.mkdir()
+    soname = ["-Wl,-soname,libbuf.so.1"] if named == "soname" else []
+    subprocess.run(["gcc", "-O2", "-g", "-fPIC", "-shared", *soname, "-o", str(lib),
+                    str(FIXTURES / "libbuf.c")], check=True)
+    draft = tmp_path / "lib" / "draft.yaml"
+    assert refcntd(["spec", "draft", "--library", str(lib), "--output", str(draft)]
+                   ).returncode == 0
+    library = {"absolute": str(lib), "relative": "./libbuf.so", "bare": "libbuf.so",
+               "soname": "libbuf.so.1"}[named]
+    text = draft.read_text()
+    assert f"library: {lib}\n" in text  # not on ld.so's path: the file that was read
+    spec = tmp_path / "lib" / "spec.yaml"  # confirmed: the draft line deleted
+    spec.write_text(text.replace("draft: true\n", "").replace(str(lib), library))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([*REFCNTD, "check", "--binary", "../lib/libbuf.so", "--spec",
+                             str(spec)], cwd=elsewhere, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert f"module {lib}\n" in result.stdout
+    assert "put    buf_unref at " in result.stdout
+    assert "init   buf_new at " in result.stdout
+    missing = subprocess.run([*REFCNTD, "check", "--binary", "/bin/true", "--spec",
+                              str(spec)], cwd=elsewhere, capture_output=True, text=True)
+    if named in ("bare", "soname"):  # another binary: looked up as ld.so would, not found
+        assert missing.returncode == 2 and "not found" in missing.stderr, missing.stderr
+
+
+def users_libbuf(tmp_path: Path) -> Path:
+    lib = tmp_path / "libbuf.so"
+    subprocess.run(["gcc", "-O2", "-g", "-fPIC", "-shared", "-o", str(lib),
+                    str(FIXTURES / "libbuf.c")], check=True)
+    return lib
+
+
+def test_check_on_a_draft_explains_it_then_exits_2_as_run_does(tmp_path):
+    """The README's table: a draft is an input not confirmed yet (2), not an incomplete
+    trace (24); check still shows its analysis first."""
+    lib = users_libbuf(tmp_path)
+    draft = tmp_path / "draft.yaml"
+    assert refcntd(["spec", "draft", "--library", str(lib), "--output", str(draft)]
+                   ).returncode == 0
+    line = draft.read_text().splitlines().index("draft: true") + 1
+    result = refcntd(["check", "--binary", str(lib), "--spec", str(draft)])
+    assert result.returncode == 2, result.stderr
+    assert "init   buf_new at " in result.stdout  # the analysis, shown first
+    (verdict,) = [v for v in result.stdout.splitlines() if v.startswith("result:")]
+    assert verdict.startswith("result: a DRAFT, not a spec yet (as proposed: every role can "
+                              "be probed)")
+    assert_one_line_error(result, f"{draft}:{line}: draft: a draft from `refcntd spec draft`")
+    assert_one_line_error(refcntd(["run", "--spec", str(draft), "--", "/bin/true"]),
+                          f"{draft}:{line}: draft: a draft from `refcntd spec draft`")
+
+
+TYPOS = """\
+version: 1
+name: typos
+library: {lib}
+roles:
+  init: {{functions: [buf_new], object: return, type: {{name: buf}}}}
+  get: {{functions: [buf_ref, buf_reff], object: arg1}}
+  put:
+    functions: [buf_unreff]
+    object: arg1
+"""
+
+
+def test_function_names_the_binary_lacks_are_spec_errors_all_at_once(tmp_path):
+    """issue 29: `buf_unreff` exited 24 with no hint.  Every name the library's symbol
+    table lacks, even beside a right one, is a spec error at its line, with the
+    closest names the library has."""
+    lib = users_libbuf(tmp_path)
+    spec = tmp_path / "typos.yaml"
+    spec.write_text(TYPOS.format(lib=lib))
+    result = refcntd(["check", "--binary", str(lib), "--spec", str(spec)])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"refcntd: {spec}:6: roles.get.functions[1]: get: no function buf_reff in {lib}; "
+        "did you mean 'buf_ref'? (also close: 'buf_unref', 'buf_new')",
+        f"refcntd: {spec}:8: roles.put.functions[0]: put: no function buf_unreff in {lib}; "
+        "did you mean 'buf_unref'? (also close: 'buf_ref', 'buf_new')"]
+    spec.write_text(TYPOS.format(lib=lib).replace("buf_reff", "xyzzy_frob")
+                    .replace("buf_unreff", "buf_unref"))
+    result = refcntd(["check", "--binary", str(lib), "--spec", str(spec)])
+    assert_one_line_error(result, f"{spec}:6: roles.get.functions[1]: get: no function "
+                                  f"xyzzy_frob in {lib}")
+    assert "did you mean" not in result.stderr  # nothing close: no guess
