@@ -366,6 +366,13 @@ int on_probe(struct pt_regs *ctx)
 	__u32 index = bpf_get_attach_cookie(ctx);
 	struct probe_cfg *cfg = probe_cfgs.lookup(&index);
 	set_probe_stack(0);
+	if (cfg && cfg->role == ROLE_INIT && !KNOB(filtered)) {
+		/* a process found system-wide is registered before its first init's stack
+		 * is walked: the stack is then keyed, owned and freed with its generation */
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (!procs.lookup(&tgid))
+			proc_register(tgid, EV_PROC, tgid);
+	}
 	if (cfg && needs_stack(ctx, cfg))
 		probe_progs.call(ctx, PROG_UNWIND);
 	/* on_body, not probe_body inlined here: the verifier then checks the body once

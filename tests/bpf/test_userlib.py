@@ -77,9 +77,6 @@ BOUNDARIES = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="needs bpf/refcntd.c to register a process found "
-                   "system-wide before its first init's stack is walked (that stack is keyed "
-                   "with generation 0 today): the patch is in issue 29's item 5 report")
 @pytest.mark.parametrize("mode", ["serve", "attach"])
 def test_diff_counts_are_exact_at_the_checkpoint_boundary(bpf, tmp_path_factory, tmp_path,
                                                           mode):
