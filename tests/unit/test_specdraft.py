@@ -123,6 +123,17 @@ def test_draft_of_a_users_unstripped_library_names_that_file(tmp_path, stripped)
     assert resolve_library(draft.library, None) == str(lib)
 
 
+def test_draft_of_an_unstripped_executable(tmp_path):
+    """The API linked into a program (its .symtab only: an executable exports nothing)."""
+    exe = tmp_path / "bufstatic"
+    subprocess.run(["gcc", "-O2", "-g", f"-I{FIXTURES}", "-o", str(exe),
+                    str(FIXTURES / "bufprog.c"), str(FIXTURES / "libbuf.c")], check=True)
+    draft = propose(str(exe))
+    assert [(t.stem, t.get, t.put, t.constructors) for t in draft.types] == \
+        [("buf", "buf_ref", "buf_unref", ["buf_new"])]
+    assert draft.library == str(exe)
+
+
 @pytest.mark.parametrize("named", ["absolute", "relative", "bare", "soname"])
 def test_check_accepts_a_spec_whose_library_is_the_binary(tmp_path, named):
     """`spec draft --library ./libbuf.so`, confirmed, then `check --binary ./libbuf.so`:
