@@ -127,7 +127,7 @@ static __always_inline void maps_exit(__u32 tgid)
 }
 
 /* In hold.h (it stops the process): see the comment there. */
-static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file);
+static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file, int exec);
 
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
@@ -141,7 +141,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 	maps_file_identity(c, maps_kread(mm + c->off_mm_exe_file), &file);
 	maps_add(tgid, maps_kread(mm + c->off_mm_start_code), maps_kread(mm + c->off_mm_end_code),
 		 EXE_PGOFF, &file);
-	hold_if_unvetted(tgid, &file);
+	hold_if_unvetted(tgid, &file, 1);
 	return 0;
 }
 
@@ -179,7 +179,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	}
 	maps_add(id >> 32, args->ret, args->ret + saved.len, saved.fd >= 0 ? saved.off : 0, &file);
 	if (saved.fd >= 0)
-		hold_if_unvetted(id >> 32, &file);
+		hold_if_unvetted(id >> 32, &file, 0);
 	return 0;
 }
 

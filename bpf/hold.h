@@ -76,11 +76,18 @@ static __always_inline int hold_needed(struct exec_maps *maps, struct file_key *
 }
 
 /* The module that was mapped first is also caught: the checks cover every
- * mapping of the process. */
-static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file)
+ * mapping of the process.  `exec`: `file` is the program the process has just
+ * exec'd; with knob hold_execs one nobody scanned stops it by itself (user
+ * space probes its own copy of the spec's functions, if it has one). */
+static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file, int exec)
 {
 	if (!KNOB(hold))
 		return;
+	if (exec && KNOB(hold_execs) && (file->ino || file->dev) && !vetted.lookup(file)) {
+		struct hold_key why = {.file = *file};
+		hold_stop(tgid, &why);
+		return;
+	}
 	struct exec_maps *maps = exec_maps.lookup(&tgid);
 	if (!hold_needed(maps, file, 0) && !(KNOB(hold_tables) && hold_needed(maps, file, 1)))
 		return;

@@ -438,7 +438,9 @@ struct refcntd_config {
 	__u32 off_sb_dev;
 	__u8 hold_tables;       /* also stop a process mapping a probed module while one of its
 				 * modules has no unwind table yet (hold.h); needs hold */
-	__u8 pad[3];
+	__u8 hold_execs;        /* also stop a traced process that execs a file nobody scanned
+				 * (run: programs with their own copy of the functions); needs hold */
+	__u8 pad[2];
 	__u32 off_task_utask;   /* pending uretprobes (unwind.h), all 0 when BTF lacks them */
 	__u32 off_utask_ri;
 	__u32 off_ri_stack;

@@ -58,6 +58,9 @@ class Plan:
     cross: list[CrossModule] = field(default_factory=list)  # exported, in call-site mode
     # function names the spec gives that a module with a symbol table lacks: spec errors
     missing: list[ConfigError] = field(default_factory=list)
+    # run: the command has none of the functions of these roles; the programs it execs
+    # are scanned for them instead (session/execscan.py)
+    deferred: list[str] = field(default_factory=list)
 
     def require_complete(self) -> None:
         if self.problems:
@@ -79,16 +82,26 @@ def frame_pointer_summary(image: ElfImage) -> str:
     return f"{verdict} ({framed} of {non_leaf} non-leaf functions set up %rbp)"
 
 
-def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = None) -> Plan:
-    """Analyse `binary` (and the libraries the spec names) for every role of `spec`."""
+def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = None,
+               execs_later: bool = False) -> Plan:
+    """Analyse `binary` (and the libraries the spec names) for every role of `spec`.
+
+    `execs_later` (run): a command that has none of the functions of the roles
+    without a library (a shell, `make`) is not an error; those roles are left to
+    the programs it execs (`deferred`)."""
     plan = Plan(spec, binary=binary)
     if probe_modes:
         plan.probe_modes = probe_modes
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
     facts: dict[str, DwarfFacts] = {}
+    if execs_later and not any(defines(main, r.functions) for r in spec.entries
+                               if not r.library and not r.usdt):
+        plan.deferred = sorted({r.role for r in spec.entries if not r.library and not r.usdt})
     try:
         for role in spec.entries:
+            if role.role in plan.deferred and not role.library and not role.usdt:
+                continue
             module = str(main.path.resolve())
             if role.library:
                 module = resolve_spec_library(role.library, main)
@@ -124,6 +137,12 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
             plan.notes.append(f"{path} has no build-id: stacks through it are resolved only "
                               "while the process lives")
     return plan
+
+
+def defines(image: ElfImage, functions: tuple[str, ...]) -> bool:
+    """Whether `image` has a symbol for one of `functions` (or a compiler clone of one)."""
+    names = set(functions)
+    return any(name.split(".")[0] in names for name in image.symbols)
 
 
 def _plan_role(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str) -> None:

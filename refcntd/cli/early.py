@@ -45,4 +45,5 @@ def early_compile(spec: Spec, filtered: bool, opts: TraceOptions, binary: str
     if not count:  # a file never planned: room for a call-site plan (a 3 MiB array)
         count = NO_HINT_SLOTS
     kopts = kernel_options(spec, True, filtered, opts)
-    return BackgroundCompile(with_holds(kopts, hold), max(guess, count))
+    kopts = with_holds(kopts, hold, opts.scan_execs and filtered)
+    return BackgroundCompile(kopts, max(guess, count))

@@ -35,7 +35,8 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     spec = load_spec(str(SPEC_DIR / "perf-stubs.yaml"))  # any spec: the options do not key
     for label, filtered, sites, hold, history in CONFIGURATIONS:
         kopts = with_holds(kernel_options(spec, True, filtered,
-                                          TraceOptions(sites=sites, history=history)), hold)
+                                          TraceOptions(sites=sites, history=history)), hold,
+                           execs=filtered)  # run probes what its tree execs
         t0 = time.monotonic()
         program = compile_program(kopts, 16)
         try:

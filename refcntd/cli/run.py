@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.outputs.policy import Policy
     from refcntd.session.options import TraceOptions
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
-                        max_stacks=args.max_stacks, run_as=args.user, **history_options(args))
+                        max_stacks=args.max_stacks, run_as=args.user, scan_execs=True,
+                        **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
     spec = load_spec(args.spec)
@@ -58,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.cli.common import ci_outputs, finish_output, printer, run_exit_status
     from refcntd.cli.stages import analyse
     from refcntd.session.run import run_command
-    plan = analyse(spec, exe, parse_modes(args.probe_mode))
+    plan = analyse(spec, exe, parse_modes(args.probe_mode), execs_later=True)
     plan.require_complete()
+    if plan.deferred:
+        plan.notes.append(f"{exe} has none of the spec's functions ({', '.join(plan.deferred)}): "
+                      "each program the command runs is probed at its exec if it has them")
     result = run_command(plan, command, opts, printer(sys.stderr), early)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)

@@ -11,10 +11,11 @@ from refcntd.binary.plan import Plan, build_plan
 from refcntd.inputs.spec import Spec
 
 
-def analyse(spec: Spec, binary: str, modes: dict[str, str] | None = None) -> Plan:
+def analyse(spec: Spec, binary: str, modes: dict[str, str] | None = None,
+            execs_later: bool = False) -> Plan:
     """The binary analysis, as a stage the user sees when it takes long."""
     with progress.stage("ELF/DWARF analysis"):
-        plan = build_plan(spec, binary, modes)
+        plan = build_plan(spec, binary, modes, execs_later)
     remember_probe_count(binary, spec, len(plan.sites), bool(plan.cross))  # next time
     for module, cached in plan.dwarf_cached.items():
         progress.note(f"DWARF answers for {module}: "

@@ -39,6 +39,7 @@ def config(opts: KernelOptions) -> abi.RefcntdConfig:
         filtered=opts.filtered, has_delete=opts.has_delete,
         filter_comm=bool(opts.comm_filter), unwind=unwind, hold=opts.hold and unwind,
         hold_tables=opts.hold and opts.hold_tables and unwind,
+        hold_execs=opts.hold and opts.hold_execs and unwind,
         sites=opts.sites, history=opts.history is not None,
         history_all=opts.history == ("all",), history_depth=opts.history_depth,
         exit_code_off=-1 if opts.exit_code_offset is None else opts.exit_code_offset,

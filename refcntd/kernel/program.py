@@ -54,6 +54,7 @@ class KernelOptions:
     ringbuf_pages: int = 1024  # events ring buffer, pages (a power of 2)
     hold: bool = False  # stop processes mapping unscanned modules (exported call-site mode)
     hold_tables: bool = False  # ... and those mapping a probed module before their tables
+    hold_execs: bool = False  # ... and traced processes exec'ing a file nobody scanned (run)
     sites: bool = False  # count live objects per allocation site and age (serve)
     max_alloc_sites: int = 65536  # (process, type, allocation stack) with live objects
     max_age_bins: int = 65536  # (process, type, creation-time bin) with live objects
@@ -62,6 +63,7 @@ class KernelOptions:
 
 
 HOLD_SPARE_PROBES = 256  # probe slots left free for the call sites of modules mapped later
+EXEC_SPARE_PROBES = 4096  # ... and for the programs a traced tree execs (hold_execs)
 
 
 def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
@@ -72,7 +74,7 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
     hold, history = opts.hold and unwind, opts.history is not None
     sizes = {"MAX_OBJECTS": opts.max_objects, "MAX_STACKS": opts.max_stacks,
              "MAX_PROCS": opts.max_procs, "MAX_TYPES": opts.max_types,
-             "MAX_PROBES": probe_slots(probe_count + (HOLD_SPARE_PROBES if opts.hold else 0)),
+             "MAX_PROBES": probe_slots(probe_count + spare_probes(opts)),
              "MAX_GRAVES": opts.max_graves, "RINGBUF_PAGES": opts.ringbuf_pages,
              "MAX_CFI_ROWS": opts.max_cfi_rows if unwind else 1,
              "MAX_MODULES": opts.max_modules if unwind else 1,
@@ -85,6 +87,13 @@ def bpf_cflags(opts: KernelOptions, probe_count: int) -> list[str]:
              "MAX_SITES": opts.max_sites if history else 1,
              "MAX_PATHS": opts.max_paths if history else 1}
     return [f"-I{BPF_DIR}", *(f"-D{name}={value}" for name, value in sizes.items())]
+
+
+def spare_probes(opts: KernelOptions) -> int:
+    """Probe slots for what is probed after start: call sites of modules mapped later,
+    the programs a traced tree execs (each with its own copy of the functions)."""
+    return (HOLD_SPARE_PROBES if opts.hold else 0) + (EXEC_SPARE_PROBES if opts.hold_execs
+                                                      else 0)
 
 
 _INLINED = re.compile(r'^#include "(\w+\.h)"\s*/\* pasted in by kernel/program.py \*/$', re.M)

@@ -34,6 +34,7 @@ class TraceOptions:
     cgroup_id: int | None = None
     sites: bool = False  # per-site live counts in the kernel (serve: scrapes and diffs)
     run_as: Credentials | None = None  # run --user
+    scan_execs: bool = False  # run: probe the programs the tree execs that have the functions
 
 
 def kernel_options(spec: Spec, has_ldso: bool, filtered: bool, opts: TraceOptions

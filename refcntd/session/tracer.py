@@ -31,6 +31,7 @@ from refcntd.kernel.records import (
     add_totals,
 )
 from refcntd.kernel.typetable import TYPE_NAME_MAX
+from refcntd.session.execscan import ExecScanner
 from refcntd.session.guardian import Guardian
 from refcntd.session.lifecycle import SessionTracker
 from refcntd.session.options import TraceOptions, kernel_options
@@ -101,15 +102,19 @@ class Tracer:
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         # stopping a process is only safe when refcntd can continue it (CAP_KILL)
-        kopts = with_holds(kopts, bool(plan.cross))
+        kopts = with_holds(kopts, bool(plan.cross), opts.scan_execs and filtered)
         self._type_ids = _fixed_type_ids(plan)
         # read while the early compile may still be running: the main thread would wait
         self._packed = pack_probe_cfgs(plan.sites, self._type_ids.__getitem__)
         ready = prefetch(plan.modules) if kopts.unwind_offsets is not None else None
         self.kernel = _load_kernel(kopts, plan, early)
+        self.exec_scanner = ExecScanner(plan.spec, plan.probe_modes, self.kernel.probes,
+                                        self._type_ids.__getitem__, self._probed_at_exec) \
+            if kopts.hold_execs else None
         self.vetting = Vetting(self.kernel.probes, self.kernel.holds, plan,
                                self._type_ids.__getitem__, self._more_call_sites,
-                               self._load_tables if kopts.hold_tables else None)
+                               self._load_tables if kopts.hold_tables else None,
+                               self.exec_scanner.scan if self.exec_scanner else None)
         # a process stopped by the BPF side is continued even if refcntd is SIGKILLed
         self.guardian = Guardian(self.kernel.holds.held_map_fd()) if self.kernel.holds.enabled \
             else None
@@ -119,7 +124,11 @@ class Tracer:
         self.unwind = UnwindTables(self.kernel.unwind, ready)
         with progress.stage("unwind tables"):
             self.unwind.add(plan.modules)
-        self.kernel.holds.own_tables(k for k in map(file_key, plan.modules) if k is not None)
+        planned = [k for k in map(file_key, plan.modules) if k is not None]
+        self.kernel.holds.own_tables(planned)
+        if self.exec_scanner is not None:  # probed already: exec'ing them stops nobody
+            self.kernel.holds.vet(planned)
+            self.exec_scanner.seen(planned)
         self.index = BuildIdIndex()
         for module in plan.modules:
             self.index.add(module)
@@ -173,6 +182,12 @@ class Tracer:
     def _load_tables(self, tgid: int) -> None:
         """A process stopped before a probed module of its runs: its unwind tables."""
         self.unwind.load_for_process(tgid)
+
+    def _probed_at_exec(self, path: str, sites: list[ProbeSite]) -> None:
+        """A program the traced tree exec'd has its own copy of the functions, probed now:
+        its stacks are symbolized as the command's are."""
+        self._more_call_sites(sites)
+        self.index.add(path)
 
     def _more_call_sites(self, sites: list[ProbeSite]) -> None:
         """Probes added for a module mapped later: their stacks read like entry probes'."""
@@ -274,6 +289,15 @@ class Tracer:
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"
                   for p in self.kernel.unwind.not_loaded]
+        scanner = self.exec_scanner
+        if scanner is not None and own is None:
+            notes += scanner.notes() + scanner.problems
+            if scanner.problems:
+                lost["programs exec'd with the spec's functions that could not all be probed "
+                     "(the notes say which)"] = len(scanner.problems)
+        if self.plan.deferred and own is None and not (scanner and scanner.probed):
+            lost[f"no program the command ran had the spec's functions "
+                 f"({', '.join(self.plan.deferred)})"] = 1
         cut = sum(stats[s] for s in (Stat.TRUNC_NO_TABLE, Stat.TRUNC_UNREADABLE,
                                      Stat.TRUNC_DEPTH, Stat.TRUNC_OUTSIDE, Stat.TRUNC_BAD_RULE))
         return TracingStatus(probes, lost, notes + list(self.plan.notes), cut)

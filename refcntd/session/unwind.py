@@ -113,8 +113,17 @@ def prefetch(paths: Iterable[str]) -> Prefetched:
 
 
 def command_path(command: list[str]) -> str | None:
+    """The command's ELF file, or None (not found; a script: its interpreter is in the
+    plan's modules already, and the script has no unwind table to load)."""
     found = shutil.which(command[0]) if command else None
-    return str(Path(found).resolve()) if found else None
+    if not found:
+        return None
+    try:
+        with open(found, "rb") as f:
+            elf = f.read(4) == b"\x7fELF"
+    except OSError:
+        return None
+    return str(Path(found).resolve()) if elf else None
 
 
 def linked_libraries(path: str) -> list[str]:

@@ -48,6 +48,8 @@ class VettingStats:
     held_s: float = 0.0  # total time those processes waited
     table_holds: int = 0  # times a process was stopped for its unwind tables
     table_held_s: float = 0.0
+    exec_holds: int = 0  # times a process was stopped at its exec of a new program
+    exec_held_s: float = 0.0
     modules: list[str] = field(default_factory=list)  # scanned after start
     probed: dict[str, int] = field(default_factory=dict)  # module -> call-site probes added
     fallbacks: list[str] = field(default_factory=list)  # functions back to their entry probe
@@ -60,13 +62,17 @@ class Vetting:
     def __init__(self, probes: Probes, holds: HoldMaps, plan: Plan,
                  type_ids: Callable[[str], int],
                  on_sites: Callable[[list[ProbeSite]], None] = lambda _sites: None,
-                 load_tables: Callable[[int], None] | None = None) -> None:
+                 load_tables: Callable[[int], None] | None = None,
+                 scan_exec: Callable[[int, FileKey], bool] | None = None) -> None:
         """`on_sites(sites)`: call-site probes added for a module mapped later (the
         symbolizer shows their stacks as entry probes').  `load_tables(tgid)`: the
-        unwind tables of what a stopped process maps (None: no table holds)."""
+        unwind tables of what a stopped process maps (None: no table holds).
+        `scan_exec(tgid, file)`: whether a process was stopped at its exec of `file` (run:
+        the program's own copy of the spec's functions probed; None: no exec holds)."""
         self.probes, self.holds, self.plan, self.type_ids = probes, holds, plan, type_ids
         self.on_sites = on_sites
         self.load_tables = load_tables
+        self.scan_exec = scan_exec
         self.stats = VettingStats()
         self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
         self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
@@ -83,7 +89,8 @@ class Vetting:
     @property
     def holding(self) -> bool:
         """The BPF side may stop a process: for a scan, or for unwind tables."""
-        return self.holds.enabled and (bool(self.plan.cross) or self.load_tables is not None)
+        return self.holds.enabled and (bool(self.plan.cross) or self.load_tables is not None
+                                       or self.scan_exec is not None)
 
     def start(self) -> None:
         """The defining modules and the load set the plan scanned: accounted for.  Where
@@ -149,8 +156,11 @@ class Vetting:
             t0 = time.monotonic()
             marker = mark_held(tgid)
             tables = self.load_tables is not None and not why.offset
-            scanned = len(self.stats.modules)
+            scanned, execd = len(self.stats.modules), False
             try:
+                if self.scan_exec is not None and not why.offset:
+                    execd = self.scan_exec(tgid, why.file)
+                    self.holds.vet([why.file])  # an exec'd file stops nobody again
                 if tables and self.load_tables is not None:
                     self.load_tables(tgid)
                 if why.offset:
@@ -171,7 +181,10 @@ class Vetting:
                 if why.offset or len(self.stats.modules) > scanned or not tables:
                     self.stats.holds += 1
                     self.stats.held_s += held
-                if tables:
+                if execd:
+                    self.stats.exec_holds += 1
+                    self.stats.exec_held_s += held
+                elif tables:
                     self.stats.table_holds += 1
                     self.stats.table_held_s += held
 
@@ -284,6 +297,11 @@ class Vetting:
             out.append(f"{s.table_holds} stop(s) of a process that mapped a probed module "
                        f"before its unwind tables were loaded ({s.table_held_s * 1000:.0f} ms "
                        f"in all)")
+        if s.exec_holds:
+            out.append(f"{s.exec_holds} stop(s) of a traced process at its exec of a program "
+                       f"not seen before, to probe its own copy of the spec's functions if it "
+                       f"has one and load its unwind tables ({s.exec_held_s * 1000:.0f} ms in "
+                       f"all)")
         if not self.plan.cross:
             return out + s.fallbacks
         if s.holds:
@@ -306,14 +324,16 @@ def read_comm(tgid: int) -> str:
 CAP_KILL = 5  # capability bit number (linux/capability.h)
 
 
-def with_holds(kopts: KernelOptions, cross: bool) -> KernelOptions:
+def with_holds(kopts: KernelOptions, cross: bool, execs: bool = False) -> KernelOptions:
     """Which stops this start may make: for the call sites of modules mapped later
-    (`cross`: exported functions probed at their call sites), and for unwind tables
-    whenever the CFI unwinder runs.  None without CAP_KILL (continue_blocker)."""
+    (`cross`: exported functions probed at their call sites), for unwind tables
+    whenever the CFI unwinder runs, and (`execs`, run) at each new program the traced
+    tree execs.  None without CAP_KILL (continue_blocker)."""
     if continue_blocker() is not None:
-        return replace(kopts, hold=False, hold_tables=False)
+        return replace(kopts, hold=False, hold_tables=False, hold_execs=False)
     tables = kopts.unwind_offsets is not None
-    return replace(kopts, hold=cross or tables, hold_tables=tables)
+    execs = execs and tables  # the exec hook is the unwinder's
+    return replace(kopts, hold=cross or tables, hold_tables=tables, hold_execs=execs)
 
 
 def continue_blocker() -> str | None:
