@@ -62,8 +62,11 @@ def run(args: argparse.Namespace) -> int:
     plan = analyse(spec, exe, parse_modes(args.probe_mode), execs_later=True)
     plan.require_complete()
     if plan.deferred:
-        plan.notes.append(f"{exe} has none of the spec's functions ({', '.join(plan.deferred)}): "
-                      "each program the command runs is probed at its exec if it has them")
+        stripped = " (stripped: no .symtab)" if not next(iter(plan.modules.values())).has_symtab \
+            else ""
+        plan.notes.append(f"{exe}{stripped} has none of the spec's functions "
+                          f"({', '.join(plan.deferred)}): each program the command runs is "
+                          "probed at its exec if it has them")
     result = run_command(plan, command, opts, printer(sys.stderr), early)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
