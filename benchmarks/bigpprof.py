@@ -16,14 +16,19 @@ the protobuf library):
   peak RSS (the daemon and its traced maps included).
 
 Goals (like the JSON's): <= 5 s and <= 1 GiB at 1 000 000 objects.  Writes
-bigpprof.md/.json.
+bigpprof.md/.json; each row carries the load average (1 min) before and after its
+measures, since the machine is shared.  `--compare OLD.json` adds a before/after
+table of the largest size against an earlier run's rows (another commit's, run the
+same way).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import logging
+import os
 import re
 import resource
 import statistics
@@ -65,7 +70,7 @@ def measured(cmd: list[str]) -> tuple[float, float]:
 
 def at_exit(exe: Path, n: int, tmp: Path) -> dict[str, float | int]:
     prof, saved = tmp / f"exit-{n}.pb.gz", tmp / f"exit-{n}.json"
-    rows: dict[str, float | int] = {"objects": n}
+    rows: dict[str, float | int] = {"objects": n, "load_before": os.getloadavg()[0]}
     for flag, path, key in (("--pprof", prof, "exit_to_pprof_s"),
                             ("--json", saved, "exit_to_json_s")):
         proc = subprocess.run([*REFCNTD, "run", "--max-objects", str(max(2 * n, 1 << 20)),
@@ -89,6 +94,7 @@ def at_exit(exe: Path, n: int, tmp: Path) -> dict[str, float | int]:
     rows["report_html_s"], rows["report_html_maxrss_mib"] = measured(
         [*REFCNTD, "report", "--format", "html", "--output", str(page), str(saved)])
     rows["html_kib"] = round(page.stat().st_size / 1024, 1)
+    rows["load_after"] = os.getloadavg()[0]
     return rows
 
 
@@ -140,14 +146,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--compare", type=Path, metavar="OLD.json",
+                        help="an earlier bigpprof.json: adds a before/after table")
     args = parser.parse_args()
+    before = json.loads(args.compare.read_text()) if args.compare else None
     sizes = (1000,) if args.smoke else (100_000, 1_000_000)
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))["bench-O0"]
         rows = [at_exit(exe, n, Path(tmp)) for n in sizes]
         for row, extra in zip(rows, live(sizes, Path(tmp)), strict=True):
             row.update(extra)
-    text = table(rows)
+    text = table(rows) + (compared(before, rows[-1]) if before else "")
     write_results(args.out, "bigpprof-smoke" if args.smoke else "bigpprof", text, rows)
     return 0
 
@@ -158,6 +167,8 @@ def table(rows: list[dict[str, float | int]]) -> str:
              "report pprof s / MiB | report text s / MiB | report html s / MiB | live pprof s "
              "| serve peak RSS MiB | pprof KiB | HTML KiB | JSON MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    loads = ", ".join(f"{r['objects']:,}: {r['load_before']:.1f} -> {r['load_after']:.1f}"
+                      for r in rows if "load_before" in r)
     lines += [f"| {r['objects']:,} | {r['exit_to_pprof_s']:.2f} | {r['exit_to_json_s']:.2f} | "
               f"{r['run_maxrss_mib']:.0f} | {r['report_pprof_s']:.2f} / "
               f"{r['report_pprof_maxrss_mib']:.0f} | {r['report_text_s']:.2f} / "
@@ -172,6 +183,26 @@ def table(rows: list[dict[str, float | int]]) -> str:
     lines += ["", "Goals at the largest size: " + ", ".join(
         f"{k} <= {v}: {'met' if float(big[k]) <= v else 'NOT met'} ({float(big[k]):.2f})"
         for k, v in goals.items())]
+    if loads:
+        lines += ["", f"Load average (1 min) before -> after each size's file measures: {loads}"]
+    return "\n".join(lines) + "\n"
+
+
+COMPARED = (("exit_to_pprof_s", "exit -> pprof s"), ("run_maxrss_mib", "run peak RSS MiB"),
+            ("report_pprof_s", "report pprof s"), ("report_pprof_maxrss_mib", "report pprof MiB"),
+            ("report_text_s", "report text s"), ("report_text_maxrss_mib", "report text MiB"),
+            ("report_html_s", "report html s"), ("report_html_maxrss_mib", "report html MiB"),
+            ("live_pprof_s", "live pprof s"), ("live_maxrss_mib", "serve peak RSS MiB"))
+
+
+def compared(before: dict, after: dict[str, float | int]) -> str:
+    """Before/after at the largest size: `before` is an earlier bigpprof.json."""
+    old = next(r for r in before["rows"] if r["objects"] == after["objects"])
+    lines = ["", f"## Before and after at {after['objects']:,} objects", "",
+             f"Before: {before['machine']}, load {old.get('load_before', 'not recorded')} -> "
+             f"{old.get('load_after', 'not recorded')}", "",
+             "| measure | before | after |", "|---|---|---|"]
+    lines += [f"| {label} | {float(old[k]):.2f} | {float(after[k]):.2f} |" for k, label in COMPARED]
     return "\n".join(lines) + "\n"
 
 

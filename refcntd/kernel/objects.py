@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from refcntd.kernel import abi, decode
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import Role, Stat
-from refcntd.kernel.columns import ColumnBuilder, ObjectColumns
+from refcntd.kernel.columns import ColumnBuilder, LiveSite, ObjectColumns
 from refcntd.kernel.maps import BackgroundDelete, delete, items, lookup_batches, take
 from refcntd.kernel.program import KernelOptions, Program
 from refcntd.kernel.records import (
@@ -73,6 +73,15 @@ class BpfObjects:
         names = self._names()
         return [decode.decode_object(keys[i], values[i], names)
                 for keys, values, n in lookup_batches(self.program["objs"]) for i in range(n)]
+
+    def live_sites(self, now_ns: int, shown: int) -> list[LiveSite]:
+        """Every live object, read once (not drained) as columns and counted per process,
+        type and allocation stack; only the first `shown` of each site become records."""
+        self._pending.wait()
+        builder = ColumnBuilder(abi.ObjKey, abi.ObjVal, ("tgid", "addr"))
+        for keys, values, n in lookup_batches(self.program["objs"]):
+            builder.add(keys, values, n, None)
+        return objcols.live_sites(builder.columns, self._names(), now_ns, shown)
 
     def released_sites(self, tgid: int) -> list[ReleasedSite]:
         """What released objects of `tgid` did where (history only); removed from the map."""

@@ -4,6 +4,7 @@ format renders a live run and a saved one the same way (`refcntd report`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from refcntd.analysis.attribution import Culprit, Verdict
@@ -32,12 +33,32 @@ from refcntd.outputs.jsontypes import (
     UnwindJson,
 )
 from refcntd.outputs.reportjson import JSON_SCHEMA, JSON_VERSION
+from refcntd.outputs.savedcolumns import CutRun
 from refcntd.symbolize.symbolizer import Frame
+
+# a group's "instances" -> its objects when cut out as columns, else None (read per object)
+Objects = Callable[[object], Sequence[LeakedObject] | None]
 
 
 def load_run(path: str, what: str = "saved report") -> RunResult:
+    """Plain instance arrays are read as columns (outputs/savedcolumns.py); when the cut
+    text does not load the same way, the whole text is read again object by object,
+    which also gives any error its line in the file as written."""
+    text = read_text(path, what, REPORT_LIMIT)
+    cut = CutRun(text)
+    if cut.arrays:
+        try:
+            result = _parse(path, what, cut.skeleton, cut.objects)
+            if cut.finish():
+                return result
+        except UsageError:
+            pass
+    return _parse(path, what, text, lambda _items: None)
+
+
+def _parse(path: str, what: str, text: str, objects: Objects) -> RunResult:
     try:
-        data = json.loads(read_text(path, what, REPORT_LIMIT))
+        data = json.loads(text)
     except RecursionError:
         raise UsageError(f"{what} {path}: nested too deeply to be a refcntd report") from None
     except json.JSONDecodeError as err:
@@ -48,16 +69,17 @@ def load_run(path: str, what: str = "saved report") -> RunResult:
         raise UsageError(f"{path}: report version {data.get('version')} is not supported "
                          f"(this refcntd reads version {JSON_VERSION})")
     try:
-        return _run(cast(RunJson, data))  # a wrong shape raises below
+        return _run(cast(RunJson, data), objects)  # a wrong shape raises below
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise UsageError(f"{path}: malformed refcntd report ({err!r})") from None
 
 
-def _run(d: RunJson) -> RunResult:
+def _run(d: RunJson, objects: Objects) -> RunResult:
     tracing = TracingStatus([ProbeStatus(**p) for p in d["tracing"]["probes"]],
                             dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]),
                             int(d["tracing"].get("stacks_cut", 0)))
-    return RunResult(d["mode"], d["spec"], d["target"], [_process(p) for p in d["processes"]],
+    return RunResult(d["mode"], d["spec"], d["target"],
+                     [_process(p, objects) for p in d["processes"]],
                      tracing, d.get("command_status"))
 
 
@@ -70,10 +92,10 @@ def _frames(items: list[FrameJson]) -> tuple[Frame, ...]:
     return tuple(_frame(f) for f in items)
 
 
-def _process(p: ProcessJson) -> ProcessReport:
+def _process(p: ProcessJson, objects: Objects) -> ProcessReport:
     return ProcessReport(p["pid"], p["comm"], list(p["command"]), p["state"],
                          p.get("exit_status") or "", p.get("exit_code"),
-                         [_group(g) for g in p["groups"]],
+                         [_group(g, objects) for g in p["groups"]],
                          [_anomaly(a) for a in p.get("anomalies", [])],
                          dict(p.get("kept_by_library", {})),
                          notes=list(p.get("notes", [])))
@@ -88,11 +110,14 @@ def _culprit(c: CulpritJson) -> Culprit:
                    why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""))
 
 
-def _group(g: GroupJson) -> LeakGroup:
+def _group(g: GroupJson, objects: Objects) -> LeakGroup:
     culprits = [_culprit(c) for c in g.get("culprits", [])]
     v = g.get("verdict")
     verdict = Verdict(v["status"], v["reason"], culprits, tuple(v["notes"])) if v else None
-    return LeakGroup(g["type"], _frames(g["stack"]), [_object(i) for i in g.get("instances", [])],
+    items = g.get("instances", [])
+    cut = objects(items)
+    return LeakGroup(g["type"], _frames(g["stack"]),
+                     [_object(i) for i in items] if cut is None else cut,  # type: ignore[arg-type]
                      g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")), verdict)
 
 

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 
 from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult
-from refcntd.kernel.records import ObjectRecord
+from refcntd.kernel.columns import LiveSite
 from refcntd.outputs import pprof
 from refcntd.outputs.html import render_html
 from refcntd.session.lifecycle import read_cmdline
@@ -110,17 +110,12 @@ def live_results(views: Views, targets: set[str] | None = None,
 def live_processes(tracer: Tracer, show_cmdline: bool,
                    types: set[str] | None = None) -> list[ProcessReport]:
     """Every live object of the tracer's processes, read once from the kernel's object
-    map (not drained), counted per allocation site as it is read; only the first
-    MAX_SHOWN of each site are kept as objects.  Run on the tracer's report worker."""
+    map (not drained) as columns and counted per allocation site; only the first
+    MAX_SHOWN of each site become records.  Run on the tracer's report worker."""
     now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    by_pid: dict[int, dict[tuple[str, int, int, int], _Site]] = {}
-    for rec in tracer.kernel.objects.live_objects():
-        sites = by_pid.setdefault(rec.tgid, {})
-        key = (rec.type_name, rec.name_ptr, rec.stack_id, rec.caller_ip)
-        site = sites.get(key)
-        if site is None:
-            site = sites[key] = _Site()
-        site.add(rec, now_ns)
+    by_pid: dict[int, list[LiveSite]] = {}
+    for site in tracer.kernel.objects.live_sites(now_ns, MAX_SHOWN):
+        by_pid.setdefault(site.tgid, []).append(site)
     out = []
     for pid, sites in sorted(by_pid.items()):
         groups = [g for g in _groups(tracer, pid, sites, now_ns)
@@ -130,28 +125,12 @@ def live_processes(tracer: Tracer, show_cmdline: bool,
     return out
 
 
-class _Site:
-    """The live objects of one (type, allocation stack) of a process, as read."""
-
-    def __init__(self) -> None:
-        self.objects, self.references, self.age_ns = 0, 0, 0
-        self.shown: list[ObjectRecord] = []
-
-    def add(self, rec: ObjectRecord, now_ns: int) -> None:
-        self.objects += 1
-        self.references += rec.count
-        self.age_ns += max(0, now_ns - rec.init_ns)
-        if len(self.shown) < MAX_SHOWN:
-            self.shown.append(rec)
-
-
-def _groups(tracer: Tracer, pid: int, sites: dict[tuple[str, int, int, int], _Site],
-            now_ns: int) -> list[LeakGroup]:
+def _groups(tracer: Tracer, pid: int, sites: list[LiveSite], now_ns: int) -> list[LeakGroup]:
     """Symbolized and grouped like a report, from the objects kept; each group then
     counts every object of its sites (two sites may symbolize alike)."""
-    site_of = {rec.addr: site for site in sites.values() for rec in site.shown}
+    site_of = {rec.addr: site for site in sites for rec in site.shown}
     tracker = tracer.tracker
-    groups = group_leaks([rec for site in sites.values() for rec in site.shown],
+    groups = group_leaks([rec for site in sites for rec in site.shown],
                          tracker.stacks, tracker.sym, now_ns,
                          ProcessModules(perf_map=load_perf_map(pid)))
     for g in groups:

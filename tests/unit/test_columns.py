@@ -7,7 +7,7 @@ import json
 import random
 
 from refcntd.analysis.leaks import StackSource, group_columns, group_leaks
-from refcntd.kernel import abi
+from refcntd.kernel import abi, decode
 from refcntd.kernel.columns import ColumnBuilder
 from refcntd.outputs import report, reportjson
 from refcntd.symbolize.symbolizer import BuildIdIndex, Symbolizer
@@ -81,3 +81,46 @@ def test_a_process_report_reads_only_the_objects_it_shows(tmp_path, monkeypatch)
     reportjson.write_json(RunResult("run", "s", "x", [process]), str(tmp_path / "r.json"))
     assert sum(len(g.objects) for g in groups) > 2000
     assert 0 < len(made) <= 64 * len(groups), len(made)
+
+
+def _live(records, now_ns: int, shown: int):
+    """The per-record count that live_sites replaced (liveviews before numpy)."""
+    sites: dict[tuple[object, ...], list[object]] = {}
+    for r in records:
+        site = sites.setdefault((r.tgid, r.type_name, r.name_ptr, r.stack_id, r.caller_ip),
+                                [0, 0, 0, []])
+        site[0] += 1
+        site[1] += r.count
+        site[2] += max(0, now_ns - r.init_ns)
+        if len(site[3]) < shown:
+            site[3].append(r)
+    return {k: (v[0], v[1], v[2], tuple(v[3])) for k, v in sites.items()}
+
+
+def test_live_sites_count_like_records() -> None:
+    """Every object counted per (process, type name, stack), sums exact past 2**63 (old
+    objects), ages of objects newer than `now` 0, and the first `shown` in map order."""
+    from refcntd.kernel.columns import live_sites
+    rng = random.Random(5)
+    n, now = 4000, 2**62
+    keys, values = (abi.ObjKey * n)(), (abi.ObjVal * n)()
+    for i in range(n):
+        keys[i].tgid, keys[i].addr = 100 + i % 3, rng.getrandbits(47) << 4
+        v = values[i]
+        v.count, v.gets, v.puts, v.gen = rng.randint(-3, 2**40), i % 5, i % 7, i % 2
+        v.type_id = rng.choice([0, 1, 2, 3, 9])  # 3 is named like 1; 9 has no name
+        v.stack_id, v.caller_ip = rng.choice([0, 5, 6]), rng.choice([0, 0x401000])
+        v.name_ptr = rng.choice([0, 0x7000])
+        v.init_ns = rng.choice([0, 1, now - 10**6, now + 5, rng.randint(0, now)])
+    names = {1: "dso", 2: "map", 3: "dso"}
+    builder = ColumnBuilder(abi.ObjKey, abi.ObjVal, ("tgid", "addr"))
+    builder.add(keys, values, n, None)
+    expected = _live([decode.decode_object(keys[i], values[i], names) for i in range(n)],
+                     now, 7)
+    got = {(s.tgid, s.type_name, s.name_ptr, s.stack_id, s.caller_ip):
+           (s.objects, s.references, s.age_ns, s.shown) for s in live_sites(
+               builder.columns, names, now, 7)}
+    assert got == expected
+    assert max(v[2] for v in got.values()) > 2**63  # the sums that int64 would overflow
+    assert live_sites(ColumnBuilder(abi.ObjKey, abi.ObjVal, ("tgid", "addr")).columns,
+                      names, now, 7) == []

@@ -8,7 +8,8 @@ import threading
 from types import SimpleNamespace
 
 from refcntd.analysis.leaks import StackSource
-from refcntd.kernel.records import ObjectRecord
+from refcntd.kernel import abi
+from refcntd.kernel.columns import ColumnBuilder, live_sites
 from refcntd.outputs.profileproto import message
 from refcntd.service.checkpoint import Views
 from refcntd.service.liveviews import routes
@@ -18,15 +19,25 @@ PID = 4_000_001  # no such process: no command line to read
 
 
 def fake_tracer(objects: list[tuple[str, int]]) -> SimpleNamespace:
-    records = [ObjectRecord(PID, 1, 0x1000 + 16 * i, count, name, 0, 0, 0, 0, count, 0)
-               for i, (name, count) in enumerate(objects)]
+    """The kernel's object map as live_sites reads it: a batch of rows of columns."""
+    type_ids = {name: i + 1 for i, name in enumerate(sorted({n for n, _ in objects}))}
+    n = len(objects)
+    keys, values = (abi.ObjKey * n)(), (abi.ObjVal * n)()
+    for i, (name, count) in enumerate(objects):
+        keys[i].tgid, keys[i].addr = PID, 0x1000 + 16 * i
+        values[i].count, values[i].gets, values[i].gen = count, count, 1
+        values[i].type_id = type_ids[name]
+    builder = ColumnBuilder(abi.ObjKey, abi.ObjVal, ("tgid", "addr"))
+    builder.add(keys, values, n, None)
+    names = {i: name for name, i in type_ids.items()}
     plan = SimpleNamespace(spec=SimpleNamespace(name="perf-stubs"), sites=[], decisions=[])
     tracker = SimpleNamespace(stacks=StackSource(lambda _i: None),
                               sym=Symbolizer(BuildIdIndex()), sessions={})
     return SimpleNamespace(plan=plan, tracker=tracker,
                            worker=SimpleNamespace(call=lambda fn: fn()),
                            kernel=SimpleNamespace(
-                               objects=SimpleNamespace(live_objects=lambda: records)))
+                               objects=SimpleNamespace(live_sites=lambda now, shown: live_sites(
+                               builder.columns, names, now, shown))))
 
 
 def views() -> Views:
