@@ -13,7 +13,15 @@
 #define EFLAGS_OF 11
 
 BPF_ARRAY(probe_cfgs, struct probe_cfg, MAX_PROBES);
-BPF_HASH(pending_init, __u32, struct init_args, MAX_PROCS);
+/* Keyed by arg_pending_key: a constructor called inside another (d2i_X509 making
+ * the certificate's EVP_PKEY) saves its arguments beside the outer one's. */
+BPF_HASH(pending_init, __u64, struct init_args, MAX_PROCS);
+
+/* A thread's constructor `level` (ctor_depth at its entry, 1 outermost). */
+static __always_inline __u64 arg_pending_key(__u32 level)
+{
+	return ((__u64)level << 32) | (__u32)bpf_get_current_pid_tgid();
+}
 
 /* The verifier refuses a ctx load at a computed offset, so a register is
  * read with one probe read of the saved pt_regs at its offset. */
@@ -95,18 +103,33 @@ static __always_inline __u64 arg_init_object(struct pt_regs *ctx, struct probe_c
 	return obj;
 }
 
+/* At a constructor's entry: the out-pointer (PF_OBJ_OUT; with PF_REUSES_ARG the
+ * pointer to the object it is given to reuse) and that object, *pointer. */
+static __always_inline void arg_save_pointers(struct pt_regs *ctx, struct probe_cfg *cfg,
+					      struct init_args *args)
+{
+	if (!(cfg->flags & (PF_OBJ_OUT | PF_REUSES_ARG)))
+		return;
+	__u64 ptr = arg_fetch(ctx, &cfg->obj);
+	args->out_ptr = ptr;
+	if ((cfg->flags & PF_REUSES_ARG) && ptr)
+		bpf_probe_read_user(&args->existing, sizeof(args->existing), (void *)ptr);
+}
+
 /* Arguments of an init: read now, or saved by the constructor's entry probe
  * when this is its return probe (the registers are gone by then). */
 static __always_inline int arg_init_args(struct pt_regs *ctx, struct probe_cfg *cfg,
-					 struct init_args *out)
+					 struct init_args *out, __u32 level)
 {
 	out->type_ptr = arg_type_pointer(ctx, cfg);
 	out->count = cfg->count.kind ? (__s64)arg_fetch(ctx, &cfg->count) : cfg->fixed_count;
 	out->out_ptr = 0;
-	if (!cfg->is_return || (!cfg->type.kind && !cfg->count.kind && !(cfg->flags & PF_OBJ_OUT)))
+	out->existing = 0;
+	if (!cfg->is_return ||
+	    (!cfg->type.kind && !cfg->count.kind && !(cfg->flags & (PF_OBJ_OUT | PF_REUSES_ARG))))
 		return 0;
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct init_args *saved = pending_init.lookup(&tid);
+	__u64 key = arg_pending_key(level);
+	struct init_args *saved = pending_init.lookup(&key);
 	if (!saved) {
 		stat_count(ST_INIT_ARGS_LOST);
 		return -1;
@@ -114,7 +137,8 @@ static __always_inline int arg_init_args(struct pt_regs *ctx, struct probe_cfg *
 	out->type_ptr = cfg->type.kind ? saved->type_ptr : 0;
 	out->count = cfg->count.kind ? saved->count : cfg->fixed_count;
 	out->out_ptr = saved->out_ptr;
-	pending_init.delete(&tid);
+	out->existing = saved->existing;
+	pending_init.delete(&key);
 	return 0;
 }
 

@@ -78,15 +78,20 @@ static __always_inline int obj_early_op(struct obj_key *key, __s64 delta)
 	return 1;
 }
 
-/* A constructor returned: this thread is one level less inside constructors. */
-static __always_inline void obj_ctor_returned(void)
+/* A constructor returned: this thread is one level less inside constructors.
+ * Returns the level it was at (0: not seen entering). */
+static __always_inline __u32 obj_ctor_returned(void)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u32 *depth = ctor_depth.lookup(&tid);
-	if (depth && *depth > 1)
-		__sync_fetch_and_add(depth, -1);
-	else if (depth)
+	if (!depth)
+		return 0;
+	__u32 level = *depth;
+	if (level > 1)
+		*depth = level - 1;  /* only this thread writes its entry */
+	else
 		ctor_depth.delete(&tid);
+	return level;
 }
 
 /* A library's static objects (a count of -1 that its ref/unref leave alone):

@@ -114,26 +114,101 @@ static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!proc_tracked(tgid))
 		return 0;
-	__u32 tid = (__u32)bpf_get_current_pid_tgid(), one = 1;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid(), level = 1;
 	__u32 *depth = ctor_depth.lookup(&tid);
 	if (depth)
-		__sync_fetch_and_add(depth, 1);
+		level = *depth += 1;  /* only this thread writes its entry */
 	else
-		ctor_depth.update(&tid, &one);
+		ctor_depth.update(&tid, &level);
 	struct init_args args = {};
 	args.type_ptr = arg_type_pointer(ctx, cfg);
 	args.count = cfg->count.kind ? (__s64)arg_fetch(ctx, &cfg->count) : 0;
-	if (cfg->flags & PF_OBJ_OUT)
-		args.out_ptr = arg_fetch(ctx, &cfg->obj);
-	pending_init.update(&tid, &args);
+	arg_save_pointers(ctx, cfg, &args);
+	__u64 key = arg_pending_key(level);
+	pending_init.update(&key, &args);
 	return 0;
+}
+
+/* A put on the object at key->addr: by a put probe, or by a constructor that
+ * failed to reuse the object it was given (PF_REUSES_ARG). */
+static __always_inline int put_object(struct pt_regs *ctx, struct probe_cfg *cfg,
+				      struct obj_key *k)
+{
+	struct obj_key key = *k;
+	if (key.addr == 0 || obj_is_static(cfg, key.addr))
+		return 0;
+	struct grave_val g = {};
+	__u32 kind = 0;
+	__s64 before = 0;
+	struct obj_val *o = obj_lookup(&key);
+	if (!o) {
+		if (obj_absorbed_put(&key) || obj_early_op(&key, -1))
+			return 0;
+		kind = anomaly_missing(cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
+				       ST_UNKNOWN_PUT, &g);
+	} else {
+		if (obj_set_aside(cfg, &key))
+			return 0;
+		__sync_fetch_and_add(&o->puts, 1);
+		before = __sync_fetch_and_add(&o->count, -1);
+		site_count_op(&key, o, OP_PUT);
+		hist_record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
+		if (before <= 0) {
+			stat_count(ST_PUT_BELOW_ZERO);
+			g = obj_describe(o, 0);
+			kind = before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT;
+		}
+		if (before == 1 && (!KNOB(has_delete) || (cfg->flags & PF_FREES_AT_ZERO))) {
+			__u32 tid = (__u32)bpf_get_current_pid_tgid();
+			obj_release(&key, o);
+			last_released.update(&tid, &key);
+		}
+	}
+	if (kind)
+		anomaly_report(ctx, cfg, kind, &key, before, &g);
+	return 0;
+}
+
+/* PF_MAY_EXIST: a constructor returned an object that is already live (a
+ * singleton; d2i_X509(&x, ...) decoding into x): that object, not a new one,
+ * and a get on it with PF_EXISTING_GET.  With PF_REUSES_ARG only the object it
+ * was given at entry is; any other return is a failure, which dropped that
+ * object's reference when it also took it from the caller's pointer (d2i
+ * frees it and sets *x = NULL).  1: handled, no new object. */
+static __always_inline int init_existing(struct pt_regs *ctx, struct probe_cfg *cfg,
+					 struct obj_key *key, struct init_args *args, __u32 gen)
+{
+	if (cfg->flags & PF_REUSES_ARG) {
+		__u64 given = args->existing, now = 0;
+		if (!given)
+			return 0;
+		if (given != key->addr) {
+			bpf_probe_read_user(&now, sizeof(now), (void *)args->out_ptr);
+			if (now == given)
+				return 0;  /* still the caller's */
+			struct obj_key dropped = {.tgid = key->tgid, .addr = given};
+			stat_count(ST_REUSE_DROPPED);
+			put_object(ctx, cfg, &dropped);
+			return 0;
+		}
+	}
+	struct obj_val *o = obj_lookup(key);
+	if (!o || o->gen != gen)
+		return 0;
+	stat_count(ST_EXISTING_RETURNED);
+	if (cfg->flags & PF_EXISTING_GET) {
+		__s64 before = __sync_fetch_and_add(&o->count, 1);
+		__sync_fetch_and_add(&o->gets, 1);
+		site_count_op(key, o, OP_GET);
+		hist_record(ctx, cfg, key, o->type_id, ROLE_GET, before + 1);
+	}
+	return 1;
 }
 
 static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (cfg->is_return)
-		obj_ctor_returned();
+	__u32 level = cfg->is_return ? obj_ctor_returned() : 0;
 	struct proc_val *proc = procs.lookup(&tgid);
 	if (!proc) {
 		if (KNOB(filtered))
@@ -145,9 +220,11 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	if (proc->flags & PROC_IGNORED)
 		return 0;
 	struct init_args args = {};
-	if (arg_init_args(ctx, cfg, &args) != 0)
+	if (arg_init_args(ctx, cfg, &args, level) != 0)
 		return 0;
 	struct obj_key key = {.tgid = tgid, .addr = arg_init_object(ctx, cfg, &args)};
+	if ((cfg->flags & PF_MAY_EXIST) && init_existing(ctx, cfg, &key, &args, proc->gen))
+		return 0;
 	if (key.addr == 0 || obj_is_static(cfg, key.addr))
 		return 0;
 	put_due.delete(&key);
@@ -217,38 +294,7 @@ static __always_inline int do_put(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .addr = arg_fetch(ctx, &cfg->obj)};
-	if (key.addr == 0 || obj_is_static(cfg, key.addr))
-		return 0;
-	struct grave_val g = {};
-	__u32 kind = 0;
-	__s64 before = 0;
-	struct obj_val *o = obj_lookup(&key);
-	if (!o) {
-		if (obj_absorbed_put(&key) || obj_early_op(&key, -1))
-			return 0;
-		kind = anomaly_missing(cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
-				       ST_UNKNOWN_PUT, &g);
-	} else {
-		if (obj_set_aside(cfg, &key))
-			return 0;
-		__sync_fetch_and_add(&o->puts, 1);
-		before = __sync_fetch_and_add(&o->count, -1);
-		site_count_op(&key, o, OP_PUT);
-		hist_record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
-		if (before <= 0) {
-			stat_count(ST_PUT_BELOW_ZERO);
-			g = obj_describe(o, 0);
-			kind = before == 0 ? AN_DOUBLE_PUT : AN_NEGATIVE_COUNT;
-		}
-		if (before == 1 && (!KNOB(has_delete) || (cfg->flags & PF_FREES_AT_ZERO))) {
-			__u32 tid = (__u32)bpf_get_current_pid_tgid();
-			obj_release(&key, o);
-			last_released.update(&tid, &key);
-		}
-	}
-	if (kind)
-		anomaly_report(ctx, cfg, kind, &key, before, &g);
-	return 0;
+	return put_object(ctx, cfg, &key);
 }
 
 static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)

@@ -34,6 +34,9 @@ enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 #define PF_QUIET_UNKNOWN 16 /* never-seen objects are counted, not reported one by one */
 #define PF_MAY_LEAK_FLAG 32 /* the library's "may be leaked" bit: at kept_offset under kept_mask */
 #define PF_REVIVE 64        /* get: revives the object this thread's last put released (dispose kept it) */
+#define PF_MAY_EXIST 128    /* init: a live object returned is that object (no new one): may_return_existing */
+#define PF_EXISTING_GET 256 /* PF_MAY_EXIST: ... and the constructor's return is a get on it */
+#define PF_REUSES_ARG 512   /* PF_MAY_EXIST: only the object at *obj saved at entry; another return drops it */
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {
@@ -69,6 +72,8 @@ enum refcntd_stat {
 	ST_PATHS_STALE,         /* note: per-path counts of released objects with more than 8 paths kept until their process is reported */
 	ST_ALLOC_SITES_FULL,    /* note: objects not counted per allocation site: site table full (live counts, metrics and diffs leave them out) */
 	ST_AGE_BINS_FULL,       /* note: objects not counted by creation time: age table full (the age metrics leave them out) */
+	ST_EXISTING_RETURNED,   /* note: constructors that returned an object already live: no new object (spec: may_return_existing) */
+	ST_REUSE_DROPPED,       /* note: objects a constructor was given to reuse and dropped (it failed: a put; spec: may_return_existing) */
 	ST_COUNT
 };
 
@@ -201,7 +206,8 @@ struct site_key {
 struct init_args {
 	__u64 type_ptr;
 	__s64 count;
-	__u64 out_ptr;   /* PF_OBJ_OUT: where the constructor stores the object */
+	__u64 out_ptr;   /* PF_OBJ_OUT, PF_REUSES_ARG: where the constructor stores the object */
+	__u64 existing;  /* PF_REUSES_ARG: the object it was given to reuse (0: none) */
 };
 
 /* A counter of one process (key of proc_stats): each process's report shows its own

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from refcntd.binary.analysiscache import DwarfFacts
 from refcntd.binary.elf import Symbol
-from refcntd.inputs.spec import RoleSpec, Source
+from refcntd.inputs.spec import ExistingReturn, RoleSpec, Source
 
 
 def remap_for_clone(role: RoleSpec, facts: DwarfFacts, clone: Symbol, fname: str
@@ -29,7 +29,8 @@ def remap_for_clone(role: RoleSpec, facts: DwarfFacts, clone: Symbol, fname: str
     try:
         return replace(role, obj=move(role.obj, "object"),  # type: ignore[arg-type]
                        type_name=_type_or_unknown(role.type_name, regs),
-                       initial_count=move(role.initial_count, "initial count"))
+                       initial_count=move(role.initial_count, "initial count"),
+                       may_return_existing=_move_reused(role, regs))
     except LookupError as err:
         return str(err)
 
@@ -41,3 +42,14 @@ def _type_or_unknown(src: Source | None, regs: dict[int, int]) -> Source | None:
     if src.arg in regs:
         return replace(src, arg=regs[src.arg])
     return Source(constant="<type not passed to clone>")
+
+
+def _move_reused(role: RoleSpec, regs: dict[int, int]) -> ExistingReturn | None:
+    """The argument of the object a constructor may reuse, as the clone receives it."""
+    existing = role.may_return_existing
+    if existing is None or not existing.reused_arg:
+        return existing
+    if existing.reused_arg not in regs:
+        raise LookupError(f"its reused object (argument {existing.reused_arg}) was "
+                          "optimized away")
+    return replace(existing, reused_arg=regs[existing.reused_arg])

@@ -60,10 +60,22 @@ def function_locations(role: RoleSpec) -> ArgLocations:
             "count_loc": loc(role.initial_count)}
 
 
+def saver_locations(role: RoleSpec, locations: ArgLocations | None = None) -> ArgLocations:
+    """Where a constructor's argument saver reads: as its return probe, but the object
+    location is the argument whose object it may reuse (may_return_existing: {reuses})."""
+    locs = locations or function_locations(role)
+    reused = role.may_return_existing.reused_arg if role.may_return_existing else 0
+    if reused and not role.obj.out:
+        return {**locs, "obj_loc": sdt.register_arg(reused)}
+    return locs
+
+
 def needed_args(role: RoleSpec) -> set[int]:
-    """Argument registers a probe must read (a return probe's object is the return value)."""
+    """Argument registers a probe must read (a return probe's object is the return value;
+    its argument saver reads the argument of an object it may reuse)."""
     sources = [role.obj, role.type_name, role.initial_count]
-    return {s.arg for s in sources if s is not None and s.arg}
+    reused = role.may_return_existing.reused_arg if role.may_return_existing else 0
+    return {s.arg for s in sources if s is not None and s.arg} | ({reused} if reused else set())
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,9 @@ def call_site(role: RoleSpec, sym: Symbol | CrossModule, module: str,
         "init_entry" if is_saver else role.role, name, point.module or module, vaddr,
         point.vaddr - vaddr, point.file_offset, point.cost,
         f"{why_prefix}{point.kind} site in {point.caller or '?'}", point.caller_sp,
-        point.kind == "return", role, **(locations or function_locations(role)),
+        point.kind == "return", role,
+        **(saver_locations(role, locations) if is_saver else
+           locations or function_locations(role)),
         mode=sitemode.MODE_CALLSITES, site_kind=point.kind, site_length=point.length,
         site_cond=point.cond, callee_module=module if point.module else "")
 
@@ -130,4 +144,4 @@ def _argument_saver(role: RoleSpec, image: ElfImage, module: str, sym: Symbol, c
     return ProbeSite("init_entry", sym.name, module, sym.vaddr, choice.offset,
                      file_offset, choice.cost,
                      "saves the arguments the return probe needs; " + choice.reason, -1,
-                     False, role, **function_locations(role))
+                     False, role, **saver_locations(role))

@@ -64,6 +64,7 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
         caller = ("in the kernel's stack walk" if site.caller_sp_offset < 0
                   else f"read from [rsp+{site.caller_sp_offset}] at the probe")
         lines.append(f"         caller: {caller}")
+    lines += render_existing(plan)
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"PROBLEM: {p}" for p in plan.problems]
     lines += [f"UNPLACED (draft): {u}" for u in plan.spec.unplaced]
@@ -83,6 +84,13 @@ def _verdict(plan: Plan) -> str:
     if plan.scan_gaps:
         return "every role can be probed, but the DWARF scan is incomplete (see INCOMPLETE)"
     return "every role can be probed"
+
+
+def render_existing(plan: Plan) -> list[str]:
+    """Constructors that may return an object already live (spec: may_return_existing)."""
+    return [f"may return an existing object: {', '.join(e.functions)}: "
+            f"{e.may_return_existing.describe()}"
+            for e in plan.spec.roles.get("init", ()) if e.may_return_existing]
 
 
 def render_modes(plan: Plan) -> list[str]:

@@ -62,6 +62,33 @@ class Source:
         return self.is_return or self.out
 
 
+EXISTING_MODES = ("get", "counted")
+
+
+@dataclass(frozen=True)
+class ExistingReturn:
+    """A constructor that may return an object already live (`may_return_existing`):
+    that object, not a new one.  `get`: the return is a reference the constructor
+    took without a probed get (a singleton accessor that bumps its own count);
+    otherwise a probed get inside it already counted the reference (GObject's
+    constructor returning g_object_ref(singleton)), or the caller's own reference
+    comes back (`reused_arg`: d2i_X509(&x, ...) decodes into *argN and returns it,
+    and drops it when it fails)."""
+
+    get: bool = False
+    reused_arg: int = 0  # 0: any live object returned; N: only the one *argN held at entry
+
+    def describe(self) -> str:
+        if self.reused_arg:
+            return (f"the object *argument {self.reused_arg} held at entry, decoded into and "
+                    "handed back (no count change); another return (a failure) drops it "
+                    "(a put)")
+        if self.get:
+            return "a live object returned is that object, and the return is a get on it"
+        return ("a live object returned is that object, its reference already counted by a "
+                "probed get inside the constructor (no count change)")
+
+
 @dataclass(frozen=True)
 class RoleSpec:
     """One entry of a role (init/get/put/delete/sink) of a refcount API."""
@@ -80,6 +107,7 @@ class RoleSpec:
     quiet_unknown: bool = False  # the spec's unknown_objects: count
     may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
     revives: bool = False  # get: the object this thread's last put released comes back
+    may_return_existing: ExistingReturn | None = None  # init at return: see ExistingReturn
     # (file, line, key) of each function name, so that a name the binary lacks is
     # reported where the user wrote it
     written_at: tuple[tuple[str, int, str], ...] = field(default=(), compare=False)
@@ -324,8 +352,9 @@ def _one_role_per_function(roles_node: dict[str, YNode], library: str | None) ->
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
     allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
-    extra = {"init": {"type", "initial_count"}, "get": {"may_be_leaked", "revives"},
-             "put": {"frees_at_zero", "may_be_leaked"}, "delete": {"inside_last_put"},
+    extra = {"init": {"type", "initial_count", "may_return_existing"},
+             "get": {"may_be_leaked", "revives"}, "put": {"frees_at_zero", "may_be_leaked"},
+             "delete": {"inside_last_put"},
              "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
     required = {"object"} | ({"type"} if role == "init" else set())
     required |= {"floating_flag"} if role == "sink" else set()
@@ -359,7 +388,28 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     may_be_leaked=_bit_flag(fields.get("may_be_leaked")),
                     revives=fields["revives"].boolean() if "revives" in fields else False,
                     static_if=_static_if(fields.get("static_if")),
+                    may_return_existing=_existing(fields.get("may_return_existing"), obj),
                     quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
+
+
+def _existing(node: YNode | None, obj: Source) -> ExistingReturn | None:
+    """`get`, `counted`, or `{reuses: argN}`: only a constructor read at its return
+    can hand back an object that exists already."""
+    if node is None:
+        return None
+    if not obj.at_return:
+        raise node.fail("only a constructor read at its return (object: return or "
+                        "{out: argN}) can return an existing object")
+    if not node.is_mapping():
+        value = node.scalar()
+        if value not in EXISTING_MODES:
+            raise node.fail(f"expected one of {', '.join(EXISTING_MODES)} or {{reuses: argN}}, "
+                            f"got {value!r}")
+        return ExistingReturn(get=value == "get")
+    arg = _arg_index(node.mapping({"reuses"}, {"reuses"})["reuses"], MAX_ARG)
+    if obj.out and arg != obj.arg:
+        raise node.fail(f"with object {{out: arg{obj.arg}}} the reused object is *arg{obj.arg}")
+    return ExistingReturn(reused_arg=arg)
 
 
 def _inside_last_put(node: YNode | None) -> str | None:

@@ -23,6 +23,9 @@ PF_STATIC_IF = 8
 PF_QUIET_UNKNOWN = 16
 PF_MAY_LEAK_FLAG = 32
 PF_REVIVE = 64
+PF_MAY_EXIST = 128
+PF_EXISTING_GET = 256
+PF_REUSES_ARG = 512
 HISTORY_DEPTH = 256
 HISTORY_SITES = 8
 AGE_FINE_SHIFT = 30
@@ -89,6 +92,8 @@ class Stat(IntEnum):
     PATHS_STALE = 29
     ALLOC_SITES_FULL = 30
     AGE_BINS_FULL = 31
+    EXISTING_RETURNED = 32
+    REUSE_DROPPED = 33
 
 
 STAT_TEXT: dict[Stat, str] = {
@@ -124,6 +129,8 @@ STAT_TEXT: dict[Stat, str] = {
     Stat.PATHS_STALE: 'note: per-path counts of released objects with more than 8 paths kept until their process is reported',
     Stat.ALLOC_SITES_FULL: 'note: objects not counted per allocation site: site table full (live counts, metrics and diffs leave them out)',
     Stat.AGE_BINS_FULL: 'note: objects not counted by creation time: age table full (the age metrics leave them out)',
+    Stat.EXISTING_RETURNED: 'note: constructors that returned an object already live: no new object (spec: may_return_existing)',
+    Stat.REUSE_DROPPED: 'note: objects a constructor was given to reuse and dropped (it failed: a put; spec: may_return_existing)',
 }
 
 
@@ -340,6 +347,7 @@ class InitArgs(C.Structure):
         ("type_ptr", C.c_uint64),
         ("count", C.c_int64),
         ("out_ptr", C.c_uint64),
+        ("existing", C.c_uint64),
     ]
 
 
@@ -676,7 +684,7 @@ MAPS: dict[str, tuple[str, str, str]] = {
     "may_leak": ("obj_key", "__u32", "MAX_GRAVES"),
     "name_buf": ("int", "type_name", "1"),
     "objs": ("obj_key", "obj_val", "MAX_OBJECTS"),
-    "pending_init": ("__u32", "init_args", "MAX_PROCS"),
+    "pending_init": ("__u64", "init_args", "MAX_PROCS"),
     "pending_mmap": ("__u32", "mmap_args", "MAX_MMAP_CALLS"),
     "probe_cfgs": ("int", "probe_cfg", "MAX_PROBES"),
     "probe_hits": ("int", "__u64", "MAX_PROBES"),

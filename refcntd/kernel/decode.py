@@ -28,6 +28,7 @@ from refcntd.kernel.records import (
 if TYPE_CHECKING:
     from refcntd.binary.probesite import ProbeSite
     from refcntd.binary.sdt import ArgLoc
+    from refcntd.inputs.spec import RoleSpec
 
 
 def file_key(path: str) -> abi.FileKey | None:
@@ -67,7 +68,8 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
                  | (abi.PF_STATIC_IF if role.static_if else 0)
                  | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0)
                  | (abi.PF_MAY_LEAK_FLAG if role.may_be_leaked else 0)
-                 | (abi.PF_REVIVE if role.revives else 0))
+                 | (abi.PF_REVIVE if role.revives else 0)
+                 | _existing_flags(role))
     if role.type_name is not None:
         for i, offset in enumerate(role.type_name.deref):
             cfg.type_deref[i] = offset + 1
@@ -77,6 +79,15 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
         cfg.static_offset, cfg.static_value = role.static_if
     if role.may_be_leaked is not None:
         cfg.kept_offset, cfg.kept_mask = role.may_be_leaked
+
+
+def _existing_flags(role: RoleSpec) -> int:
+    """may_return_existing: a live object returned is that object (a get, or no change)."""
+    existing = role.may_return_existing
+    if existing is None:
+        return 0
+    return (abi.PF_MAY_EXIST | (abi.PF_EXISTING_GET if existing.get else 0)
+            | (abi.PF_REUSES_ARG if existing.reused_arg else 0))
 
 
 def _arg_loc(loc: ArgLoc) -> abi.ArgLoc:

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT, assert_one_line_error, refcntd
 
 from refcntd.errors import ConfigError
-from refcntd.inputs.spec import load_spec
+from refcntd.inputs.spec import ExistingReturn, load_spec
 
 VALID = """\
 version: 1
@@ -147,6 +147,54 @@ def test_bad_semantics_name_file_line_and_key(tmp_path, old, new, key, problem):
         load_spec(path)
     assert info.value.key == key, info.value.message
     assert problem in info.value.problem
+
+
+EXISTING = """\
+version: 1
+name: ctors
+roles:
+  init:
+    - {functions: [reg_get], object: return, type: {name: Reg}, may_return_existing: get}
+    - {functions: [svc_new], object: return, type: {name: Svc}, may_return_existing: counted}
+    - {functions: [d2i_foo], object: return, type: {name: Foo},
+       may_return_existing: {reuses: arg1}}
+    - {functions: [foo_read], object: {out: arg2}, type: {name: Foo},
+       may_return_existing: {reuses: arg2}}
+    - {functions: [foo_new], object: return, type: {name: Foo}}
+  get: {functions: [foo_ref], object: arg1}
+  put: {functions: [foo_unref], object: arg1}
+"""
+
+
+def test_constructors_that_may_return_an_existing_object(tmp_path):
+    reg, svc, d2i, read, new = load_spec(write(tmp_path, EXISTING)).roles["init"]
+    assert reg.may_return_existing == ExistingReturn(get=True)
+    assert svc.may_return_existing == ExistingReturn()
+    assert d2i.may_return_existing == ExistingReturn(reused_arg=1)
+    assert read.may_return_existing == ExistingReturn(reused_arg=2)
+    assert new.may_return_existing is None
+    assert "a get on it" in reg.may_return_existing.describe()
+    assert "*argument 1" in d2i.may_return_existing.describe()
+
+
+@pytest.mark.parametrize("old,new,problem", [
+    ("may_return_existing: get}", "may_return_existing: true}", "one of get, counted"),
+    ("may_return_existing: get}", "may_return_existing: always}", "one of get, counted"),
+    ("{reuses: arg1}", "{reuses: arg7}", "1..6"),
+    ("{reuses: arg1}", "{reused: arg1}", "unknown key"),
+    ("{reuses: arg2}", "{reuses: arg1}", "*arg2"),
+    ("{functions: [foo_new], object: return, type: {name: Foo}}",
+     "{functions: [foo_new], object: arg1, type: {name: Foo}, may_return_existing: get}",
+     "read at its return"),
+    ("get: {functions: [foo_ref], object: arg1}",
+     "get: {functions: [foo_ref], object: arg1, may_return_existing: get}", "unknown key"),
+])
+def test_bad_may_return_existing_names_the_problem(tmp_path, old, new, problem):
+    assert old in EXISTING
+    with pytest.raises(ConfigError) as info:
+        load_spec(write(tmp_path, EXISTING.replace(old, new)))
+    assert "may_return_existing" in info.value.key or "unknown key" in info.value.problem
+    assert problem in info.value.problem, info.value.problem
 
 
 @pytest.mark.parametrize(("old", "new", "line", "key", "other"), [
