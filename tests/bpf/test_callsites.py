@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, FIXTURES, Build, cc, functions, leak_summary, refcntd
 
-from refcntd.kernel.program import HOLD_SPARE_PROBES
+from refcntd.kernel.program import EXEC_SPARE_PROBES, HOLD_SPARE_PROBES
 
 TRUTH = {"obj": [1, 2, 4]}
 GETS_PUTS = [(1, 1), (2, 1), (3, 0)]
@@ -133,9 +133,10 @@ def test_spare_probe_slots_used_up_moves_the_function_back(bpf, build, tmp_path)
     """A plugin with more call sites than the spare probe slots: `get` goes back to
     its entry probe while the plugin's dlopen waits, and counts stay exact.  (The
     first run of a binary reserves 32 768 slots; later runs the last plan's count
-    plus HOLD_SPARE_PROBES: the second run is the one that overflows.)"""
+    plus the spare slots, which under `run` also keep room for the programs the tree
+    execs: the second run is the one that overflows.)"""
     exe, _ = build_fixture(build, tmp_path)
-    gets = 2 * HOLD_SPARE_PROBES + 100
+    gets = 2 * (HOLD_SPARE_PROBES + EXEC_SPARE_PROBES) + 100
     source = tmp_path / "many_gets.c"
     source.write_text('#include "refcnt.h"\nstruct obj { atomic_t refcnt; int id; };\n'
                       "void plugin_touch(struct obj *o)\n{\n"
