@@ -142,3 +142,28 @@ def markdown(doc: dict[str, Any]) -> str:
               "Direct answers, by what refcntd said:", "", *findings(mutants), ""]
     lines += ["## Mutants", "", *mutant_rows(mutants), ""]
     return "\n".join(lines)
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Before/after scores of one benchmark run judged by two inferences, and the
+    mutants whose outcome changed."""
+    lines = ["# Culprits on real-code mutants: before and after", "",
+             f"Machine: {after['machine']}", "",
+             f"The same kept runs ({after['started']} to {after['finished']}, "
+             f"{after['repeats']} refcntd run(s) per mutant) judged by refcntd "
+             f"{before.get('rescored', {}).get('commit', '?')} (before) and "
+             f"{after.get('rescored', {}).get('commit', '?')} (after) with "
+             "`benchmarks/mutants/mutants.py rescore`.", "",
+             "## Before", "", *score_table(before["mutants"]), "",
+             "## After", "", *score_table(after["mutants"]), "",
+             "Direct answers after, by what refcntd said:", "", *findings(after["mutants"]), "",
+             "## Outcomes that changed", "",
+             "| mutant | function | before | after: refcntd | after |", "|---|---|---|---|---|"]
+    old = {m["id"]: m for m in before["mutants"]}
+    for m in after["mutants"]:
+        b = old.get(m["id"])
+        if m["status"] != "scored" or b is None or b.get("outcome") == m["outcome"]:
+            continue
+        lines.append(f"| {m['id']} | {m['function']} | {b.get('outcome')} | "
+                     f"{m['said'][:120].replace('|', '/')} | {m['outcome']} |")
+    return "\n".join(lines) + "\n"

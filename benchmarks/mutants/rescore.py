@@ -11,6 +11,7 @@ give the same verdict).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -85,7 +86,8 @@ def _child(out: Path, seed: str) -> dict[str, list[list[Any]]]:
 def main(out: Path) -> int:
     started = time.monotonic()
     doc = json.loads((out / "mutants.json").read_text())
-    first, second = (_child(out, s) for s in HASH_SEEDS)
+    with concurrent.futures.ThreadPoolExecutor(len(HASH_SEEDS)) as pool:
+        first, second = pool.map(lambda seed: _child(out, seed), HASH_SEEDS)
     groups = {k: [score.Group(*(tuple(x) if isinstance(x, list) else x for x in g))
                   for g in v] for k, v in first.items()}
     base: dict[str, dict[str, list[score.Group]]] = {}
