@@ -293,6 +293,19 @@ def probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
     return CODEBASES[cb.name][2](cb)
 
 
+def restore_all(cb: Codebase) -> list[str]:
+    """Put back every file a stopped run left mutated (its pristine copy differs);
+    returns their names.  Without this the next build is a mutant's, baselines included."""
+    pristine = cb.work / "pristine"
+    changed = []
+    for copy in sorted(p for p in pristine.rglob("*") if p.is_file()) if pristine.exists() else []:
+        rel = str(copy.relative_to(pristine))
+        if (cb.source / rel).read_bytes() != copy.read_bytes():
+            (cb.source / rel).write_bytes(copy.read_bytes())
+            changed.append(rel)
+    return changed
+
+
 def keep_pristine(cb: Codebase, rel: str) -> Path:
     """A copy of the unmutated file, made once; the mutants restore from it."""
     copy = cb.work / "pristine" / rel

@@ -11,18 +11,29 @@ mutant is run under `refcntd run --history all --json` --repeats times and
 scored (right, tie, unknown, wrong, missed); repeats that disagree are
 reported as nondeterministic.
 
-Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke
+Every refcntd run is kept under DIR/runs/ (its --json and, beside it, the
+inference's inputs from REFCNTD_DUMP_EVIDENCE), so `rescore` judges the
+saved runs again with the current inference in seconds, without a build or
+a trace, and writes DIR/rescored.json and DIR/rescored.md.
+
+`compare --before A.json --after B.json` prints both scores and what changed.
+
+Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke|rescore|compare
                [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
+               [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import codebases
+import report
+import rescore
 import runner
 
 DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
@@ -30,7 +41,8 @@ DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("prepare", "sites", "run", "smoke"))
+    ap.add_argument("command", choices=("prepare", "sites", "run", "smoke", "rescore",
+                                           "compare"))
     ap.add_argument("--codebase", choices=(*codebases.CODEBASES, "all"), default="all")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="sources, builds, caches and results (default %(default)s)")
@@ -38,9 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="refcntd runs per mutant")
     ap.add_argument("--seconds", type=int, default=0,
                     help="stop starting new mutants after this long (0: no limit)")
+    ap.add_argument("--timeout", type=int, default=runner.REFCNTD_TIMEOUT,
+                    help="seconds one refcntd run may take (default %(default)s)")
+    ap.add_argument("--before", type=Path, help="compare: the rescored JSON judged first")
+    ap.add_argument("--after", type=Path, help="compare: the rescored JSON judged second")
     args = ap.parse_args(argv)
+    if args.command == "compare":
+        if not (args.before and args.after):
+            ap.error("compare needs --before and --after")
+        docs = [json.loads(p.read_text()) for p in (args.before, args.after)]
+        print(report.compare(*docs), end="")
+        return 0
+    runner.REFCNTD_TIMEOUT = args.timeout
     names = list(codebases.CODEBASES) if args.codebase == "all" else [args.codebase]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "rescore":
+        return rescore.main(args.out)
     if args.command == "smoke":
         return runner.smoke(args.out, args.repeats)
     loaded = [codebases.load(n, args.out) for n in names]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,39 @@ def counts(doc: dict[str, Any], cb: str) -> str:
             f"{status['truth lost events']} lost trace events")
 
 
+def timing(doc: dict[str, Any], cb: str) -> str:
+    """Median seconds per step of one mutant."""
+    ms = [m for m in doc["mutants"] if m["codebase"] == cb]
+    parts = []
+    for key, what in (("build_s", "incremental build"), ("truth_s", "ftrace truth run"),
+                      ("refcntd_s", "refcntd runs (all repeats)")):
+        vals = [m[key] for m in ms if key in m]
+        if vals:
+            parts.append(f"{what} {statistics.median(vals):.1f} s (max {max(vals):.0f})")
+    return f"{cb}, median per mutant: " + ", ".join(parts)
+
+
+def findings(mutants: list[dict[str, Any]]) -> list[str]:
+    """How the direct answers that were not right went wrong, counted."""
+    scored = [m for m in mutants if m["status"] == "scored"]
+    kinds = {
+        "refcntd run over the time limit (thousands of leaked objects)":
+            [m for m in scored if m.get("timed_out")],
+        "no new leak group of the mutated type":
+            [m for m in scored if m["said"] == "no new group"],
+        "the direct leak reported indirect or as a cycle":
+            [m for m in scored if m["said"].startswith(("indirect", "cycle"))],
+        "culprit unknown":
+            [m for m in scored if m["said"].startswith("unknown")],
+        "a caller named instead (the mutated function was inlined into it)":
+            [m for m in scored if m.get("named_inliner")],
+        "wrong: another function named as the culprit":
+            [m for m in scored if m["outcome"] == "wrong"],
+    }
+    return [f"* {what}: {len(ms)} ({', '.join(sorted({m['codebase'] for m in ms}))})"
+            for what, ms in kinds.items() if ms]
+
+
 def mutant_rows(mutants: list[dict[str, Any]]) -> list[str]:
     out = ["| mutant | call | function | pattern | truth: new leaks | refcntd | outcome |",
            "|---|---|---|---|---|---|---|"]
@@ -80,8 +114,9 @@ def mutant_rows(mutants: list[dict[str, Any]]) -> list[str]:
         new = ", ".join(f"{t} +{n}" for t, n in m["new_leaks"].items())
         flag = "" if m["deterministic"] else " (repeats differ: " + \
             "/".join(m["repeat_outcomes"]) + ")"
+        said = m["said"] if len(m["said"]) < 140 else m["said"][:137] + "..."
         out.append(f"| {m['codebase']} {m['file']}:{m['line']} | {m['call']} | {m['function']} "
-                   f"| {m['pattern']} | {new} | {m['said']} | {m['outcome']}{flag} |")
+                   f"| {m['pattern']} | {new} | {said.replace('|', '/')} | {m['outcome']}{flag} |")
     return out
 
 
@@ -99,10 +134,36 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [f"* baseline {label}: truth {b['truth']['objects'] or 'no leak'}, "
                   f"{len(b['refcntd_groups'])} refcntd leak groups, "
                   f"repeatable: {b['repeatable']}" for label, b in cb["baseline"].items()]
-        lines += ["", counts(doc, name), ""]
+        lines += ["", counts(doc, name), "", timing(doc, name), ""]
     lines += ["## Scores", "", *score_table(mutants), ""]
     nondet = [m for m in mutants if m["status"] == "scored" and not m["deterministic"]]
     lines += [f"Repeats that disagreed: {len(nondet)} of "
-              f"{sum(m['status'] == 'scored' for m in mutants)} scored mutants.", ""]
+              f"{sum(m['status'] == 'scored' for m in mutants)} scored mutants.", "",
+              "Direct answers, by what refcntd said:", "", *findings(mutants), ""]
     lines += ["## Mutants", "", *mutant_rows(mutants), ""]
     return "\n".join(lines)
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Before/after scores of one benchmark run judged by two inferences, and the
+    mutants whose outcome changed."""
+    lines = ["# Culprits on real-code mutants: before and after", "",
+             f"Machine: {after['machine']}", "",
+             f"The same kept runs ({after['started']} to {after['finished']}, "
+             f"{after['repeats']} refcntd run(s) per mutant) judged by refcntd "
+             f"{before.get('rescored', {}).get('commit', '?')} (before) and "
+             f"{after.get('rescored', {}).get('commit', '?')} (after) with "
+             "`benchmarks/mutants/mutants.py rescore`.", "",
+             "## Before", "", *score_table(before["mutants"]), "",
+             "## After", "", *score_table(after["mutants"]), "",
+             "Direct answers after, by what refcntd said:", "", *findings(after["mutants"]), "",
+             "## Outcomes that changed", "",
+             "| mutant | function | before | after: refcntd | after |", "|---|---|---|---|---|"]
+    old = {m["id"]: m for m in before["mutants"]}
+    for m in after["mutants"]:
+        b = old.get(m["id"])
+        if m["status"] != "scored" or b is None or b.get("outcome") == m["outcome"]:
+            continue
+        lines.append(f"| {m['id']} | {m['function']} | {b.get('outcome')} | "
+                     f"{m['said'][:120].replace('|', '/')} | {m['outcome']} |")
+    return "\n".join(lines) + "\n"

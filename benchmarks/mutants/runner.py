@@ -93,20 +93,30 @@ class TimedOut(Exception):
     """refcntd did not finish its run within REFCNTD_TIMEOUT."""
 
 
-REFCNTD_TIMEOUT = 420  # s per run; mutants leaking thousands of objects can take longer
+REFCNTD_TIMEOUT = 420  # s per run (--timeout); mutants leaking thousands of objects take long
+
+
+def evidence_of(json_out: Path) -> Path:
+    """Where a run's inference inputs are kept (REFCNTD_DUMP_EVIDENCE), beside its --json."""
+    return json_out.with_suffix(".evidence.jsonl")
 
 
 def refcntd_run(cb: Codebase, w: Workload, json_out: Path) -> list[score.Group]:
+    """One traced run; its --json and its inference inputs stay beside each other."""
     cmd = [sys.executable, "-m", "refcntd", "run", "--spec", str(cb.spec), "--history", "all",
            "--json", str(json_out), "--quiet", "--wait-descendants", "5", "--", *w.argv]
+    json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.unlink(missing_ok=True)
+    evidence_of(json_out).unlink(missing_ok=True)
+    env = {**cb.run_env(), "REFCNTD_DUMP_EVIDENCE": str(evidence_of(json_out))}
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=cb.run_env(), capture_output=True,
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=REFCNTD_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise TimedOut() from None
     if not json_out.exists():
         raise RuntimeError(f"refcntd run failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    evidence_of(json_out).touch()  # none written: no leaked object had history to judge
     return score.groups(json_out)
 
 
@@ -120,7 +130,8 @@ def baseline(cb: Codebase, repeats: int, scratch: Path) -> Baseline:
     for w in cb.workloads:
         first, second = count(cb, w), count(cb, w)
         base.books[w.label] = first
-        runs = [refcntd_run(cb, w, scratch / f"base-{r}.json") for r in range(repeats)]
+        runs = [refcntd_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
+                            f"r{r}.json") for r in range(repeats)]
         base.groups[w.label] = runs[0]
         base.repeatable[w.label] = (first.objects == second.objects
                                     and all(score.signature(g) == score.signature(runs[0])
@@ -129,6 +140,13 @@ def baseline(cb: Codebase, repeats: int, scratch: Path) -> Baseline:
 
 
 # ---- one mutant ---------------------------------------------------------------
+
+def runs_dir(scratch: Path, *names: str) -> Path:
+    """OUT/runs/...: the kept refcntd runs of a mutant or a baseline workload (scratch is
+    OUT/scratch/CODEBASE), named after the mutant id or the workload label."""
+    safe = [n.replace("/", "_").replace(":", "_").replace(" ", "_") for n in names]
+    return scratch.parent.parent.joinpath("runs", *safe)
+
 
 def mutant_id(cb: Codebase, ex: Executed) -> str:
     s = ex.site
@@ -184,7 +202,8 @@ def judge(cb: Codebase, row: dict[str, Any], base: Baseline, repeats: int, scrat
     started = time.monotonic()
     try:
         runs = [score.new_groups(base.groups[w.label],
-                                 refcntd_run(cb, w, scratch / f"m{r}.json"))
+                                 refcntd_run(cb, w, runs_dir(scratch, row["id"]) /
+                                             f"r{r}.json"))
                 for r in range(repeats)]
     except TimedOut:
         return {**out, "status": "scored", "outcome": "missed", "timed_out": True,
@@ -216,6 +235,7 @@ def verdicts(runs: list[list[score.Group]], row: dict[str, Any], new: dict[str, 
     sigs = [score.signature(r) for r in runs]
     out["repeat_outcomes"] = [score.outcome(score.answer(r, row["type"]), row["function"])
                               for r in runs]
+    out["repeat_said"] = [score.said(score.answer(r, row["type"])) for r in runs]
     out["deterministic"] = all(s == sigs[0] for s in sigs)
     return out
 
@@ -238,6 +258,8 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
     for cb in cbs:
         scratch = out / "scratch" / cb.name
         scratch.mkdir(parents=True, exist_ok=True)
+        for rel in codebases.restore_all(cb):
+            print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
         cb.build()
         executed = executed_sites(cb)
         base = baseline(cb, repeats, scratch)

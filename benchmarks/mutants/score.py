@@ -117,3 +117,16 @@ def signature(found: list[Group]) -> list[list[str]]:
     """The verdicts of a run, for comparing repeats."""
     return sorted([g.type, "/".join(g.path[:3]), str(g.objects), g.status, *g.culprits[:3]]
                   for g in found)
+
+
+def from_model(g: Any) -> Group:
+    """A Group from refcntd's report model (analysis.model.LeakGroup), as _group reads
+    the same group from a run's --json: what `rescore` judges again."""
+    path = tuple(f.function or f.raw or "?" for f in g.frames
+                 if not f.function.startswith(STUBS))[:PATH_FRAMES]
+    v = g.verdict
+    cs = g.culprits
+    tie = tuple(cs[0].tie) if cs else ()
+    return Group(g.type_name, path, len(g.objects), v.status if v else "none",
+                 tuple(plain(c.function.function) for c in cs), tuple(map(plain, tie)),
+                 tuple(c.kind for c in cs), (v.reason if v else "")[:160])

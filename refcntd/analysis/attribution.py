@@ -250,15 +250,35 @@ class Baseline:
                    put_callers(released))
 
 
-def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool) -> int | None:
+# Name words of functions that return a new reference by convention (perf's
+# thread__get, dsos__find_kernel_dso, machine__findnew_thread; GLib's gst_pad_get_peer,
+# g_object_ref, g_strdup): a getter called once leaves no released object to learn
+# it from, and was blamed as the keeper.  Not "new"/"init": a constructor keeps the
+# references it takes for the object it builds.
+GETTER_WORDS = frozenset({"get", "ref", "find", "findnew", "lookup", "dup", "copy", "clone"})
+
+
+def named_getter(func: FuncKey) -> bool:
+    """Whether a function's name says it hands a reference to its caller."""
+    words = func[1].split(".")[0].lower().replace("__", "_").split("_")
+    return any(w in GETTER_WORDS for w in words) and func[1] not in START_FUNCTIONS
+
+
+def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool,
+                     sinks: frozenset[FuncKey] | set[FuncKey] = frozenset()) -> int | None:
     """Index of the first function on the get's path that keeps the reference.
 
     ctor_rule (no released object to learn from): the function that called
-    init is taken to return its new object, when it has a caller.
+    init is taken to return its new object, when it has a caller.  A function
+    named as a getter (named_getter) hands references up unless released
+    objects show it putting more than it gets (sinks); the outermost function
+    of a path is never skipped by name.
     """
     for i, func in enumerate(get.path):
         if func in sources or (ctor_rule and i == 0 and get.op == Role.INIT
                                and len(get.path) > 1 and func[1] not in START_FUNCTIONS):
+            continue
+        if i + 1 < len(get.path) and named_getter(func) and func not in sinks:
             continue
         return i
     return None
@@ -266,12 +286,16 @@ def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool) -> int
 
 def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
     """Culprit(s) of one unmatched get (several: a tie), or why none can be named."""
-    i = reference_holder(get, base.sources, not base.released)
+    i = reference_holder(get, base.sources, not base.released, base.sinks)
     if i is None:
         return (f"every function on the path of the unmatched {get.op.name.lower()} "
                 f"({len(get.path)} frames) hands references up to its caller: "
                 "the stack is likely truncated")
     holder, frames = get.path[i], get.frames[:i + 1]
+    if not get.frames[i].function:
+        return (f"the reference was kept in code without a symbol ({_name(get.frames[i])}, "
+                f"frame {i} of the unmatched {get.op.name.lower()}'s path): "
+                "a symbol table for its module would name it")
     expected = base.expected.get(get.path, [])
     name = _name(get.frames[i])
     if not expected:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
+from refcntd.analysis import evidencedump
 from refcntd.analysis.attribution import PathOp
 from refcntd.analysis.model import (
     AnomalyFinding,
@@ -95,6 +96,7 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
                  for group in [by_ref[(rec.type_name, rec.name_ptr, _alloc_ref(rec))]]}
         released = {key: _released_paths(names[key], stacks, sym, mods, history, leaked)
                     for key in paths}
+        evidencedump.dump(list(groups.values()), paths, released)
         judge_process(list(groups.values()), paths, released)
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)

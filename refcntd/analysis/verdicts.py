@@ -14,13 +14,21 @@ from dataclasses import dataclass
 from refcntd.analysis.attribution import (
     UNKNOWN,
     Culprit,
+    FuncKey,
     PairedGroup,
     PathOp,
     Verdict,
     judge,
 )
 from refcntd.analysis.model import Holder, LeakedObject, LeakGroup, LeakKey
-from refcntd.analysis.ownership import CYCLE, INDIRECT, Leaked, Ownership, ownership
+from refcntd.analysis.ownership import (
+    CYCLE,
+    INDIRECT,
+    Holding,
+    Leaked,
+    Ownership,
+    ownership,
+)
 from refcntd.kernel.abi import Role
 
 
@@ -51,16 +59,28 @@ def evidence_gap(gets: int, puts: int, ops: list[PathOp], lost: int, unwalked: i
 
 def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence]],
                   released: dict[LeakKey, list[PathOp]]) -> None:
-    """Set every group's verdict and culprits and every object's leak kind."""
+    """Set every group's verdict and culprits and every object's leak kind.
+
+    Operations come in the order the kernel's maps were walked, which differs
+    from run to run; pairing and ties take the first of equals, so they are put
+    in one canonical order first: the same events give the same verdict."""
+    evidence = {key: [dataclasses.replace(e, ops=sorted(e.ops, key=_op_order))
+                      for e in sorted(evs, key=lambda e: e.address)]
+                for key, evs in sorted(evidence.items(), key=lambda kv: kv[0])}
+    released = {key: sorted(ops, key=_op_order) for key, ops in released.items()}
     paired = {key: PairedGroup.of([(e.address, e.ops) for e in evs if not e.gap],
                                   released.get(key, []))
               for key, evs in evidence.items()}
     leaked = [Leaked(addr, e.type_name, e.init_ns, paired[key], ops, unmatched)
-              for key, evs in evidence.items() for e in evs if not e.gap
-              for addr, ops, unmatched in paired[key].objects if addr == e.address]
-    own = ownership(leaked)
+              for key, evs in evidence.items()
+              for e, (addr, ops, unmatched) in zip([e for e in evs if not e.gap],
+                                                   paired[key].objects, strict=True)]
+    own = ownership(leaked, _constructors(evidence, released))
     by_key = {g.key(): g for g in groups}
     types = {o.address: o.type_name for o in leaked}
+    held_by: dict[int, list[Holding]] = {}
+    for h in own.holdings:
+        held_by.setdefault(h.held, []).append(h)
     for key, evs in evidence.items():
         group = by_key[key]
         addrs = {e.address for e in evs if not e.gap}
@@ -68,8 +88,20 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
         verdict = _with_gaps(judge(paired[key], free), evs, own, addrs)
         group.verdict = _without_history(verdict, len(group.objects) - len(evs))
         group.culprits = group.verdict.culprits
-        group.objects = [_annotated(o, own, types) for o in group.objects]
+        group.objects = [_annotated(o, own, types, held_by) for o in group.objects]
     _point_to_holders(groups, own)
+
+
+def _op_order(op: PathOp) -> tuple[int, tuple[tuple[str, str, int], ...], int, int]:
+    return (int(op.op), tuple(f.key() for f in op.frames), op.count, op.first_ns)
+
+
+def _constructors(evidence: dict[LeakKey, list[Evidence]],
+                  released: dict[LeakKey, list[PathOp]]) -> frozenset[FuncKey]:
+    """Functions that call init (of every type this process judges)."""
+    ops = [op for evs in evidence.values() for e in evs for op in e.ops]
+    ops += [op for rel in released.values() for op in rel]
+    return frozenset(op.path[0] for op in ops if op.op == Role.INIT and op.path)
 
 
 def _without_history(verdict: Verdict, missing: int) -> Verdict:
@@ -98,10 +130,11 @@ def _with_gaps(verdict: Verdict, evs: list[Evidence], own: Ownership, addrs: set
     return Verdict(verdict.status, verdict.reason, verdict.culprits, tuple(notes))
 
 
-def _annotated(obj: LeakedObject, own: Ownership, types: dict[int, str]) -> LeakedObject:
+def _annotated(obj: LeakedObject, own: Ownership, types: dict[int, str],
+               held_by: dict[int, list[Holding]]) -> LeakedObject:
     kind = own.leak.get(obj.address, "")
     holders = tuple(Holder(h.holder, types.get(h.holder, ""), h.references, h.get.frames)
-                    for h in own.holdings if h.held == obj.address)
+                    for h in held_by.get(obj.address, ()))
     cycle = next((c for c in own.cycles if obj.address in c), ())
     return dataclasses.replace(obj, leak=kind, held_by=holders, cycle=cycle)
 

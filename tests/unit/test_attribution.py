@@ -5,9 +5,11 @@ from __future__ import annotations
 from refcntd.analysis.attribution import (
     EXTRA_GET,
     MISSING_PUT,
+    Baseline,
     PathOp,
     attribute,
     reference_sources,
+    verdict,
 )
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
@@ -86,3 +88,30 @@ def test_without_released_objects_matched_pairs_reveal_getters():
 def test_put_wrappers_are_reference_sinks():
     from refcntd.analysis.attribution import reference_sinks
     assert reference_sinks(RELEASED) == {("prog", "release")}
+
+
+def test_a_getter_called_once_is_skipped_by_its_name():
+    """perf's kernel dso: dsos__find_kernel_dso gets and returns, once per run, so no
+    released object teaches that it hands references up; machine__process_kernel_mmap_event
+    dropped its put (a real-code mutant)."""
+    get = op(GET, "dso__get dsos__find_kernel_dso machine__process_kernel_mmap_event main")
+    (culprit,) = verdict(get, [op(INIT, "dso_new dsos_add main"), get], Baseline.of([]))
+    assert culprit.kind == MISSING_PUT
+    assert culprit.function.function == "machine__process_kernel_mmap_event"
+    assert [f.function for f in culprit.frames][:2] == ["dso__get", "dsos__find_kernel_dso"]
+
+
+def test_a_getter_name_does_not_hide_a_function_that_puts_more_than_it_gets():
+    released = [op(INIT, "obj_new main", 2), op(GET, "obj_get main", 2),
+                op(PUT, "obj_put get_rid main", 4)]
+    get = op(GET, "obj_get get_rid main")
+    (culprit,) = verdict(get, [op(INIT, "obj_new main"), get], Baseline.of(released))
+    assert culprit.function.function == "get_rid"
+
+
+def test_a_function_without_a_symbol_is_never_the_culprit():
+    frames = (Frame("/bin/prog", 0x1000, "obj_get"), Frame("/lib/libx.so", 0x7f6aa),
+              Frame("/bin/prog", 0x1010, "main"))
+    get = PathOp(GET, frames, 1)
+    found = verdict(get, [op(INIT, "obj_new main"), get], Baseline.of([]))
+    assert isinstance(found, str) and "without a symbol (0x7f6aa" in found

@@ -1,0 +1,128 @@
+"""Judge the kept runs of a benchmark run again with the current inference.
+
+`mutants.py run` keeps every refcntd run's inference inputs under OUT/runs/
+(REFCNTD_DUMP_EVIDENCE).  This re-runs verdicts.judge_process on them, scores
+the answers as the run did (score.py, runner.verdicts) and writes
+OUT/rescored.json and OUT/rescored.md: seconds, no build, no trace.  Each
+input is judged twice, in two interpreters with different hash seeds: a
+verdict that changes is reported as nondeterministic (the same events must
+give the same verdict).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import report
+import runner
+import score
+
+from refcntd.analysis import evidencedump
+from refcntd.analysis.verdicts import judge_process
+
+HASH_SEEDS = ("1", "2")
+
+
+def judged(evidence: Path) -> list[score.Group]:
+    """The groups of one kept run, judged by the current inference (a run whose
+    evidence file is missing had no leaked object, so nothing to dump)."""
+    out = []
+    if not evidence.exists():
+        return out
+    for groups, paths, released in evidencedump.load(evidence):
+        if paths:
+            judge_process(groups, paths, released)
+        out += [score.from_model(g) for g in groups]
+    return out
+
+
+def inputs(out: Path, doc: dict[str, Any]) -> dict[str, Path]:
+    """Every kept run the document refers to: baselines and scored mutants."""
+    found: dict[str, Path] = {}
+    repeats = doc["repeats"]
+    for cb, cdoc in doc["codebases"].items():
+        scratch = out / "scratch" / cb
+        for label in cdoc["workloads"]:
+            for r in range(repeats):
+                found[f"{cb}/baseline/{label}/{r}"] = runner.evidence_of(
+                    runner.runs_dir(scratch, cb, "baseline", label) / f"r{r}.json")
+    for m in doc["mutants"]:
+        if m["status"] != "scored" or m.get("timed_out"):
+            continue
+        scratch = out / "scratch" / m["codebase"]
+        for r in range(repeats):
+            found[f"{m['id']}/{r}"] = runner.evidence_of(runner.runs_dir(scratch, m["id"]) /
+                                                          f"r{r}.json")
+    return found
+
+
+def judge_all(out: Path) -> dict[str, list[list[Any]]]:
+    """Kept run -> its judged groups, as plain lists (compared across hash seeds)."""
+    doc = json.loads((out / "mutants.json").read_text())
+    return {key: [list(map(_plain, g.__dict__.values())) for g in judged(path)]
+            for key, path in inputs(out, doc).items()
+            if path.exists() or path.with_name(path.name.split(".")[0] + ".json").exists()}
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _child(out: Path, seed: str) -> dict[str, list[list[Any]]]:
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, check=True,
+                          capture_output=True, text=True)
+    result: dict[str, list[list[Any]]] = json.loads(proc.stdout)
+    return result
+
+
+def main(out: Path) -> int:
+    started = time.monotonic()
+    doc = json.loads((out / "mutants.json").read_text())
+    with concurrent.futures.ThreadPoolExecutor(len(HASH_SEEDS)) as pool:
+        first, second = pool.map(lambda seed: _child(out, seed), HASH_SEEDS)
+    groups = {k: [score.Group(*(tuple(x) if isinstance(x, list) else x for x in g))
+                  for g in v] for k, v in first.items()}
+    base: dict[str, dict[str, list[score.Group]]] = {}
+    for cb, cdoc in doc["codebases"].items():
+        base[cb] = {label: groups.get(f"{cb}/baseline/{label}/0", [])
+                    for label in cdoc["workloads"]}
+        cdoc["baseline_rescored"] = {label: len(g) for label, g in base[cb].items()}
+    rows, missing = [], 0
+    for m in doc["mutants"]:
+        row = dict(m)
+        if m["status"] == "scored" and not m.get("timed_out"):
+            keys = [f"{m['id']}/{r}" for r in range(doc["repeats"])]
+            if not all(k in groups for k in keys):
+                missing += 1
+                row["status"] = "not kept"
+            else:
+                runs = [score.new_groups(base[m["codebase"]][m["workload"]], groups[k])
+                        for k in keys]
+                row.update(runner.verdicts(runs, m, m["new_leaks"]))
+                row["hash_stable"] = all(first[k] == second.get(k) for k in keys)
+                row["deterministic"] = row["deterministic"] and row["hash_stable"]
+        rows.append(row)
+    doc["mutants"] = rows
+    doc["rescored"] = {"commit": report.machine()["refcntd_commit"],
+                       "seconds": round(time.monotonic() - started, 1),
+                       "runs_not_kept": missing}
+    (out / "rescored.json").write_text(json.dumps(doc, indent=1))
+    (out / "rescored.md").write_text(report.markdown(doc))
+    scored = [r for r in rows if r["status"] == "scored"]
+    tally = {k: sum(r["outcome"] == k for r in scored) for k in score.OUTCOMES}
+    print(f"rescored {len(scored)} mutants in {doc['rescored']['seconds']} s: {tally}; "
+          f"hash-unstable {sum(not r.get('hash_stable', True) for r in scored)}; "
+          f"not kept {missing}")
+    return 0
+
+
+if __name__ == "__main__":
+    print(json.dumps(judge_all(Path(sys.argv[1]))))
