@@ -83,14 +83,14 @@ static __always_inline void hold_if_unvetted(__u32 tgid, struct file_key *file, 
 {
 	if (!KNOB(hold))
 		return;
-	if (exec && KNOB(hold_execs) && (file->ino || file->dev) && !vetted.lookup(file)) {
-		struct hold_key why = {.file = *file};
-		hold_stop(tgid, &why);
-		return;
+	int new_program = exec && KNOB(hold_execs) && (file->ino || file->dev) &&
+			  !vetted.lookup(file);
+	if (!new_program) {
+		struct exec_maps *maps = exec_maps.lookup(&tgid);
+		if (!hold_needed(maps, file, 0) &&
+		    !(KNOB(hold_tables) && hold_needed(maps, file, 1)))
+			return;
 	}
-	struct exec_maps *maps = exec_maps.lookup(&tgid);
-	if (!hold_needed(maps, file, 0) && !(KNOB(hold_tables) && hold_needed(maps, file, 1)))
-		return;
 	struct hold_key why = {.file = *file};
 	hold_stop(tgid, &why);
 }

@@ -209,15 +209,9 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u32 level = cfg->is_return ? obj_ctor_returned() : 0;
+	/* a process found system-wide was registered by on_probe, before the stack walk */
 	struct proc_val *proc = procs.lookup(&tgid);
-	if (!proc) {
-		if (KNOB(filtered))
-			return 0;
-		proc = proc_register(tgid, EV_PROC, tgid);
-		if (!proc)
-			return 0;
-	}
-	if (proc->flags & PROC_IGNORED)
+	if (!proc || (proc->flags & PROC_IGNORED))
 		return 0;
 	struct init_args args = {};
 	if (arg_init_args(ctx, cfg, &args, level) != 0)

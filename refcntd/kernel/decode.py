@@ -37,6 +37,13 @@ def file_key(path: str) -> abi.FileKey | None:
     return None if stamp is None else abi.FileKey(ino=stamp.ino, dev=stamp.kernel_dev)
 
 
+def names_file(path: str, dev: int, ino: int) -> bool:
+    """Whether `path` is the file (kernel dev_t, inode) here: a path from another
+    process's /proc/PID/maps may name another file in this mount namespace, or none."""
+    here = file_key(path)
+    return here is not None and (here.dev, here.ino) == (dev, ino)
+
+
 def pack_probe_cfgs(sites: list[ProbeSite], type_ids: Callable[[str], int]) -> bytes:
     """probe_cfgs' rows for `sites`, in order (no kernel needed)."""
     return b"".join(bytes(probe_cfg(site, type_ids)) for site in sites)

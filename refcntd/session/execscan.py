@@ -24,7 +24,7 @@ from refcntd.binary.probesite import ProbeSite
 from refcntd.errors import BinaryError, ConfigError, ConfigErrors, ProbeError
 from refcntd.inputs.spec import Spec
 from refcntd.kernel.abi import FileKey
-from refcntd.kernel.decode import file_key
+from refcntd.kernel.decode import names_file
 from refcntd.kernel.parts import Probes
 
 
@@ -96,12 +96,10 @@ def _program(tgid: int, file: FileKey) -> str | None:
     """The path of `tgid`'s program if it is `file` (else None), as this mount namespace
     names it, or /proc/PID/exe (the same inode) when it names another file."""
     exe = f"/proc/{tgid}/exe"
-    key = file_key(exe)
-    if key is None or (key.dev, key.ino) != (file.dev, file.ino):
+    if not names_file(exe, file.dev, file.ino):
         return None
     try:
         path = os.readlink(exe)
     except OSError:
         return exe
-    here = file_key(path)
-    return path if here is not None and (here.dev, here.ino) == (file.dev, file.ino) else exe
+    return path if names_file(path, file.dev, file.ino) else exe

@@ -22,7 +22,7 @@ from refcntd.binary.sitemode import load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
-from refcntd.kernel.decode import file_key
+from refcntd.kernel.decode import file_key, names_file
 from refcntd.kernel.parts import UnwindMaps
 
 
@@ -71,8 +71,7 @@ class UnwindTables:
         if not self.kernel.enabled:
             return
         for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
-            here = file_key(path)
-            same = here is not None and (here.dev, here.ino) == (dev, ino)
+            same = names_file(path, dev, ino)
             self.add([path if same else f"/proc/{tgid}/map_files/{start:x}-{end:x}"],
                      with_deps=same)
 

@@ -35,7 +35,7 @@ from refcntd.binary.probesite import CrossModule, ProbeSite
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import FileKey, HoldKey
-from refcntd.kernel.decode import file_key
+from refcntd.kernel.decode import file_key, names_file
 from refcntd.kernel.parts import HoldMaps, Probes
 from refcntd.kernel.program import KernelOptions
 from refcntd.paths import RUN_DIR
@@ -155,14 +155,15 @@ class Vetting:
         for tgid, why in self.holds.take_held().items():
             t0 = time.monotonic()
             marker = mark_held(tgid)
-            tables = self.load_tables is not None and not why.offset
+            load = None if why.offset else self.load_tables  # dlsym: no new mapping
+            tables = load is not None
             scanned, execd = len(self.stats.modules), False
             try:
                 if self.scan_exec is not None and not why.offset:
                     execd = self.scan_exec(tgid, why.file)
                     self.holds.vet([why.file])  # an exec'd file stops nobody again
-                if tables and self.load_tables is not None:
-                    self.load_tables(tgid)
+                if load is not None:
+                    load(tgid)
                 if why.offset:
                     self._handed_out(tgid, why)
                 else:
@@ -173,8 +174,8 @@ class Vetting:
                         self._fall_back(cross, f"scanning what process {tgid} maps failed: "
                                                f"{err}")
                 if not self.plan.cross:
-                    self.stats.fallbacks.append(f"loading the unwind tables of process "
-                                                f"{tgid} failed: {err}")
+                    self.stats.fallbacks.append(f"reading what process {tgid} maps (its "
+                                                f"program, its unwind tables) failed: {err}")
             finally:
                 self._resume(tgid, marker)
                 held = time.monotonic() - t0
@@ -219,8 +220,7 @@ class Vetting:
         for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
             if (dev, ino) in self._done:
                 continue
-            here = file_key(path)  # another mount namespace's path may not be
-            readable = path if here is not None and (here.dev, here.ino) == (dev, ino) else \
+            readable = path if names_file(path, dev, ino) else \
                 f"/proc/{tgid}/map_files/{start:x}-{end:x}"
             self._vet_file(path, readable)
             self._done.add((dev, ino))
