@@ -63,6 +63,10 @@ class BinaryError(RefcntdError):
     """The binary to trace is missing, not ELF, or lacks the probed symbols."""
 
 
+class ScriptError(BinaryError):
+    """A script (#!) where an ELF file was read: never mapped executable itself."""
+
+
 class EnvironmentProblem(RefcntdError):
     """Tracing is impossible here: privileges, kernel headers, tracefs, bcc."""
 

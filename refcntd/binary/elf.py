@@ -20,7 +20,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, Section, SymbolTableSection
 
-from refcntd.errors import BinaryError, InputFileError
+from refcntd.errors import BinaryError, InputFileError, ScriptError
 from refcntd.inputs.files import open_regular, read_bytes
 
 # Suffixes gcc gives to compiler-made copies of a function (IPA clones, split parts).
@@ -300,9 +300,10 @@ def _read_elf_bytes(path: Path) -> bytes:
     except InputFileError as err:
         raise BinaryError(err.message.removeprefix("binary ")) from None
     if data[:4] != b"\x7fELF":
-        first = data[:2]
-        what = "a script" if first == b"#!" else "not an ELF file"
-        raise BinaryError(f"{path}: {what}; give the ELF executable or shared library to trace")
+        script = data[:2] == b"#!"
+        error = ScriptError if script else BinaryError
+        raise error(f"{path}: {'a script' if script else 'not an ELF file'}; give the ELF "
+                    "executable or shared library to trace")
     if len(data) < 64:
         raise BinaryError(f"{path}: truncated ELF file ({len(data)} bytes)")
     if data[4] != 2:

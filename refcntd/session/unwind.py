@@ -19,7 +19,7 @@ from pathlib import Path
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.sitemode import load_set
-from refcntd.errors import BinaryError
+from refcntd.errors import BinaryError, ScriptError
 from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.decode import file_key, names_file
@@ -58,6 +58,8 @@ class UnwindTables:
             if isinstance(ready, Exception):
                 raise ready
             self.kernel.load_table(path, ready)
+        except ScriptError:  # exec'd, never mapped: its interpreter is the module
+            self.kernel.mark_without_table(path)
         except (BinaryError, OSError) as err:
             self.failed.append(f"{path}: {err}")
             self.kernel.mark_without_table(path)
@@ -112,17 +114,9 @@ def prefetch(paths: Iterable[str]) -> Prefetched:
 
 
 def command_path(command: list[str]) -> str | None:
-    """The command's ELF file, or None (not found; a script: its interpreter is in the
-    plan's modules already, and the script has no unwind table to load)."""
+    """The command's file, or None if not found."""
     found = shutil.which(command[0]) if command else None
-    if not found:
-        return None
-    try:
-        with open(found, "rb") as f:
-            elf = f.read(4) == b"\x7fELF"
-    except OSError:
-        return None
-    return str(Path(found).resolve()) if elf else None
+    return str(Path(found).resolve()) if found else None
 
 
 def linked_libraries(path: str) -> list[str]:
