@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,23 +64,45 @@ def inputs(out: Path, doc: dict[str, Any]) -> dict[str, Path]:
     return found
 
 
-def judge_all(out: Path) -> dict[str, list[list[Any]]]:
-    """Kept run -> its judged groups, as plain lists (compared across hash seeds)."""
+JUDGE_LIMIT_S = 60
+
+
+class _Slow(Exception):
+    pass
+
+
+def _alarm(*_: Any) -> None:
+    raise _Slow()
+
+
+def judge_all(out: Path) -> dict[str, list[list[Any]] | None]:
+    """Kept run -> its judged groups, as plain lists (compared across hash seeds);
+    None for a run the inference could not judge within JUDGE_LIMIT_S."""
     doc = json.loads((out / "mutants.json").read_text())
-    return {key: [list(map(_plain, g.__dict__.values())) for g in judged(path)]
-            for key, path in inputs(out, doc).items()
-            if path.exists() or path.with_name(path.name.split(".")[0] + ".json").exists()}
+    signal.signal(signal.SIGALRM, _alarm)
+    found: dict[str, list[list[Any]] | None] = {}
+    for key, path in inputs(out, doc).items():
+        if not (path.exists() or path.with_name(path.name.split(".")[0] + ".json").exists()):
+            continue
+        signal.alarm(JUDGE_LIMIT_S)
+        try:
+            found[key] = [list(map(_plain, g.__dict__.values())) for g in judged(path)]
+        except _Slow:
+            found[key] = None
+        finally:
+            signal.alarm(0)
+    return found
 
 
 def _plain(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
-def _child(out: Path, seed: str) -> dict[str, list[list[Any]]]:
+def _child(out: Path, seed: str) -> dict[str, list[list[Any]] | None]:
     env = {**os.environ, "PYTHONHASHSEED": seed}
     proc = subprocess.run([sys.executable, __file__, str(out)], env=env, check=True,
                           capture_output=True, text=True)
-    result: dict[str, list[list[Any]]] = json.loads(proc.stdout)
+    result: dict[str, list[list[Any]] | None] = json.loads(proc.stdout)
     return result
 
 
@@ -88,8 +111,9 @@ def main(out: Path) -> int:
     doc = json.loads((out / "mutants.json").read_text())
     with concurrent.futures.ThreadPoolExecutor(len(HASH_SEEDS)) as pool:
         first, second = pool.map(lambda seed: _child(out, seed), HASH_SEEDS)
+    slow = {k for k, v in first.items() if v is None}
     groups = {k: [score.Group(*(tuple(x) if isinstance(x, list) else x for x in g))
-                  for g in v] for k, v in first.items()}
+                  for g in v] for k, v in first.items() if v is not None}
     base: dict[str, dict[str, list[score.Group]]] = {}
     for cb, cdoc in doc["codebases"].items():
         base[cb] = {label: groups.get(f"{cb}/baseline/{label}/0", [])
@@ -100,7 +124,10 @@ def main(out: Path) -> int:
         row = dict(m)
         if m["status"] == "scored" and not m.get("timed_out"):
             keys = [f"{m['id']}/{r}" for r in range(doc["repeats"])]
-            if not all(k in groups for k in keys):
+            if any(k in slow for k in keys):
+                row.update({"outcome": "missed", "judge_slow": True,
+                            "said": f"judging took over {JUDGE_LIMIT_S} s"})
+            elif not all(k in groups for k in keys):
                 missing += 1
                 row["status"] = "not kept"
             else:
@@ -120,6 +147,7 @@ def main(out: Path) -> int:
     tally = {k: sum(r["outcome"] == k for r in scored) for k in score.OUTCOMES}
     print(f"rescored {len(scored)} mutants in {doc['rescored']['seconds']} s: {tally}; "
           f"hash-unstable {sum(not r.get('hash_stable', True) for r in scored)}; "
+          f"too slow to judge {sum(bool(r.get('judge_slow')) for r in scored)}; "
           f"not kept {missing}")
     return 0
 

@@ -148,9 +148,10 @@ def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | s
     gets = sorted((op for op in ops if is_get(op.op)), key=_in_time)
     puts = sorted((op for op in ops if op.op == Role.PUT), key=_in_time)
     left_g, left_p = [op.count for op in gets], [op.count for op in puts]
+    common = _everywhere(gets + puts)
     # equal ranks: the earliest get and put first, never the order the kernel's
     # history slots happened to hold them in (hashes of addresses: other each run)
-    ranked = sorted(((_match_rank(g, p, sources, sinks), gi, pi)
+    ranked = sorted(((_match_rank(g, p, sources, sinks, common), gi, pi)
                      for gi, g in enumerate(gets) for pi, p in enumerate(puts)),
                     key=lambda r: (r[0], -r[1], -r[2]), reverse=True)
     matches: list[Match] = []
@@ -174,11 +175,24 @@ def pair_puts(ops: list[PathOp], sources: set[FuncKey],
     """The gets left over, and the functions that handed a matched reference
     up to where it was put (sources, by this object's evidence)."""
     unmatched, matches = pair(ops, sources, sinks)
+    return unmatched, _handed_up(matches, _everywhere(ops))
+
+
+def _handed_up(matches: list[Match], everywhere: frozenset[str]) -> set[FuncKey]:
+    """Functions a matched reference passed up through, from its get to where it was
+    put.  A put on another thread (no shared caller) shows nothing: not every caller
+    of the get handed it over."""
     handed_up: set[FuncKey] = set()
     for get, put, _ in matches:
         path = get.path
-        handed_up.update(path[:len(path) - common_depth(path, put.path)])
-    return unmatched, handed_up
+        depth = common_depth(path, put.path)
+        if not depth:
+            continue
+        stored = stored_at(get, put, depth, everywhere)
+        # a reference stored into an owner (put by the owner's API) went no further
+        # up than the owner's function; its callers never held it
+        handed_up.update(path[:len(path) - depth if stored is None else stored + 1])
+    return handed_up
 
 
 def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathOp, int]]:
@@ -186,8 +200,60 @@ def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathO
     return pair(ops, sources)[0]
 
 
+def api_class(func: FuncKey) -> str:
+    """The object a C function works on, by the codebase's naming: perf's
+    `map__new2`/`__dsos__add` -> map/dsos, GLib's `gst_bin_add` -> gst_bin."""
+    name = func[1].split(".")[0].lstrip("_")
+    if "__" in name:
+        return name.split("__")[0]
+    words = name.split("_")
+    return "_".join(words[:2]) if len(words) > 2 else ""
+
+
+def _classes(path: tuple[FuncKey, ...], getters: bool = True) -> dict[str, int]:
+    """Each API class on a path, at its innermost position (without getters: a
+    lookup such as thread__find_map hands its reference up, it stores nothing)."""
+    out: dict[str, int] = {}
+    for i, func in enumerate(path):
+        cls = "" if not getters and named_getter(func) else api_class(func)
+        if cls:
+            out.setdefault(cls, i)
+    return out
+
+
+def _everywhere(ops: list[PathOp]) -> frozenset[str]:
+    """Classes on every path of an object (its own type's get/put/new): no evidence."""
+    sets = [set(_classes(op.path)) for op in ops]
+    return frozenset(set.intersection(*sets)) if sets else frozenset()
+
+
+def affinity(get: PathOp, put: PathOp, depth: int, common: frozenset[str]) -> int:
+    """How near the refcount calls a get and a put pass through the same object's
+    API below their shared caller: a reference stored by `map__new2` is put by
+    `map__put`/`map__delete` (the owner's destructor), not by `dsos__exit`."""
+    shared = _shared(get, put, depth, common)
+    return -min(shared)[0] if shared else -1000
+
+
+def _shared(get: PathOp, put: PathOp, depth: int, common: frozenset[str]
+            ) -> list[tuple[int, int]]:
+    """(distance, index on the get's path) of each class both inner parts pass through."""
+    inner_g = _classes(get.path[:len(get.path) - depth], getters=False)
+    inner_p = _classes(put.path[:len(put.path) - depth])
+    return [(inner_g[c] + inner_p[c], inner_g[c])
+            for c in sorted(inner_g.keys() & inner_p.keys() - common)]
+
+
+def stored_at(get: PathOp, put: PathOp, depth: int, common: frozenset[str]) -> int | None:
+    """Index on the get's path of the owner's function that stored the reference the
+    put releases, when their paths share an object's API below their shared caller."""
+    shared = _shared(get, put, depth, common)
+    return min(shared)[1] if shared else None
+
+
 def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey],
-                sinks: frozenset[FuncKey] | set[FuncKey]) -> tuple[int, bool, int, bool, int]:
+                sinks: frozenset[FuncKey] | set[FuncKey], everywhere: frozenset[str] = frozenset()
+                ) -> tuple[int, int, bool, int, bool, int]:
     """Deepest shared caller first.  Then: a put made by that caller itself drops
     its initial reference first (a put one call below it counts as its own: a
     put wrapper); a put made deeper (a consumer it handed the object to)
@@ -200,8 +266,8 @@ def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey],
     own_put = put_owner(put, set(sinks)) == common or below == 1
     via_source = bool(get.path) and get.path[0] in sources
     is_init = get.op == Role.INIT
-    return (depth, is_init == own_put, -below if is_init else below, via_source,
-            len(get.frames))
+    return (depth, affinity(get, put, depth, everywhere), is_init == own_put,
+            -below if is_init else below, via_source, len(get.frames))
 
 
 def culprit_of(get: PathOp, ops: list[PathOp], sources: set[FuncKey], sinks: set[FuncKey]
@@ -243,7 +309,8 @@ class Baseline:
         src = reference_sources(released) if sources is None else sources
         snk = reference_sinks(released) if sinks is None else sinks
         expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]] = {}
-        for get, put, n in pair(released, src, put_wrappers(released))[1]:
+        matches = pair(released, src, put_wrappers(released))[1]
+        for get, put, n in matches:
             expected.setdefault(get.path, []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
         return cls(released, src, snk, put_wrappers(released), expected, suffixes,
@@ -286,6 +353,9 @@ def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool,
 
 def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
     """Culprit(s) of one unmatched get (several: a tie), or why none can be named."""
+    direct = _expected_owner(get, ops, base)
+    if direct is not None:
+        return direct
     i = reference_holder(get, base.sources, not base.released, base.sinks)
     if i is None:
         return (f"every function on the path of the unmatched {get.op.name.lower()} "
@@ -298,6 +368,11 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
                 "a symbol table for its module would name it")
     expected = base.expected.get(get.path, [])
     name = _name(get.frames[i])
+    if not expected and get.op == Role.INIT and base.released:
+        return (f"the object's initial reference was never dropped; {name} created it and "
+                "released objects of its kind dropped theirs elsewhere, so the function "
+                "that should have is not on this path: the history's other operations "
+                "show who used it")
     if not expected:
         if any(op.op == Role.PUT and put_owner(op, base.callers) == holder for op in ops):
             return [Culprit(EXTRA_GET, get.frames[i], frames, why=(
@@ -313,6 +388,32 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
             f"released objects got {n} such reference(s) here and {name} put them at "
             f"{where}; in this object it never did"))]
     return _handover(get, ops, base, i, put, n)
+
+
+def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | None:
+    """Released objects got references at this very path and one function on it put
+    them: that function is where this one's put is missing, or, when this object
+    has that put too, where the reference was got once more.  Direct evidence,
+    before any rule about which callers hand references up."""
+    expected = base.expected.get(get.path, [])
+    if not expected:
+        return None
+    put, n = max(expected, key=lambda e: (e[1], _in_time(e[0])))
+    owner = put_owner(put, base.callers)
+    if owner is None or owner not in get.path:
+        return None
+    k = get.path.index(owner)
+    if not get.frames[k].function:
+        return None
+    name, where = _name(get.frames[k]), _short(put.frames)
+    if any(op.op == Role.PUT and op.path == put.path for op in ops):
+        return [Culprit(EXTRA_GET, get.frames[k], get.frames[:k + 1], expected=put.frames,
+                        why=(f"released objects got {n} such reference(s) here and {name} "
+                             f"put them at {where}; this object was put there too, but got "
+                             "one reference more"))]
+    return [Culprit(MISSING_PUT, get.frames[k], get.frames[:k + 1], expected=put.frames,
+                    why=(f"released objects got {n} such reference(s) here and {name} put "
+                         f"them at {where}; in this object it never did"))]
 
 
 def _handover(get: PathOp, ops: list[PathOp], base: Baseline, i: int, put: PathOp,

@@ -67,7 +67,8 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
     evidence = {key: [dataclasses.replace(e, ops=sorted(e.ops, key=_op_order))
                       for e in sorted(evs, key=lambda e: e.address)]
                 for key, evs in sorted(evidence.items(), key=lambda kv: kv[0])}
-    released = {key: sorted(ops, key=_op_order) for key, ops in released.items()}
+    released = {key: sorted(_own_type(ops, key[0], evidence), key=_op_order)
+                for key, ops in released.items()}
     paired = {key: PairedGroup.of([(e.address, e.ops) for e in evs if not e.gap],
                                   released.get(key, []))
               for key, evs in evidence.items()}
@@ -90,6 +91,21 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
         group.culprits = group.verdict.culprits
         group.objects = [_annotated(o, own, types, held_by) for o in group.objects]
     _point_to_holders(groups, own)
+
+
+def _own_type(ops: list[PathOp], type_name: str, evidence: dict[LeakKey, list[Evidence]]
+              ) -> list[PathOp]:
+    """Released operations of this type only.  Objects typed by the name they pass to
+    the stubs share one kernel type, so a dso's released paths arrive mixed with the
+    maps' and threads'.  An operation made by a function that, in the leaked objects,
+    only ever operates on another type (map__put, thread__new) is dropped."""
+    own: set[FuncKey] = set()
+    other: set[FuncKey] = set()
+    for key, evs in evidence.items():
+        funcs = {op.path[0] for e in evs for op in e.ops if op.path}
+        (own if key[0] == type_name else other).update(funcs)
+    foreign = other - own
+    return [op for op in ops if not (op.path and op.path[0] in foreign)]
 
 
 def _op_order(op: PathOp) -> tuple[int, tuple[tuple[str, str, int], ...], int, int]:
