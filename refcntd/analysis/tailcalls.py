@@ -11,9 +11,10 @@ f is often a static helper whose last statement calls into a library, `jmp
 g@plt`: the frame above is then in another module, and still not f (f is in
 the caller's module).  A call into the PLT itself (`call X@plt`) is a plain
 call when the frame above is X; when it is not, X is put back only from the
-module above when that module defines X and the frame is not X under another
-name.  An IFUNC (`memcpy` landing in `__memmove_avx_unaligned_erms`) or X in a
-third module leaves nothing certain, and nothing is inserted.
+module above when that module exports X as one plain function and the frame is
+not in it.  An IFUNC (`memcpy` landing in `__memmove_avx_unaligned_erms`), X in
+a third module or a call to code without a symbol leaves nothing certain, and
+nothing is inserted.
 """
 
 from __future__ import annotations
