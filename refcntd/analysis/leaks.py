@@ -244,9 +244,10 @@ class LeakedObjects(Sequence[LeakedObject]):
 
 def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
                stubs: frozenset[str]) -> tuple[Frame, ...]:
-    frames = symbolize_stack(ref, stacks, sym, mods)[0]
-    frames = frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
-    return with_tail_calls(frames, sym)
+    """An operation's path: the probed function dropped, after the frames tail calls
+    removed are back (a helper that jumped to the probed function is above its caller)."""
+    frames = with_tail_calls(symbolize_stack(ref, stacks, sym, mods)[0], sym)
+    return frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
 
 
 def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,

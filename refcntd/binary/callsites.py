@@ -415,6 +415,7 @@ def imports(image: ElfImage, name: str) -> bool:
 
 
 _PLT_STUBS: dict[str, tuple[object, dict[str, list[tuple[int, int]]]]] = {}  # path -> last
+_STUB_NAMES: dict[str, tuple[object, dict[int, str]]] = {}  # path -> (plt_stubs', inverse)
 
 
 def plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
@@ -435,6 +436,17 @@ def plt_stubs(image: ElfImage) -> dict[str, list[tuple[int, int]]]:
     if kept is None or kept[0] != version:
         kept = (version, _read_plt_stubs(image))
         _PLT_STUBS[str(image.path)] = kept
+    return kept[1]
+
+
+def plt_stub_names(image: ElfImage) -> dict[int, str]:
+    """PLT stub address -> the imported function it jumps to: what `call X@plt`
+    calls (the inverse of plt_stubs, made once per version it has)."""
+    stubs = plt_stubs(image)
+    kept = _STUB_NAMES.get(str(image.path))
+    if kept is None or kept[0] is not stubs:
+        kept = (stubs, {start: name for name, rows in stubs.items() for start, _ in rows})
+        _STUB_NAMES[str(image.path)] = kept
     return kept[1]
 
 
