@@ -87,10 +87,16 @@ def unlocated_warning(result: RunResult, verdict: Verdict, root: Path) -> str | 
 
 
 def _relative(frame: Frame, root: Path) -> str | None:
+    """A relative DWARF path (a unit built without its directory, glibc's
+    `sysdeps/...`) is taken under `root` only when that file is there: resolved
+    against the working directory it passed for a file of the user's tree."""
     if not frame.file or not frame.line:
         return None
+    path = Path(frame.file)
+    if not path.is_absolute() and not (root / path).is_file():
+        return None
     try:
-        return Path(frame.file).resolve().relative_to(root.resolve()).as_posix()
+        return (root / path).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return None
 
