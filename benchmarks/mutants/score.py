@@ -130,3 +130,18 @@ def from_model(g: Any) -> Group:
     return Group(g.type_name, path, len(g.objects), v.status if v else "none",
                  tuple(plain(c.function.function) for c in cs), tuple(map(plain, tie)),
                  tuple(c.kind for c in cs), (v.reason if v else "")[:160])
+
+
+LINE_OUTCOMES = ("right", "wrong", "no line")
+
+
+def line_outcome(culprit: dict[str, Any] | None, mutated_file: str, mutated_line: int) -> str:
+    """A "get added" mutant at line level: the top culprit of its group (a --json
+    culprit, with `file`/`line` when refcntd named one) against the added get's line.
+    The file compares by its trailing path parts (DWARF paths are absolute, the
+    mutant's relative to its tree); "no line": no culprit, or none named (no DWARF)."""
+    if not culprit or not culprit.get("line"):
+        return "no line"
+    tail = Path(mutated_file).parts
+    same_file = Path(culprit["file"]).parts[-len(tail):] == tail
+    return "right" if same_file and culprit["line"] == mutated_line else "wrong"

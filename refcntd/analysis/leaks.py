@@ -11,6 +11,7 @@ from typing import overload
 
 from refcntd.analysis import evidencedump
 from refcntd.analysis.attribution import PathOp
+from refcntd.analysis.culpritlines import place_lines
 from refcntd.analysis.model import (
     AnomalyFinding,
     AnomalyKey,
@@ -98,6 +99,7 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
                     for key in paths}
         evidencedump.dump(list(groups.values()), paths, released)
         judge_process(list(groups.values()), paths, released)
+        place_lines(groups.values(), sym)
     for group in groups.values():
         group.objects.sort(key=lambda o: o.address)
     return sorted(groups.values(), key=LeakGroup.order)

@@ -8,11 +8,12 @@ from typing import TextIO
 from xml.etree import ElementTree as ET
 
 from refcntd import __version__
+from refcntd.analysis.culpritlines import put_line
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.errors import UsageError
 from refcntd.inputs.safefs import UntrustedFileError, atomic_write, open_untrusted
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
-from refcntd.outputs.report import short_path
+from refcntd.outputs.report import named, short_path
 from refcntd.symbolize.symbolizer import Frame
 from refcntd.text import visible
 
@@ -45,7 +46,7 @@ def message(f: Finding) -> str:
     lines += [f"  #{i} {frame.describe()}" for i, frame in enumerate(f.frames)]
     for g in f.groups[:1]:
         for c in g.culprits[:3]:
-            lines.append(f"  culprit: {c.kind} in {c.function.function or '??'}, got at "
+            lines.append(f"  culprit: {c.kind} in {named(c)}, got at "
                          f"{short_path(c.frames, 8)} (unmatched in {c.objects} of "
                          f"{len(g.objects)} leaked objects)")
     return "\n".join(lines)
@@ -59,10 +60,11 @@ def probed_functions(result: RunResult) -> frozenset[str]:
 
 def user_frame(f: Finding, root: Path, probed: frozenset[str] = frozenset()
                ) -> tuple[str, int] | None:
-    """(path relative to root, line) of the first frame in the user's source tree,
-    the culprit first, skipping the probed refcount functions."""
-    candidates = list(f.groups[0].culprits[0].frames[::-1]) if f.groups and \
-        f.groups[0].culprits else []
+    """(path relative to root, line) of the first frame in the user's source tree:
+    the culprit's line first (culpritlines.py), then its path outward, then the
+    allocation stack, skipping the probed refcount functions."""
+    top = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
+    candidates = [top.function, *top.frames[::-1]] if top is not None else []
     for frame in [*candidates, *f.frames]:
         rel = _relative(frame, root)
         if rel and frame.function not in probed:
@@ -85,10 +87,16 @@ def unlocated_warning(result: RunResult, verdict: Verdict, root: Path) -> str | 
 
 
 def _relative(frame: Frame, root: Path) -> str | None:
+    """A relative DWARF path (a unit built without its directory, glibc's
+    `sysdeps/...`) is taken under `root` only when that file is there: resolved
+    against the working directory it passed for a file of the user's tree."""
     if not frame.file or not frame.line:
         return None
+    path = Path(frame.file)
+    if not path.is_absolute() and not (root / path).is_file():
+        return None
     try:
-        return Path(frame.file).resolve().relative_to(root.resolve()).as_posix()
+        return (root / path).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return None
 
@@ -127,10 +135,23 @@ def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict[str, o
     located = user_frame(f, root, probed)
     if located:
         out["locations"] = [_physical(located[0], located[1])]
+    put = _expected_put(f, root)
+    if put is not None:
+        out["relatedLocations"] = [{"id": 0, "message": {
+            "text": "released objects put such a reference here"}, **put}]
     if f.status != FAILING:
         out["suppressions"] = [{"kind": "external", "status": "accepted",
                                 "justification": f.reason}]
     return out
+
+
+def _expected_put(f: Finding, root: Path) -> dict[str, object] | None:
+    """A missing put's culprit: where in its function released objects put such a
+    reference, when that file is under `root`."""
+    top = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
+    put = put_line(top) if top is not None else None
+    rel = _relative(Frame("", 0, file=put[0], line=put[1]), root) if put else None
+    return _physical(rel, put[1]) if rel and put else None
 
 
 def _physical(uri: str, line: int) -> dict[str, object]:

@@ -27,6 +27,10 @@ class CulpritJson(TypedDict):
     references: int
     released_uses: int
     expected_stack: NotRequired[list[FrameJson]]  # where released objects put such a reference
+    file: NotRequired[str]  # the line in the culprit's function of the call the reference
+    line: NotRequired[int]  # came through (with DWARF only)
+    put_file: NotRequired[str]  # missing put: where released objects put such a reference
+    put_line: NotRequired[int]  # in the culprit's function (when they did there)
     why: NotRequired[str]  # why this function and not another
     tie: NotRequired[list[str]]  # functions with the same evidence (this one included)
     holder: NotRequired[str]  # indirect leaks: "type 0xADDR" of the leaked holder

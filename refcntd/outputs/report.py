@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.culpritlines import culprit_line, put_line, where
 from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
@@ -183,7 +185,7 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
         lines += [f"    held by {h.type_name or '?'} 0x{h.address:x}: "
                   f"{_plural(h.references, 'reference')} got at {short_path(h.frames)}"
                   for o in g.objects[:MAX_LISTED_OBJECTS] for h in o.held_by]
-        lines += [f"    culprit of {c.holder}: {c.kind} in {c.function.function or '??'}: "
+        lines += [f"    culprit of {c.holder}: {c.kind} in {named(c)}: "
                   f"the reference got at {short_path(c.frames, 8)} is never put"
                   for c in g.culprits]
         return lines
@@ -193,10 +195,13 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
         label = "Candidate" if c.tie else "Likely culprit" if rank == 0 else "Also"
         handed = "" if c.function in c.frames else \
             f", handed to {c.function.function or '??'},"
-        lines.append(f"  {label}: {c.kind} in {c.function.function or '??'}: the reference "
+        lines.append(f"  {label}: {c.kind} in {named(c)}: the reference "
                      f"got at {short_path(c.frames, 8)}{handed} is never put")
         if c.why:
             lines.append(f"    why: {c.why}")
+        if put_line(c) is not None:
+            lines.append(f"    released objects put it at {where(put_line(c))}; "
+                         "this one never got there")
         if c.expected:
             lines.append(f"    expected put: {short_path(c.expected, 8)}")
         lines.append(f"    unmatched in {c.objects} of {len(g.objects)} {word} objects "
@@ -204,6 +209,13 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
                      f"{_plural(c.released_uses, 'reference')} in objects released correctly")
     lines += [f"    note: {note}" for note in (v.notes if v else ())]
     return lines
+
+
+def named(c: Culprit) -> str:
+    """`function (file.c:12)`: the culprit and, with DWARF, the line of the call in it
+    that the reference came through (an extra get: the call that took it)."""
+    at = where(culprit_line(c))
+    return f"{c.function.function or '??'}{f' ({at})' if at else ''}"
 
 
 def render_held(g: LeakGroup, held: list[tuple[LeakGroup, int]]) -> list[str]:

@@ -12,6 +12,7 @@ from typing import cast
 
 from refcntd import __version__
 from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.culpritlines import culprit_line, put_line
 from refcntd.analysis.model import (
     AnomalyFinding,
     LeakedObject,
@@ -85,11 +86,18 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
 
 
 def culprit_json(c: Culprit) -> CulpritJson:
-    return {"kind": c.kind, "function": c.function.function,
-            "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
-            "references": c.references, "released_uses": c.released_uses,
-            "expected_stack": [frame_json(f) for f in c.expected], "why": c.why,
-            "tie": list(c.tie), "holder": c.holder}
+    out: CulpritJson = {
+        "kind": c.kind, "function": c.function.function,
+        "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
+        "references": c.references, "released_uses": c.released_uses,
+        "expected_stack": [frame_json(f) for f in c.expected], "why": c.why,
+        "tie": list(c.tie), "holder": c.holder}
+    site, put = culprit_line(c), put_line(c)
+    if site is not None:
+        out.update({"file": site[0], "line": site[1]})
+    if put is not None:
+        out.update({"put_file": put[0], "put_line": put[1]})
+    return out
 
 
 def unwind_json(u: StackUnwind) -> UnwindJson:

@@ -103,8 +103,8 @@ def _process(p: ProcessJson, objects: Objects) -> ProcessReport:
 
 def _culprit(c: CulpritJson) -> Culprit:
     frames = _frames(c["stack"])
-    function = next((f for f in frames if f.function == c["function"]),
-                    Frame("", 0, c["function"]))
+    function = next((f for f in reversed(frames) if f.function == c["function"]),
+                    Frame("", 0, c["function"], file=c.get("file", ""), line=c.get("line", 0)))
     return Culprit(c["kind"], function, frames, c["objects"], c["references"],
                    c["released_uses"], expected=_frames(c.get("expected_stack", [])),
                    why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""))

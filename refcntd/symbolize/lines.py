@@ -6,6 +6,12 @@ them), so no external parser runs on it.  pyelftools decodes only the line
 program of the compile unit an address falls in (.debug_aranges says which;
 without it the units' address ranges are read once), and each decoded unit
 is kept.  A malformed table gives no line, never an error.
+
+The line table names the innermost source line: inside code inlined from a
+header's `static inline` wrapper that is the wrapper's line.  A frame is
+named by its symbol, the outer function, so where a report says "in this
+function at this line" (a culprit), `outer_line` gives the line of the call
+in that function that the inlined code came from (DW_AT_call_file/line).
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from dataclasses import dataclass, field
 
 from elftools.common.exceptions import DWARFError, ELFError, ELFParseError
 from elftools.dwarf.compileunit import CompileUnit
+from elftools.dwarf.die import DIE
 from elftools.dwarf.dwarfinfo import DWARFInfo
 from elftools.dwarf.lineprogram import LineProgram
+from elftools.dwarf.ranges import BaseAddressEntry, RangeEntry
 from elftools.elf.elffile import ELFFile
 
 # what pyelftools raises on a corrupt or truncated table
@@ -31,6 +39,7 @@ Location = tuple[str, int]  # ("", 0): unknown
 class _Unit:
     starts: list[int] = field(default_factory=list)  # row addresses, sorted
     rows: list[tuple[int, str, int]] = field(default_factory=list)  # end of sequence, file, line
+    names: dict[int, str] = field(default_factory=dict)  # file index -> path
 
 
 @dataclass
@@ -55,6 +64,20 @@ class LineTable:
             return "", 0  # before the unit's code, or past a sequence's end
         _, file, line = unit.rows[i]
         return (file, line) if file and line else ("", 0)
+
+    def outer_line(self, vaddr: int) -> Location:
+        """The line in the function holding `vaddr` as a symbol: where its code was
+        inlined, the line of the outermost inlined call; else lookup()."""
+        try:
+            offset = self._unit_offset(vaddr)
+            unit = self._unit(offset) if offset is not None else None
+            cu = self._info().get_CU_at(offset) if offset is not None else None
+            site = _outer_call(cu.get_top_DIE(), vaddr) if cu is not None else None
+        except _CORRUPT:
+            site = None
+        if site is None or unit is None or not unit.names.get(site[0]):
+            return self.lookup(vaddr)
+        return unit.names[site[0]], site[1]
 
     def _info(self) -> DWARFInfo:
         if self._dwarf is None:
@@ -95,6 +118,52 @@ def _unit_ranges(dwarf: DWARFInfo) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
+_SCOPES = frozenset({"DW_TAG_subprogram", "DW_TAG_lexical_block", "DW_TAG_inlined_subroutine"})
+
+
+def _outer_call(die: DIE, vaddr: int) -> tuple[int, int] | None:
+    """(call file index, call line) of the outermost inlined subroutine covering
+    `vaddr` below `die`, None when the address is in no inlined code."""
+    for child in die.iter_children():
+        if child.tag == "DW_TAG_namespace":
+            found = _outer_call(child, vaddr)
+        elif child.tag in _SCOPES and _covers(child, vaddr):
+            if child.tag == "DW_TAG_inlined_subroutine":
+                file, line = child.attributes.get("DW_AT_call_file"), \
+                    child.attributes.get("DW_AT_call_line")
+                return (int(file.value), int(line.value)) if file and line else None
+            found = _outer_call(child, vaddr)
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def _covers(die: DIE, vaddr: int) -> bool:
+    """Whether the DIE's code (low_pc/high_pc, or DW_AT_ranges) holds `vaddr`."""
+    attrs = die.attributes
+    low, high = attrs.get("DW_AT_low_pc"), attrs.get("DW_AT_high_pc")
+    if low is not None and high is not None:
+        end = high.value if high.form == "DW_FORM_addr" else low.value + high.value
+        return bool(low.value <= vaddr < end)
+    ranges = attrs.get("DW_AT_ranges")
+    lists = die.dwarfinfo.range_lists() if ranges is not None else None
+    cu = die.cu
+    if ranges is None or lists is None or not isinstance(cu, CompileUnit):
+        return False
+    top = cu.get_top_DIE().attributes.get("DW_AT_low_pc")
+    base = int(top.value) if top is not None else 0
+    for entry in lists.get_range_list_at_offset(ranges.value, cu=cu):
+        if isinstance(entry, BaseAddressEntry):
+            base = entry.base_address
+        elif isinstance(entry, RangeEntry):
+            shift = 0 if entry.is_absolute else base
+            if entry.begin_offset + shift <= vaddr < entry.end_offset + shift:
+                return True
+    return False
+
+
 def _comp_dir(unit: CompileUnit) -> str:
     attr = unit.get_top_DIE().attributes.get("DW_AT_comp_dir")
     return _text(attr.value) if attr is not None else ""
@@ -110,7 +179,7 @@ def _decode(program: LineProgram, comp_dir: str) -> _Unit:
             rows.append((state.address, state.end_sequence, names.get(state.file, ""),
                          state.line))
     rows.sort(key=lambda r: (r[0], not r[1]))  # an end and a start at one address: the start
-    unit = _Unit()
+    unit = _Unit(names=names)
     for address, end, file, line in rows:
         unit.starts.append(address)
         unit.rows.append((end, file, line))

@@ -74,12 +74,21 @@ class ModuleSymbols:
         return self.path if image is self.image else self.debug_path if image else None
 
     def line(self, vaddr: int) -> Location:
+        table = self._table()
+        return table.lookup(vaddr) if table is not None else ("", 0)
+
+    def outer_line(self, vaddr: int) -> Location:
+        """The line in the function `vaddr`'s symbol names (lines.py), past inlined code."""
+        table = self._table()
+        return table.outer_line(vaddr) if table is not None else ("", 0)
+
+    def _table(self) -> LineTable | None:
         image = self.lines_image
         if image is None:
-            return "", 0
+            return None
         if self._lines is None:
             self._lines = LineTable(image.elffile())
-        return self._lines.lookup(vaddr)
+        return self._lines
 
     def lookup(self, vaddr: int) -> tuple[str, int]:
         i = bisect.bisect_right(self.starts, vaddr) - 1

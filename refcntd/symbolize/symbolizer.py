@@ -22,7 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -318,6 +318,7 @@ class Symbolizer:
         self.finder = finder if finder is not None else DebugFileFinder()
         self._modules: dict[str, ModuleSymbols | None] = {}
         self._lines: dict[tuple[str, int], tuple[str, int]] = {}
+        self._paths: dict[str, str] = {}  # a frame's module name -> the path it was read from
 
     def module(self, path: str) -> ModuleSymbols | None:
         cached = self._modules.get(path)
@@ -385,7 +386,20 @@ class Symbolizer:
         function, offset = mod.lookup(vaddr - back) if mod else ("", 0)
         offset += back if function else 0
         file, line = self.source_line(path, vaddr - back)
-        return Frame(self.index.display_name(path), vaddr, function, offset, file, line)
+        shown = self.index.display_name(path)
+        self._paths.setdefault(shown, path)
+        return Frame(shown, vaddr, function, offset, file, line)
+
+    def in_own_function(self, frame: Frame) -> Frame:
+        """The frame with the line of its own function, not of code inlined into it
+        (lines.py): where a report names the line "in" the frame's function.  A frame
+        past its function's start holds a return address: its call is at vaddr - 1."""
+        path = self._paths.get(frame.module)
+        mod = self.module(path) if path and frame.function else None
+        if mod is None:
+            return frame
+        file, line = mod.outer_line(frame.vaddr - (1 if frame.offset else 0))
+        return replace(frame, file=file, line=line) if file else frame
 
     def perf_map(self, tgid: int, proc_root: Path = Path("/proc")) -> PerfMap | None:
         """The JIT map of `tgid`, checked against the uids it had while alive; a refused

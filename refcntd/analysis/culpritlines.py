@@ -1,0 +1,60 @@
+"""The line, not only the function: where in a culprit's function its reference
+came in, and where released objects put such a reference there.
+
+A culprit's frame holds a return address inside the call that led to the
+unmatched get (symbolized at the call itself, vaddr - 1).  The line table names
+the innermost source line, which inside a `static inline` get wrapper is the
+wrapper's; each frame of a culprit's paths is given instead the line in its own
+function (Symbolizer.in_own_function), the line a developer would edit.  A
+module without DWARF keeps no line: the function alone is named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from refcntd.analysis.attribution import EXTRA_GET, Culprit, func_key
+from refcntd.analysis.model import LeakGroup
+from refcntd.symbolize.lines import Location
+from refcntd.symbolize.symbolizer import Frame, Symbolizer
+
+
+def place_lines(groups: Iterable[LeakGroup], sym: Symbolizer) -> None:
+    """Give every culprit's frames the line in their own function."""
+    seen: dict[Frame, Frame] = {}
+
+    def own(frame: Frame) -> Frame:
+        if frame not in seen:
+            seen[frame] = sym.in_own_function(frame)
+        return seen[frame]
+
+    for group in groups:
+        for c in group.culprits:
+            c.function = own(c.function)
+            c.frames = tuple(map(own, c.frames))
+            c.expected = tuple(map(own, c.expected))
+
+
+def culprit_line(c: Culprit) -> Location | None:
+    """(file, line) in the culprit's function of the call its reference came through
+    (an extra get: the call that took it), None without DWARF."""
+    f = c.function
+    return (f.file, f.line) if f.function and f.file and f.line else None
+
+
+def put_line(c: Culprit) -> Location | None:
+    """A missing put: where in the culprit's function released objects put such a
+    reference (the call toward the put on the expected path), when they did there."""
+    if c.kind == EXTRA_GET or not c.function.function:
+        return None
+    key = func_key(c.function)
+    f = next((f for f in c.expected if f.function and func_key(f) == key), None)
+    return (f.file, f.line) if f is not None and f.file and f.line else None
+
+
+def where(location: Location | None, full: bool = False) -> str:
+    """`file.c:12` (the base name unless `full`), "" when unknown."""
+    if location is None:
+        return ""
+    file = location[0] if full else location[0].rsplit("/", 1)[-1]
+    return f"{file}:{location[1]}"
