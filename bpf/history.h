@@ -68,11 +68,12 @@ static __always_inline void hist_count_path(struct hist_val *h, struct obj_key *
 }
 
 /* Every operation at this path of this process's objects of this type. */
-static __always_inline void hist_count_type_path(struct obj_key *key, __u32 type_id, __u32 op,
-						 struct hist_entry *e)
+static __always_inline void hist_count_type_path(struct obj_key *key, struct obj_val *o,
+						 __u32 op, struct hist_entry *e)
 {
-	struct site_key k = {.tgid = key->tgid, .type_id = type_id, .op = op,
-			     .stack_id = e->stack_id, .caller_ip = e->caller_ip};
+	struct site_key k = {.tgid = key->tgid, .type_id = o->type_id, .op = op,
+			     .stack_id = e->stack_id, .caller_ip = e->caller_ip,
+			     .name_ptr = o->type_id ? 0 : o->name_ptr};
 	__u64 zero = 0;
 	__u64 *total = released_sites.lookup_or_try_init(&k, &zero);
 	if (total)
@@ -81,9 +82,10 @@ static __always_inline void hist_count_type_path(struct obj_key *key, __u32 type
 		stat_count(ST_SITES_MAP_FULL);
 }
 
-/* One operation of an object with history, with its stack (capture_stacks). */
+/* One operation of an object with history, with its stack (capture_stacks);
+ * `o`: the object's record, which names its type (no lookup of its own). */
 static __always_inline void hist_record(struct pt_regs *ctx, struct probe_cfg *cfg,
-					struct obj_key *key, __u32 type_id, __u32 op,
+					struct obj_key *key, struct obj_val *o, __u32 op,
 					__s64 count_after)
 {
 	struct refcntd_config *c = knobs();
@@ -93,7 +95,7 @@ static __always_inline void hist_record(struct pt_regs *ctx, struct probe_cfg *c
 	struct hist_entry e = {.op = op, .count_after = count_after, .ts = bpf_ktime_get_ns()};
 	capture_stacks(ctx, cfg, &e.stack_id, &e.caller_ip, 0);  /* needs_stack: always */
 	hist_count_path(h, key, op, &e);
-	hist_count_type_path(key, type_id, op, &e);
+	hist_count_type_path(key, o, op, &e);
 	__u64 i = __sync_fetch_and_add(&h->n, 1);
 	__u32 depth = c->history_depth;  /* the map's values hold this many entries */
 	if (i < depth)

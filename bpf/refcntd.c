@@ -152,7 +152,7 @@ static __always_inline int put_object(struct pt_regs *ctx, struct probe_cfg *cfg
 		__sync_fetch_and_add(&o->puts, 1);
 		before = __sync_fetch_and_add(&o->count, -1);
 		site_count_op(&key, o, OP_PUT);
-		hist_record(ctx, cfg, &key, o->type_id, ROLE_PUT, before - 1);
+		hist_record(ctx, cfg, &key, o, ROLE_PUT, before - 1);
 		if (before <= 0) {
 			stat_count(ST_PUT_BELOW_ZERO);
 			g = obj_describe(o, 0);
@@ -200,7 +200,7 @@ static __always_inline int init_existing(struct pt_regs *ctx, struct probe_cfg *
 		__s64 before = __sync_fetch_and_add(&o->count, 1);
 		__sync_fetch_and_add(&o->gets, 1);
 		site_count_op(key, o, OP_GET);
-		hist_record(ctx, cfg, key, o->type_id, ROLE_GET, before + 1);
+		hist_record(ctx, cfg, key, o, ROLE_GET, before + 1);
 	}
 	return 1;
 }
@@ -254,7 +254,7 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 	site_add(&key, &val, 1, 1);
 	site_count_op(&key, &val, OP_INIT);
 	hist_start(&key, val.type_id, val.init_ns);
-	hist_record(ctx, cfg, &key, val.type_id, ROLE_INIT, val.count);
+	hist_record(ctx, cfg, &key, &val, ROLE_INIT, val.count);
 	return 0;
 }
 
@@ -279,7 +279,7 @@ static __always_inline int do_get(struct pt_regs *ctx, struct probe_cfg *cfg)
 	__s64 before = __sync_fetch_and_add(&o->count, 1);
 	__sync_fetch_and_add(&o->gets, 1);
 	site_count_op(&key, o, OP_GET);
-	hist_record(ctx, cfg, &key, o->type_id, ROLE_GET, before + 1);
+	hist_record(ctx, cfg, &key, o, ROLE_GET, before + 1);
 	return 0;
 }
 
@@ -319,7 +319,7 @@ static __always_inline int do_delete(struct pt_regs *ctx, struct probe_cfg *cfg)
 			g = obj_describe(o, 0);
 			kind = AN_DELETE_LIVE;
 		}
-		hist_record(ctx, cfg, &key, o->type_id, ROLE_DELETE, count);
+		hist_record(ctx, cfg, &key, o, ROLE_DELETE, count);
 		obj_release(&key, o);
 	}
 	if (kind)

@@ -192,7 +192,9 @@ struct proc_stack {
 };
 
 /* Per process and type, every operation of objects with history at each path;
- * minus the leaked objects' own paths this is the released objects' baseline. */
+ * minus the leaked objects' own paths this is the released objects' baseline.
+ * A type named by a pointer the kernel could not read (type_id 0) is told apart
+ * by that pointer: objects of the stub API would otherwise share one baseline. */
 struct site_key {
 	__u32 tgid;
 	__u32 type_id;
@@ -200,6 +202,7 @@ struct site_key {
 	__u32 pad;
 	__u64 stack_id;
 	__u64 caller_ip;
+	__u64 name_ptr;       /* type_id 0: the type name's address in the process */
 };
 
 /* A constructor's arguments, saved at its entry for the return probe. */

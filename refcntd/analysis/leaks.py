@@ -93,9 +93,8 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
             paths.setdefault(group.key(), []).append(_evidence(rec, group.type_name, ops))
     if paths and history is not None:
         leaked = _leaked_sites(records)
-        names = {group.key(): rec.type_name for rec in records
-                 for group in [by_ref[(rec.type_name, rec.name_ptr, _alloc_ref(rec))]]}
-        released = {key: _released_paths(names[key], stacks, sym, mods, history, leaked)
+        shown = _released_types(stacks, sym, mods, history)
+        released = {key: _released_paths(key[0], shown, stacks, sym, mods, history, leaked)
                     for key in paths}
         evidencedump.dump(list(groups.values()), paths, released)
         judge_process(list(groups.values()), paths, released)
@@ -273,29 +272,47 @@ def _evidence(rec: ObjectRecord, type_name: str, ops: list[PathOp]) -> Evidence:
     return Evidence(rec.addr, type_name, rec.init_ns, ops, gap)
 
 
-SiteKey = tuple[str, Role, StackRef]
+SiteKey = tuple[str, int, Role, StackRef]  # as the kernel counts: type, name pointer, op, path
 
 
 def _leaked_sites(records: list[ObjectRecord]) -> dict[SiteKey, int]:
-    """(type name, op, path) -> operations of the drained objects themselves."""
+    """(type name, name pointer, op, path) -> operations of the drained objects themselves."""
     out: dict[SiteKey, int] = {}
     for rec in records:
         for site in rec.history.sites if rec.history else ():
-            key = (rec.type_name, site.op, site.where)
+            key = (rec.type_name, rec.name_ptr, site.op, site.where)
             out[key] = out.get(key, 0) + site.count
     return out
 
 
-def _released_paths(type_name: str, stacks: StackSource, sym: Symbolizer,
+def _released_types(stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
+                    ctx: HistoryContext) -> list[str]:
+    """The type each released row is shown as, named as leaked objects are: objects of
+    the stub API share one kernel type, and only the name pointer tells a dso from a map.
+    A pointer's path is symbolized first: it teaches the biases the name may need."""
+    names: dict[tuple[str, int], str] = {}
+    out = []
+    for r in ctx.released:
+        key = (r.type_name, r.name_ptr)
+        if key not in names:
+            if r.name_ptr and not r.type_name:
+                symbolize_stack(r.site.where, stacks, sym, mods)
+            names[key] = _type_name(r.type_name, r.name_ptr, sym, mods)
+        out.append(names[key])
+    return out
+
+
+def _released_paths(type_name: str, shown: list[str], stacks: StackSource, sym: Symbolizer,
                     mods: ProcessModules, ctx: HistoryContext,
                     leaked: dict[SiteKey, int]) -> list[PathOp]:
     """The baseline: the kernel counts every object's operations at each path;
-    minus the leaked objects' own, what remains is what released objects did."""
+    minus the leaked objects' own, what remains is what released objects of the
+    type shown as `type_name` (`shown`: each released row's) did."""
     out = []
-    for r in ctx.released:
-        if r.type_name != type_name:
+    for r, name in zip(ctx.released, shown, strict=True):
+        if name != type_name:
             continue
-        count = r.site.count - leaked.get((r.type_name, r.site.op, r.site.where), 0)
+        count = r.site.count - leaked.get((r.type_name, r.name_ptr, r.site.op, r.site.where), 0)
         if count > 0:
             out.append(PathOp(r.site.op, _op_frames(r.site.where, stacks, sym, mods,
                                                     ctx.stub_names), count))

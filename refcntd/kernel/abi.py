@@ -339,6 +339,7 @@ class SiteKey(C.Structure):
         ("pad", C.c_uint32),
         ("stack_id", C.c_uint64),
         ("caller_ip", C.c_uint64),
+        ("name_ptr", C.c_uint64),
     ]
 
 

@@ -89,7 +89,7 @@ class BpfObjects:
             return []
         names = self._names()
         picked = take(self.program["released_sites"], tgid)
-        return [ReleasedSite(names.get(k.type_id, ""), SiteCount(
+        return [ReleasedSite(names.get(k.type_id, ""), k.name_ptr, SiteCount(
                     Role(k.op), StackRef(k.stack_id, k.caller_ip),
                     int(getattr(v, "value", v))))  # batch reads give ints, items() c_ulongs
                 for k, v in picked]

@@ -83,7 +83,10 @@ class HistoryRecord:
 
 @dataclass(frozen=True)
 class ReleasedSite:
-    type_name: str
+    """What released objects of one type did at one path (history's baseline)."""
+
+    type_name: str  # "" when the kernel could not read it: see name_ptr
+    name_ptr: int  # the name's address, which tells apart the types the kernel left unnamed
     site: SiteCount
 
 

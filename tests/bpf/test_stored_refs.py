@@ -13,14 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from conftest import FIXTURES, Build, leak_summary, refcntd
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: objects typed by the name passed to the stubs share one kernel type, so "
-    "the released maps' operations are counted as the dso's; map__new2 < "
-    "process_kernel_mmap then looks like a reference source (docs/limits.md)"))
 def test_the_reference_handed_up_is_the_leak_not_the_stored_ones(
         bpf: None, build: Build, tmp_path: Path) -> None:
     exe = build.program("ownerstore", [FIXTURES / "ownerstore.c"], "O2",
