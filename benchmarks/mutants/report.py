@@ -90,6 +90,8 @@ def findings(mutants: list[dict[str, Any]]) -> list[str]:
     kinds = {
         "refcntd run over the time limit (thousands of leaked objects)":
             [m for m in scored if m.get("timed_out")],
+        "judging the kept run took over the rescore's limit (under load)":
+            [m for m in scored if m.get("judge_slow")],
         "no new leak group of the mutated type":
             [m for m in scored if m["said"] == "no new group"],
         "the direct leak reported indirect or as a cycle":
@@ -127,6 +129,11 @@ def markdown(doc: dict[str, Any]) -> str:
              f"Run from {doc['started']} to {doc.get('finished', '?')}, "
              f"{doc['repeats']} refcntd runs per mutant"
              f"{' (stopped early: time limit)' if doc.get('stopped_early') else ''}.", ""]
+    if doc.get("rescored"):
+        r = doc["rescored"]
+        lines += [f"Judged again (`mutants.py rescore`) by refcntd commit {r['commit']} in "
+                  f"{r['seconds']} s: every score below is that inference's, on the kept "
+                  "runs; the runs themselves were made by the commit above.", ""]
     for name, cb in doc["codebases"].items():
         lines += [f"## {name}", "", f"* prepared: `{cb['prepared']}`",
                   f"* spec: `{cb['spec']}`", "* workloads:"]
