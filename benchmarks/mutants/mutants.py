@@ -18,7 +18,10 @@ a trace, and writes DIR/rescored.json and DIR/rescored.md.
 
 `compare --before A.json --after B.json` prints both scores and what changed.
 
-Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke|rescore|compare
+`repeat` rebuilds the first --limit scored mutants of each codebase and runs
+refcntd --repeats times on each: the verdicts of repeated runs must agree.
+
+Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke|rescore|compare|repeat
                [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
                [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
@@ -32,6 +35,7 @@ import sys
 from pathlib import Path
 
 import codebases
+import repeat
 import report
 import rescore
 import runner
@@ -42,7 +46,7 @@ DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("prepare", "sites", "run", "smoke", "rescore",
-                                           "compare"))
+                                           "compare", "repeat"))
     ap.add_argument("--codebase", choices=(*codebases.CODEBASES, "all"), default="all")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="sources, builds, caches and results (default %(default)s)")
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return rescore.main(args.out)
     if args.command == "smoke":
         return runner.smoke(args.out, args.repeats)
+    if args.command == "repeat":
+        return repeat.main(args.out, names, args.limit or 10, args.repeats)
     loaded = [codebases.load(n, args.out) for n in names]
     if args.command == "prepare":
         for cb in loaded:

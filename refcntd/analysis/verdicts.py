@@ -96,9 +96,11 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
 def _own_type(ops: list[PathOp], type_name: str, evidence: dict[LeakKey, list[Evidence]]
               ) -> list[PathOp]:
     """Released operations of this type only.  Objects typed by the name they pass to
-    the stubs share one kernel type, so a dso's released paths arrive mixed with the
-    maps' and threads'.  An operation made by a function that, in the leaked objects,
-    only ever operates on another type (map__put, thread__new) is dropped."""
+    the stubs share one kernel type; before released sites were keyed by that name,
+    a dso's released paths arrived mixed with the maps' and threads' (runs saved by
+    REFCNTD_DUMP_EVIDENCE then still do).  An operation made by a function that, in
+    the leaked objects, only ever operates on another type (map__put, thread__new)
+    is dropped."""
     own: set[FuncKey] = set()
     other: set[FuncKey] = set()
     for key, evs in evidence.items():
