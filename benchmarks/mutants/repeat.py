@@ -23,6 +23,9 @@ import score
 
 def main(out: Path, names: list[str], per_codebase: int, repeats: int) -> int:
     doc = json.loads((out / "mutants.json").read_text())
+    rescored = out / "rescored.json"
+    kept = ({m["id"]: m.get("outcome") for m in json.loads(rescored.read_text())["mutants"]}
+            if rescored.exists() else {})
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     for name in names:
@@ -36,8 +39,9 @@ def main(out: Path, names: list[str], per_codebase: int, repeats: int) -> int:
         scored = [m for m in doc["mutants"] if m["codebase"] == name
                   and m["status"] == "scored" and not m.get("timed_out") and m["id"] in by_id]
         for m in scored[:per_codebase]:
-            rows.append(_again(cb, by_id[m["id"]], m, base, repeats, scratch))
-            r = rows[-1]
+            r = _again(cb, by_id[m["id"]], m, base, repeats, scratch)
+            r["kept_run_rescored"] = kept.get(m["id"])
+            rows.append(r)
             print(f"{m['id']}: {r['outcomes']} same verdict: {r['same']}", flush=True)
         cb.build()
     result = {"machine": report.machine(), "repeats": repeats, "rows": rows,
@@ -65,20 +69,18 @@ def _again(cb: codebases.Codebase, ex: runner.Executed, m: dict[str, Any],
     finally:
         runner.restore(cb, ex.site)
     sigs = [score.signature(r) for r in runs]
-    outcomes = [score.outcome(score.answer(r, m["type"]), m["function"]) for r in runs]
-    return {"id": m["id"], "outcomes": outcomes, "same": all(s == sigs[0] for s in sigs),
-            "said": [score.said(score.answer(r, m["type"])) for r in runs],
-            "line": line_of(m, base.groups[w.label],
-                            runner.runs_dir(scratch, m["id"]) / "repeat0.json")}
+    answers = [score.answer(r, m["type"]) for r in runs]
+    return {"id": m["id"], "outcomes": [score.outcome(a, m["function"]) for a in answers],
+            "same": all(s == sigs[0] for s in sigs), "said": list(map(score.said, answers)),
+            "line": line_of(m, answers[0], runner.runs_dir(scratch, m["id"]) / "repeat0.json")}
 
 
-def line_of(m: dict[str, Any], base: list[score.Group], run_json: Path) -> str:
+def line_of(m: dict[str, Any], answer: score.Group | None, run_json: Path) -> str:
     """For an added get: is the line refcntd names that of the added call?  The
     answering group's top culprit, read from the run's --json (lines are not in
     score.Group)."""
     if m["pattern"] != "get added":
         return ""
-    answer = score.answer(score.new_groups(base, score.groups(run_json)), m["type"])
     if answer is None:
         return "no line"
     data = json.loads(run_json.read_text())

@@ -148,7 +148,7 @@ def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | s
     gets = sorted((op for op in ops if is_get(op.op)), key=_in_time)
     puts = sorted((op for op in ops if op.op == Role.PUT), key=_in_time)
     left_g, left_p = [op.count for op in gets], [op.count for op in puts]
-    common = _everywhere(gets + puts)
+    common = _everywhere(ops)
     # equal ranks: the earliest get and put first, never the order the kernel's
     # history slots happened to hold them in (hashes of addresses: other each run)
     ranked = sorted(((_match_rank(g, p, sources, sinks, common), gi, pi)
@@ -222,8 +222,9 @@ def _classes(path: tuple[FuncKey, ...], getters: bool = True) -> dict[str, int]:
 
 
 def _everywhere(ops: list[PathOp]) -> frozenset[str]:
-    """Classes on every path of an object (its own type's get/put/new): no evidence."""
-    sets = [set(_classes(op.path)) for op in ops]
+    """Classes on every get and put path of an object (its own type's get/put/new):
+    no evidence.  pair() and _handed_up() must see the same set: one store."""
+    sets = [set(_classes(op.path)) for op in ops if is_get(op.op) or op.op == Role.PUT]
     return frozenset(set.intersection(*sets)) if sets else frozenset()
 
 
@@ -309,8 +310,7 @@ class Baseline:
         src = reference_sources(released) if sources is None else sources
         snk = reference_sinks(released) if sinks is None else sinks
         expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]] = {}
-        matches = pair(released, src, put_wrappers(released))[1]
-        for get, put, n in matches:
+        for get, put, n in pair(released, src, put_wrappers(released))[1]:
             expected.setdefault(get.path, []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
         return cls(released, src, snk, put_wrappers(released), expected, suffixes,

@@ -67,7 +67,8 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
     evidence = {key: [dataclasses.replace(e, ops=sorted(e.ops, key=_op_order))
                       for e in sorted(evs, key=lambda e: e.address)]
                 for key, evs in sorted(evidence.items(), key=lambda kv: kv[0])}
-    released = {key: sorted(_own_type(ops, key[0], evidence), key=_op_order)
+    callers = _stub_callers(evidence)
+    released = {key: sorted(_own_type(ops, key[0], callers), key=_op_order)
                 for key, ops in released.items()}
     paired = {key: PairedGroup.of([(e.address, e.ops) for e in evs if not e.gap],
                                   released.get(key, []))
@@ -93,7 +94,16 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
     _point_to_holders(groups, own)
 
 
-def _own_type(ops: list[PathOp], type_name: str, evidence: dict[LeakKey, list[Evidence]]
+def _stub_callers(evidence: dict[LeakKey, list[Evidence]]) -> dict[str, set[FuncKey]]:
+    """Per type: the functions that made the leaked objects' operations (path[0])."""
+    out: dict[str, set[FuncKey]] = {}
+    for key, evs in evidence.items():
+        out.setdefault(key[0], set()).update(op.path[0] for e in evs for op in e.ops
+                                             if op.path)
+    return out
+
+
+def _own_type(ops: list[PathOp], type_name: str, callers: dict[str, set[FuncKey]]
               ) -> list[PathOp]:
     """Released operations of this type only.  Objects typed by the name they pass to
     the stubs share one kernel type; before released sites were keyed by that name,
@@ -101,12 +111,8 @@ def _own_type(ops: list[PathOp], type_name: str, evidence: dict[LeakKey, list[Ev
     REFCNTD_DUMP_EVIDENCE then still do).  An operation made by a function that, in
     the leaked objects, only ever operates on another type (map__put, thread__new)
     is dropped."""
-    own: set[FuncKey] = set()
-    other: set[FuncKey] = set()
-    for key, evs in evidence.items():
-        funcs = {op.path[0] for e in evs for op in e.ops if op.path}
-        (own if key[0] == type_name else other).update(funcs)
-    foreign = other - own
+    own = callers.get(type_name, set())
+    foreign = set().union(*(f for t, f in callers.items() if t != type_name)) - own
     return [op for op in ops if not (op.path and op.path[0] in foreign)]
 
 
