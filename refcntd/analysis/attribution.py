@@ -25,6 +25,7 @@ path below the function where it met its put handed that reference up.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -120,7 +121,7 @@ def put_callers(released: list[PathOp]) -> set[FuncKey]:
         & put_wrappers(released) - deeper
 
 
-def put_owner(put: PathOp, sinks: set[FuncKey]) -> FuncKey | None:
+def put_owner(put: PathOp, sinks: frozenset[FuncKey] | set[FuncKey]) -> FuncKey | None:
     return next((func for func in put.path if func not in sinks), None)
 
 
@@ -145,23 +146,95 @@ def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | s
     of their paths are made first (references nest like brackets: a temporary
     get and its put share the deepest caller).
     """
-    gets = sorted((op for op in ops if is_get(op.op)), key=_in_time)
-    puts = sorted((op for op in ops if op.op == Role.PUT), key=_in_time)
-    left_g, left_p = [op.count for op in gets], [op.count for op in puts]
-    common = _everywhere(ops)
-    # equal ranks: the earliest get and put first, never the order the kernel's
-    # history slots happened to hold them in (hashes of addresses: other each run)
-    ranked = sorted(((_match_rank(g, p, sources, sinks, common), gi, pi)
-                     for gi, g in enumerate(gets) for pi, p in enumerate(puts)),
-                    key=lambda r: (r[0], -r[1], -r[2]), reverse=True)
-    matches: list[Match] = []
-    for _, gi, pi in ranked:
-        n = min(left_g[gi], left_p[pi])
-        if n:
-            left_g[gi] -= n
-            left_p[pi] -= n
-            matches.append((gets[gi], puts[pi], n))
-    return [(op, n) for op, n in zip(gets, left_g, strict=True) if n > 0], matches
+    pairs = _Pairs(ops, sources, sinks)
+    gets, puts = pairs.gets, pairs.puts
+    left_g, matches = pairs.greedy([op.count for op in gets], [op.count for op in puts])
+    return ([(op, n) for op, n in zip(gets, left_g, strict=True) if n > 0],
+            [(gets[gi], puts[pi], n) for gi, pi, n, _ in matches])
+
+
+Rank = tuple[int, int, bool, int, bool, int]
+
+
+class _Pairs:
+    """Every get/put pair of one object, ranked by _match_rank, paired greedily.
+
+    Ranks are computed level by level (the shared depth comes first in a rank)
+    and only for pairs whose get and put both have references left when their
+    level is reached: a released baseline of a thousand paths would otherwise
+    rank a million pairs, most of them long settled."""
+
+    def __init__(self, ops: list[PathOp], sources: set[FuncKey],
+                 sinks: frozenset[FuncKey] | set[FuncKey]) -> None:
+        self.gets = sorted((op for op in ops if is_get(op.op)), key=_in_time)
+        self.puts = sorted((op for op in ops if op.op == Role.PUT), key=_in_time)
+        self._how = (sources, sinks, _everywhere(ops))
+        levels: dict[int, list[tuple[int, int]]] = {}
+        for gi, g in enumerate(self.gets):
+            for pi, p in enumerate(self.puts):
+                levels.setdefault(common_depth(g.path, p.path), []).append((gi, pi))
+        self._levels = sorted(levels.items(), reverse=True)
+        self._ranks: dict[tuple[int, int], Rank] = {}
+
+    def _rank(self, gi: int, pi: int) -> Rank:
+        rank = self._ranks.get((gi, pi))
+        if rank is None:
+            rank = self._ranks[gi, pi] = _match_rank(self.gets[gi], self.puts[pi], *self._how)
+        return rank
+
+    def greedy(self, left_g: list[int], left_p: list[int]
+               ) -> tuple[list[int], list[tuple[int, int, int, Rank]]]:
+        """Best-ranked pairs first, as many references as both sides have left.
+        Equal ranks: the earliest get and put first, never the order the kernel's
+        history slots happened to hold them in (hashes of addresses: other each run)."""
+        matches = []
+        for _, level in self._levels:
+            live = sorted(((self._rank(gi, pi), gi, pi) for gi, pi in level
+                           if left_g[gi] and left_p[pi]),
+                          key=lambda r: (r[0], -r[1], -r[2]), reverse=True)
+            for rank, gi, pi in live:
+                n = min(left_g[gi], left_p[pi])
+                if n:
+                    left_g[gi] -= n
+                    left_p[pi] -= n
+                    matches.append((gi, pi, n, rank))
+        return left_g, matches
+
+
+def _quality(matches: list[tuple[int, int, int, Rank]]) -> tuple[tuple[Rank, int], ...]:
+    """How well a pairing nests, best pairs first: references per rank's evidence
+    (shared depth, owner affinity, an initial reference dropped by its own
+    caller), compared best first.  The rest of a rank only orders equals."""
+    count: dict[Rank, int] = {}
+    for _, _, n, rank in matches:
+        key = rank[:3] + (0, False, 0)
+        count[key] = count.get(key, 0) + n
+    return tuple(sorted(count.items(), reverse=True))
+
+
+def equal_leftovers(ops: list[PathOp], sources: set[FuncKey],
+                    sinks: frozenset[FuncKey] | set[FuncKey] = frozenset()) -> list[PathOp]:
+    """The gets any one of which could be the reference left without a put: taking
+    one reference away from it leaves the rest paired as well as any other choice
+    does.  pair() keeps one of them; when they lead to different functions the
+    evidence does not decide between them (references of one object are
+    exchangeable: counts say how many stayed, not which)."""
+    pairs = _Pairs(ops, sources, sinks)
+    gets = pairs.gets
+    counts, put_counts = [op.count for op in gets], [op.count for op in pairs.puts]
+    if sum(counts) <= sum(put_counts):
+        return []
+    best: tuple[tuple[Rank, int], ...] | None = None
+    found: list[PathOp] = []
+    for k, get in enumerate(gets):
+        less = list(counts)
+        less[k] -= 1
+        quality = _quality(pairs.greedy(less, list(put_counts))[1])
+        if best is None or quality > best:
+            best, found = quality, [get]
+        elif quality == best:
+            found.append(get)
+    return found
 
 
 def _in_time(op: PathOp) -> tuple[int, tuple[FuncKey, ...], int]:
@@ -171,19 +244,19 @@ def _in_time(op: PathOp) -> tuple[int, tuple[FuncKey, ...], int]:
 
 def pair_puts(ops: list[PathOp], sources: set[FuncKey],
               sinks: frozenset[FuncKey] | set[FuncKey] = frozenset()
-              ) -> tuple[list[tuple[PathOp, int]], set[FuncKey]]:
-    """The gets left over, and the functions that handed a matched reference
-    up to where it was put (sources, by this object's evidence)."""
+              ) -> tuple[list[tuple[PathOp, int]], dict[FuncKey, int]]:
+    """The gets left over, and per function the matched references it handed up
+    to where they were put (sources, by this object's evidence)."""
     unmatched, matches = pair(ops, sources, sinks)
     return unmatched, _handed_up(matches, _everywhere(ops))
 
 
-def _handed_up(matches: list[Match], everywhere: frozenset[str]) -> set[FuncKey]:
-    """Functions a matched reference passed up through, from its get to where it was
-    put.  A put on another thread (no shared caller) shows nothing: not every caller
-    of the get handed it over."""
-    handed_up: set[FuncKey] = set()
-    for get, put, _ in matches:
+def _handed_up(matches: list[Match], everywhere: frozenset[str]) -> dict[FuncKey, int]:
+    """References per function that a matched pair passed up through, from its get
+    to where it was put.  A put on another thread (no shared caller) shows
+    nothing: not every caller of the get handed it over."""
+    handed_up: dict[FuncKey, int] = {}
+    for get, put, n in matches:
         path = get.path
         depth = common_depth(path, put.path)
         if not depth:
@@ -191,8 +264,18 @@ def _handed_up(matches: list[Match], everywhere: frozenset[str]) -> set[FuncKey]
         stored = stored_at(get, put, depth, everywhere)
         # a reference stored into an owner (put by the owner's API) went no further
         # up than the owner's function; its callers never held it
-        handed_up.update(path[:len(path) - depth if stored is None else stored + 1])
+        for func in set(path[:len(path) - depth if stored is None else stored + 1]):
+            handed_up[func] = handed_up.get(func, 0) + n
     return handed_up
+
+
+def kept_by_leaked(unmatched: Iterable[tuple[PathOp, int]]) -> dict[FuncKey, int]:
+    """References per function on the path of a get left without a put."""
+    kept: dict[FuncKey, int] = {}
+    for get, n in unmatched:
+        for func in set(get.path):
+            kept[func] = kept.get(func, 0) + n
+    return kept
 
 
 def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathOp, int]]:
@@ -200,6 +283,7 @@ def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathO
     return pair(ops, sources)[0]
 
 
+@functools.lru_cache(maxsize=1 << 16)  # called for every get/put pair's frames
 def api_class(func: FuncKey) -> str:
     """The object a C function works on, by the codebase's naming: perf's
     `map__new2`/`__dsos__add` -> map/dsos, GLib's `gst_bin_add` -> gst_bin."""
@@ -210,6 +294,7 @@ def api_class(func: FuncKey) -> str:
     return "_".join(words[:2]) if len(words) > 2 else ""
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same inner paths, for every get/put pair
 def _classes(path: tuple[FuncKey, ...], getters: bool = True) -> dict[str, int]:
     """Each API class on a path, at its innermost position (without getters: a
     lookup such as thread__find_map hands its reference up, it stores nothing)."""
@@ -264,7 +349,7 @@ def _match_rank(get: PathOp, put: PathOp, sources: set[FuncKey],
     depth = common_depth(get.path, put.path)
     common = put.path[len(put.path) - depth] if depth else None
     below = len(put.path) - depth
-    own_put = put_owner(put, set(sinks)) == common or below == 1
+    own_put = put_owner(put, sinks) == common or below == 1
     via_source = bool(get.path) and get.path[0] in sources
     is_init = get.op == Role.INIT
     return (depth, affinity(get, put, depth, everywhere), is_init == own_put,
@@ -325,6 +410,7 @@ class Baseline:
 GETTER_WORDS = frozenset({"get", "ref", "find", "findnew", "lookup", "dup", "copy", "clone"})
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def named_getter(func: FuncKey) -> bool:
     """Whether a function's name says it hands a reference to its caller."""
     words = func[1].split(".")[0].lower().replace("__", "_").split("_")
@@ -474,6 +560,8 @@ class PairedGroup:
 
     base: Baseline
     objects: list[tuple[int, list[PathOp], list[tuple[PathOp, int]]]]  # addr, ops, unmatched
+    # per object with a leftover: the gets that could as well be it (equal_leftovers)
+    alternatives: dict[int, list[PathOp]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, objects: list[tuple[int, list[PathOp]]], released: list[PathOp]
@@ -481,9 +569,27 @@ class PairedGroup:
         base = Baseline.of(released)
         paired = [(addr, ops, *pair_puts(ops, base.sources, base.wrappers))
                   for addr, ops in objects]
-        for *_, handed_up in paired:
-            base.sources |= handed_up
-        return cls(base, [(addr, ops, unmatched) for addr, ops, unmatched, _ in paired])
+        alternatives, seen = {}, {}  # type: dict[int, list[PathOp]], dict[object, list[int]]
+        for addr, ops, unmatched, _ in paired:
+            if not unmatched:
+                continue
+            # objects with the same history (perf's thousands of maps) are judged once
+            shape = tuple((op.op, op.path, op.count) for op in ops)
+            if shape not in seen:
+                alts = equal_leftovers(ops, base.sources, base.wrappers)
+                seen[shape] = [ops.index(a) for a in alts]
+            alternatives[addr] = [ops[k] for k in seen[shape]]
+        # the leaked objects' own pairs are evidence too, but they hold the bug: a
+        # function whose references were left over more often than handed up keeps them
+        handed, kept = {}, {}  # type: dict[FuncKey, int], dict[FuncKey, int]
+        for _, _, unmatched, handed_up in paired:
+            for func, n in handed_up.items():
+                handed[func] = handed.get(func, 0) + n
+            for func, n in kept_by_leaked(unmatched).items():
+                kept[func] = kept.get(func, 0) + n
+        base.sources |= {func for func, n in handed.items() if n >= kept.get(func, 0)}
+        return cls(base, [(addr, ops, unmatched) for addr, ops, unmatched, _ in paired],
+                   alternatives)
 
 
 @dataclass
@@ -504,6 +610,9 @@ def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verd
     for addr, ops, _ in group.objects:
         for get, left in free.get(addr, []):
             result = verdict(get, ops, group.base)
+            if not isinstance(result, str):
+                result = _undecided(get, result, group.alternatives.get(addr, []), ops,
+                                    group.base)
             if isinstance(result, str):
                 unknown[result] = unknown.get(result, 0) + left
                 continue
@@ -513,6 +622,27 @@ def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verd
                 culprit.references += left
     culprits = _ranked(found.values(), group.base.released)
     return _verdict(culprits, unknown)
+
+
+def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],
+               ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
+    """Why no culprit can be named when another get of the object could as well be
+    the one left without a put and leads to another function (references of one
+    object are exchangeable: counts say how many stayed, not which); else the
+    culprits found."""
+    if get not in alternatives or len(alternatives) < 2:
+        return result
+    named: dict[str, list[str]] = {}
+    for other in alternatives:
+        found = verdict(other, ops, base) if other is not get else result
+        for c in found if isinstance(found, list) else []:
+            named.setdefault(_name(c.function), []).append(_short(other.frames, 2))
+    if len(named) <= 1:
+        return result
+    seen = "; ".join(f"{name} (get at {', '.join(at)})" for name, at in sorted(named.items()))
+    return (f"{len(alternatives)} gets of the object pair off with its puts equally well, "
+            f"and which one stayed is not decided by the counts; each leads to another "
+            f"function: {seen}; the object's order of gets and puts would decide")
 
 
 def _ranked(found: Iterable[Culprit], released: list[PathOp]) -> list[Culprit]:
@@ -525,9 +655,17 @@ def _ranked(found: Iterable[Culprit], released: list[PathOp]) -> list[Culprit]:
                                         c.function.function))
 
 
+GAPS_SHOWN = 3  # reasons in a verdict's text, most references first
+
+
 def _verdict(culprits: list[Culprit], unknown: dict[str, int]) -> Verdict:
+    common = sorted(unknown.items(), key=lambda kv: (-kv[1], kv[0]))
     gaps = tuple(f"{n} unmatched reference(s) not attributed: {why}"
-                 for why, n in unknown.items())
+                 for why, n in common[:GAPS_SHOWN])
+    if len(common) > GAPS_SHOWN:
+        rest = sum(n for _, n in common[GAPS_SHOWN:])
+        gaps += (f"{rest} more unmatched reference(s) not attributed, for "
+                 f"{len(common) - GAPS_SHOWN} other reason(s)",)
     if not culprits:
         if gaps:
             return Verdict(UNKNOWN, "; ".join(gaps))

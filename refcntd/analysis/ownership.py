@@ -19,8 +19,11 @@ objects that only hold each other form a *cycle*.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from refcntd.analysis.attribution import (
     START_FUNCTIONS,
@@ -45,7 +48,7 @@ class Leaked:
     ops: list[PathOp]
     unmatched: list[tuple[PathOp, int]]
 
-    @property
+    @cached_property  # compared with every candidate holder's (perf: thousands)
     def init_path(self) -> tuple[FuncKey, ...]:
         return next((op.path for op in self.ops if op.op == Role.INIT), ())
 
@@ -75,16 +78,19 @@ def ownership(objs: list[Leaked], constructors: frozenset[FuncKey] = frozenset()
     out = Ownership()
     # owners by each outer part of their init path that built them (_built_in): one
     # look-up per get instead of a scan of every leaked object (perf: 7000 of them)
-    built: dict[tuple[FuncKey, ...], list[Leaked]] = {}
+    built: dict[tuple[FuncKey, ...], _Built] = {}
     for obj in objs:
         path = obj.init_path
         for j in range(len(path)):
             if _built_in(obj, path[j:], constructors):
-                built.setdefault(path[j:], []).append(obj)
+                built.setdefault(path[j:], _Built()).add(obj)
+    for entry in built.values():
+        entry.objs.sort(key=lambda o: (o.init_ns, o.address))
+        entry.times = [o.init_ns for o in entry.objs]
     for obj in objs:
         out.free[obj.address] = []
         total = sum(left for _, left in obj.unmatched)
-        wanted = [(get, left, _nearest(_candidates(obj, get, built), get, total))
+        wanted = [(get, left, _candidates(obj, get, built, total))
                   for get, left in obj.unmatched]
         held = _assign(obj, wanted)
         out.holdings += held
@@ -96,27 +102,71 @@ def ownership(objs: list[Leaked], constructors: frozenset[FuncKey] = frozenset()
     return out
 
 
-def _candidates(obj: Leaked, get: PathOp, built: dict[tuple[FuncKey, ...], list[Leaked]]
-                ) -> list[Leaked]:
-    """The leaked objects built where the reference went: for the first function on
-    the get's path, up to the one that kept it, that constructed leaked objects."""
+@dataclass
+class _Built:
+    """The leaked objects built at one outer path, by init time."""
+
+    objs: list[Leaked] = field(default_factory=list)
+    times: list[int] = field(default_factory=list)  # their init_ns, sorted
+    paths: dict[tuple[FuncKey, ...], int] = field(default_factory=dict)  # init path: count
+    addresses: set[int] = field(default_factory=set)
+
+    def add(self, obj: Leaked) -> None:
+        self.objs.append(obj)
+        self.paths[obj.init_path] = self.paths.get(obj.init_path, 0) + 1
+        self.addresses.add(obj.address)
+
+    def nearest(self, obj: Leaked, own: tuple[FuncKey, ...] | None, get: PathOp,
+                total: int) -> list[Leaked]:
+        """The `total` objects initialised nearest to the get, other than `obj` (and,
+        for an init, than those built at its own init path): _assign never goes
+        further (it gives each of the object's `total` references to a distinct
+        holder, nearest first)."""
+        excluded = self.paths.get(own, 0) if own is not None else \
+            int(obj.address in self.addresses)
+        if len(self.objs) <= excluded:
+            return []
+
+        def eligible(o: Leaked) -> bool:
+            return o is not obj and (own is None or o.init_path != own)
+
+        when = get.first_ns or get.last_ns
+        cut = bisect.bisect_right(self.times, when)
+        before = _scan(self.objs, range(cut - 1, -1, -1), eligible, total)
+        after = _scan(self.objs, range(cut, len(self.objs)), eligible, total)
+        return heapq.nsmallest(total, before + after,
+                               key=lambda o: (_distance(o.init_ns, get), o.address))
+
+
+def _scan(objs: list[Leaked], order: range, eligible: Callable[[Leaked], bool], total: int
+          ) -> list[Leaked]:
+    """The first `total` eligible objects in `order`, and any initialised at the same
+    time as the last of them (their addresses break the tie)."""
+    out: list[Leaked] = []
+    for i in order:
+        o = objs[i]
+        if len(out) >= total and o.init_ns != out[-1].init_ns:
+            break
+        if eligible(o):
+            out.append(o)
+    return out
+
+
+def _candidates(obj: Leaked, get: PathOp, built: dict[tuple[FuncKey, ...], _Built],
+                total: int) -> list[Leaked]:
+    """The leaked objects built where the reference went, nearest in time: for the
+    first function on the get's path, up to the one that kept it, that constructed
+    leaked objects."""
     base = obj.group.base
     i = reference_holder(get, base.sources, not base.released, base.sinks)
     last = len(get.path) - 1 if i is None else i
+    own = obj.init_path if get.op == Role.INIT else None
     for k in range(1 if get.op == Role.INIT else 0, last + 1):  # init's caller built it
-        found = [o for o in built.get(get.path[k:], ()) if o is not obj
-                 and not (get.op == Role.INIT and o.init_path == obj.init_path)]
+        entry = built.get(get.path[k:])
+        found = entry.nearest(obj, own, get, total) if entry is not None else []
         if found:
             return found
     return []
-
-
-def _nearest(cands: list[Leaked], get: PathOp, total: int) -> list[Leaked]:
-    """The `total` candidates nearest in time: _assign never goes further (it gives
-    each of the object's `total` references to a distinct holder, nearest first)."""
-    if len(cands) <= total:
-        return cands
-    return heapq.nsmallest(total, cands, key=lambda o: (_distance(o.init_ns, get), o.address))
 
 
 def _assign(obj: Leaked, wanted: list[tuple[PathOp, int, list[Leaked]]]) -> list[Holding]:

@@ -1,0 +1,71 @@
+"""Leftover references that counts cannot tell apart (issue 31): which get of an
+object stayed without a put is decided by pairing; when another choice pairs
+the rest as well and leads elsewhere, the verdict says so instead of naming
+one function.  And a function's references kept in the leaked objects weigh
+against the ones it seemed to hand up."""
+
+from __future__ import annotations
+
+from refcntd.analysis.attribution import (
+    UNKNOWN,
+    PairedGroup,
+    PathOp,
+    equal_leftovers,
+    judge,
+)
+from refcntd.kernel.abi import Role
+from refcntd.symbolize.symbolizer import Frame
+
+
+def op(role: Role, path: str, count: int = 1, t: int = 0) -> PathOp:
+    return PathOp(role, tuple(Frame("prog", 0x1000 + i, n) for i, n in enumerate(path.split())),
+                  count, first_ns=t, last_ns=t)
+
+
+def judged(objects: list[list[PathOp]]):  # type: ignore[no-untyped-def]
+    group = PairedGroup.of(list(enumerate(objects, 1)), [])
+    return judge(group, {addr: left for addr, _, left in group.objects})
+
+
+def test_two_gets_with_one_put_between_them_are_not_decided() -> None:
+    ops = [op(Role.INIT, "t_new main", t=1), op(Role.PUT, "t_put main", t=9),
+           op(Role.GET, "t_get f main", t=2), op(Role.GET, "t_get g main", t=3),
+           op(Role.PUT, "t_put consume main", t=4)]
+    assert {o.frames[1].function for o in equal_leftovers(ops, set())} == {"f", "g"}
+    verdict = judged([ops])
+    assert verdict.status == UNKNOWN
+    assert "2 gets of the object pair off with its puts equally well" in verdict.reason
+    # f handed its reference up in the pairing kept, so its get leads to main
+    assert "main (get at t_get < f < ...)" in verdict.reason
+    assert "g (get at t_get < g < ...)" in verdict.reason
+
+
+def test_a_get_that_nests_with_its_put_is_not_a_candidate() -> None:
+    """f's own put pairs with f's get (deepest shared caller): g's is the leftover."""
+    ops = [op(Role.INIT, "t_new main", t=1), op(Role.PUT, "t_put main", t=9),
+           op(Role.GET, "t_get f main", t=2), op(Role.PUT, "t_put f main", t=3),
+           op(Role.GET, "t_get g main", t=4)]
+    assert [o.frames[1].function for o in equal_leftovers(ops, set())] == ["g"]
+    verdict = judged([ops])
+    assert (verdict.status, verdict.culprits[0].function.function) == ("culprit", "g")
+
+
+def test_references_kept_outweigh_the_ones_that_seemed_handed_up() -> None:
+    """Three objects keep load_sym's reference; in one it paired with a consumer's put
+    far up (so it looked handed up): load_sym is the culprit, not its caller."""
+    kept = [op(Role.INIT, "t_new main", t=1), op(Role.PUT, "t_put main", t=9),
+            op(Role.GET, "t_get load_sym map_load main", t=2)]
+    looked_up = [*kept, op(Role.GET, "t_get lookup main", t=3),
+                 op(Role.PUT, "t_put consume main", t=4)]
+    verdict = judged([kept, kept, kept, looked_up])
+    top = verdict.culprits[0]
+    assert (top.function.function, len(top.leaked_objects)) == ("load_sym", 3)
+
+
+def test_handed_up_as_often_as_kept_is_still_a_getter() -> None:
+    """Without released objects a matched pair is the only evidence that a function
+    hands references up: one handed up against one kept keeps it a getter."""
+    verdict = judged([[op(Role.INIT, "t_new make main", t=1), op(Role.PUT, "release main", t=9),
+                       op(Role.GET, "funcA funcB main", t=2), op(Role.GET, "funcA funcD main", t=3),
+                       op(Role.PUT, "funcD main", t=4)]])
+    assert verdict.culprits[0].function.function == "funcB"
