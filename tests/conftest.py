@@ -170,6 +170,18 @@ def leak_summary(process: dict) -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def hostile_history(build: Build, tmp_path: Path, name: str) -> dict:
+    """The one process of `refcntd run --history` on fixture `name`.c built -O2
+    without frame pointers (the issue-31 ownership fixtures); it must leak."""
+    exe = build.program(name, [FIXTURES / f"{name}.c"], "O2",
+                        flags=["-fomit-frame-pointer", "-Wall", "-Werror"])
+    result = refcntd(["run", "--history", "--", str(exe)], tmp_path / "r.json", timeout=180)
+    assert result.returncode == 23, result.stderr
+    assert result.report is not None
+    (process,) = result.report["processes"]
+    return process
+
+
 def functions(group: dict) -> list[str]:
     return [f.get("function", "") for f in group["stack"]]
 

@@ -13,17 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import FIXTURES, Build, leak_summary, refcntd
+from conftest import Build, hostile_history, leak_summary
 
 
 def test_the_reference_handed_up_is_the_leak_not_the_stored_ones(
         bpf: None, build: Build, tmp_path: Path) -> None:
-    exe = build.program("ownerstore", [FIXTURES / "ownerstore.c"], "O2",
-                        flags=["-fomit-frame-pointer", "-Wall", "-Werror"])
-    result = refcntd(["run", "--history", "--", str(exe)], tmp_path / "r.json", timeout=180)
-    assert result.returncode == 23, result.stderr
-    assert result.report is not None
-    (process,) = result.report["processes"]
+    process = hostile_history(build, tmp_path, "ownerstore")
     assert leak_summary(process) == {"dso": [1]}  # every map was released
     (group,) = process["groups"]
     assert group["verdict"]["status"] == "culprit", group["verdict"]

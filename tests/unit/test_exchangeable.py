@@ -69,3 +69,31 @@ def test_handed_up_as_often_as_kept_is_still_a_getter() -> None:
                        op(Role.GET, "funcA funcB main", t=2), op(Role.GET, "funcA funcD main", t=3),
                        op(Role.PUT, "funcD main", t=4)]])
     assert verdict.culprits[0].function.function == "funcB"
+
+
+def _extra_get_group(released: list[PathOp]):  # type: ignore[no-untyped-def]
+    """report() puts the object once but got two references through find()."""
+    ops = [op(Role.INIT, "t_new main", t=1), op(Role.PUT, "t_put main", t=9),
+           op(Role.GET, "t_get find report main", 2, t=2), op(Role.PUT, "t_put report main", t=3)]
+    group = PairedGroup.of([(1, ops)], released)
+    return judge(group, {addr: left for addr, _, left in group.objects})
+
+
+def test_an_extra_get_through_an_unproven_callee_is_not_decided() -> None:
+    """Released objects show t_put as the put wrapper (report owns its put), and
+    nothing about what find hands up."""
+    verdict = _extra_get_group([op(Role.INIT, "t_new main"), op(Role.PUT, "t_put main")])
+    assert verdict.status == UNKNOWN
+    assert "whether its own get is the extra one or find handed it a reference too many" \
+        in verdict.reason
+
+
+def test_an_extra_get_through_callees_released_objects_show_handing_up() -> None:
+    """Released objects got references through find() and their callers put them:
+    find hands exactly what it gets up, so report() got one too many itself."""
+    released = [op(Role.INIT, "t_new main"), op(Role.PUT, "t_put main"),
+                op(Role.GET, "t_get find show main"), op(Role.PUT, "t_put show main")]
+    verdict = _extra_get_group(released)
+    assert verdict.status == "culprit"
+    top = verdict.culprits[0]
+    assert (top.kind, top.function.function) == ("extra get", "report")
