@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop starting new mutants after this long (0: no limit)")
     ap.add_argument("--timeout", type=int, default=runner.REFCNTD_TIMEOUT,
                     help="seconds one refcntd run may take (default %(default)s)")
+    ap.add_argument("--retry-timed-out", action="store_true",
+                    help="run: run again the mutants whose refcntd run timed out")
     ap.add_argument("--before", type=Path, help="compare: the rescored JSON judged first")
     ap.add_argument("--after", type=Path, help="compare: the rescored JSON judged second")
     args = ap.parse_args(argv)
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         for cb in loaded:
             runner.executed_sites(cb, verbose=True)
         return 0
-    return runner.run_all(loaded, args.out, args.limit, args.repeats, args.seconds)
+    return runner.run_all(loaded, args.out, args.limit, args.repeats, args.seconds,
+                          args.retry_timed_out)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,11 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [f"Judged again (`mutants.py rescore`) by refcntd commit {r['commit']} in "
                   f"{r['seconds']} s: every score below is that inference's, on the kept "
                   "runs; the runs themselves were made by the commit above.", ""]
+    rerun = sorted({m["rerun"] for m in mutants if m.get("rerun")})
+    if rerun:
+        n = sum(1 for m in mutants if m.get("rerun"))
+        lines += [f"{n} mutants whose refcntd run had timed out were run again "
+                  f"(`run --retry-timed-out`) by refcntd {', '.join(rerun)}.", ""]
     for name, cb in doc["codebases"].items():
         lines += [f"## {name}", "", f"* prepared: `{cb['prepared']}`",
                   f"* spec: `{cb['spec']}`", "* workloads:"]

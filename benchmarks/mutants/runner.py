@@ -249,10 +249,19 @@ def chosen(executed: list[Executed], limit: int) -> list[Executed]:
     return order[:limit] if limit else order
 
 
-def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: int) -> int:
-    """Baselines first, then the codebases' mutants in turn (a run stopped early has both)."""
+def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: int,
+            retry_timed_out: bool = False) -> int:
+    """Baselines first, then the codebases' mutants in turn (a run stopped early has both).
+    retry_timed_out: mutants whose refcntd run timed out are run again (the rows say
+    `rerun` with the refcntd commit that made the new run)."""
     results = out / "mutants.json"
     doc = _load_or_new(results, repeats)
+    retried: set[str] = set()
+    if retry_timed_out:
+        names = {cb.name for cb in cbs}
+        retried = {r["id"] for r in doc["mutants"]
+                   if r.get("timed_out") and r["codebase"] in names}
+        doc["mutants"] = [r for r in doc["mutants"] if r["id"] not in retried]
     started = time.monotonic()
     queues: list[tuple[Codebase, Baseline, Path, list[Executed]]] = []
     for cb in cbs:
@@ -265,7 +274,8 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
         base = baseline(cb, repeats, scratch)
         doc["codebases"][cb.name] = _codebase_doc(cb, base)
         done = {r["id"] for r in doc["mutants"]}
-        todo = [e for e in chosen(executed, limit) if mutant_id(cb, e) not in done]
+        todo = [e for e in chosen(executed, limit) if mutant_id(cb, e) not in done
+                and (not retry_timed_out or mutant_id(cb, e) in retried)]
         queues.append((cb, base, scratch, todo))
     _save(doc, results, out)
     for turn in range(max((len(q[3]) for q in queues), default=0)):
@@ -277,6 +287,8 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
                 _save(doc, results, out)
                 return 0
             row = run_mutant(cb, todo[turn], base, repeats, scratch)
+            if row["id"] in retried:
+                row["rerun"] = report.machine().get("refcntd_commit", "")
             doc["mutants"].append(row)
             _save(doc, results, out)
             print(f"{row['id']} {row['pattern']}: {row['status']} {row.get('outcome', '')} "
