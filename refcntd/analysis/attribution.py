@@ -399,6 +399,7 @@ class Baseline:
     # functions that released pairs show handing a reference up to their caller (not
     # storing it in an owner, which `sources`' balance cannot tell apart)
     handed: set[FuncKey] = field(default_factory=set)
+    get_sites: set[tuple[str, int]] = field(default_factory=set)  # (module, vaddr) on gets
 
     @classmethod
     def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
@@ -411,7 +412,9 @@ class Baseline:
             expected.setdefault(get.path, []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
         return cls(released, src, snk, put_wrappers(released), expected, suffixes,
-                   put_callers(released), set(_handed_up(matches, _everywhere(released))))
+                   put_callers(released), set(_handed_up(matches, _everywhere(released))),
+                   {(f.module, f.vaddr) for op in released if is_get(op.op)
+                    for f in op.frames})
 
 
 # Name words of functions that return a new reference by convention (perf's
@@ -466,6 +469,13 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
                 "a symbol table for its module would name it")
     expected = base.expected.get(get.path, [])
     name = _name(get.frames[i])
+    twice = _two_at_once(get, ops, i, base.get_sites)
+    if twice is not None and not expected:
+        callee = _name(get.frames[twice])
+        return (f"{callee} took two references in one call ({_sites(get, ops, twice)}) and "
+                f"one was never put: whether {callee} took one too many or {name} kept "
+                "one it should have put is not decided (no released object went through "
+                "this call)")
     if not expected and get.op == Role.INIT and base.released:
         return (f"the object's initial reference was never dropped; {name} created it and "
                 "released objects of its kind dropped theirs elsewhere, so the function "
@@ -497,6 +507,36 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
             f"released objects got {n} such reference(s) here and {name} put them at "
             f"{where}; in this object it never did"))]
     return _handover(get, ops, base, i, put, n)
+
+
+def _twins(get: PathOp, ops: list[PathOp], j: int) -> list[PathOp]:
+    """Other gets of the object made through the same calls as `get` except at
+    frame j, as often: the same call of path[j] reached two get sites."""
+    return [op for op in ops if op is not get and is_get(op.op) and op.path == get.path
+            and op.count == get.count and op.frames[j].vaddr != get.frames[j].vaddr
+            and all(a.vaddr == b.vaddr for k, (a, b) in enumerate(zip(
+                op.frames, get.frames, strict=True)) if k != j)]
+
+
+def _two_at_once(get: PathOp, ops: list[PathOp], holder: int,
+                 released_sites: set[tuple[str, int]]) -> int | None:
+    """The frame below the holder whose one call took two references (perf's
+    maps__find with a get added after its own), one of them at a call site no
+    released object's get went through: its caller's missing put and the callee's
+    extra get leave the same counts.  A function that always takes two (perf's
+    threads__find: one for its last-match cache, one returned) shows both sites
+    in released objects."""
+    for j in range(holder):
+        twins = _twins(get, ops, j)
+        if twins and any((op.frames[j].module, op.frames[j].vaddr) not in released_sites
+                         for op in [get, *twins]):
+            return j
+    return None
+
+
+def _sites(get: PathOp, ops: list[PathOp], j: int) -> str:
+    sites = sorted({f"+0x{op.frames[j].offset:x}" for op in [get, *_twins(get, ops, j)]})
+    return f"at {', '.join(sites)}, {get.count} time(s) each"
 
 
 def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | None:

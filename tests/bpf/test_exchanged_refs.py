@@ -7,8 +7,8 @@ a consumer.  In those, which get stayed is not decided by the counts: the
 verdict must not let that ambiguity make dso__load_sym look like a getter
 (the leaked objects' own pairs count by references, kept against handed up),
 and for those objects it says so instead of naming a function.
-extrafind.c: a getter takes two references, its caller puts one; nothing
-shows which of the two gets is the extra one, and the verdict says so.
+extrafind.c: a getter takes two references in one call, its caller puts one;
+nothing shows which of the two is the extra one, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ def test_a_function_that_keeps_most_references_is_the_culprit(
 
 def test_an_extra_get_below_the_caller_is_not_blamed_on_the_caller(
         bpf: None, build: Build, tmp_path: Path) -> None:
-    """extrafind.c: cache__find takes two references and report() puts one.  No
-    released object shows what cache__find hands up, so report()'s own get and
-    cache__find's are equally likely the extra one: unknown, naming both."""
+    """extrafind.c: cache__find takes two references in one call and report() puts
+    one.  Released objects never went through those two get sites, so report()'s
+    missing put and cache__find's extra get are equally likely: unknown, naming
+    both and the two sites."""
     process = hostile_history(build, tmp_path, "extrafind")
     assert leak_summary(process) == {"dso": [1] * 4}  # the even ones, through report()
     (group,) = process["groups"]
     verdict = group["verdict"]
     assert (verdict["status"], group["culprits"]) == ("unknown", []), verdict
-    assert ("report puts this object and got one reference more than it put; whether "
-            "its own get is the extra one or cache__find handed it a reference too many "
-            "is not decided") in verdict["reason"]
+    assert ("cache__find took two references in one call (at +0x" in verdict["reason"])
+    assert ("1 time(s) each) and one was never put: whether cache__find took one too "
+            "many or report kept one it should have put is not decided") in verdict["reason"]

@@ -97,3 +97,42 @@ def test_an_extra_get_through_callees_released_objects_show_handing_up() -> None
     assert verdict.status == "culprit"
     top = verdict.culprits[0]
     assert (top.kind, top.function.function) == ("extra get", "report")
+
+
+def at(role: Role, sites: str, count: int = 1) -> PathOp:
+    """Frames as name@vaddr: two gets of one call differ only in a return address."""
+    frames = tuple(Frame("prog", int(v, 16), n, offset=int(v, 16) & 0xff)
+                   for n, v in (s.split("@") for s in sites.split()))
+    return PathOp(role, frames, count)
+
+
+def _two_gets_per_call(released: list[PathOp]):  # type: ignore[no-untyped-def]
+    """find() took two references per call (sites 0x110 and 0x120); report puts one."""
+    ops = [at(Role.INIT, "t_new@10 main@900"), at(Role.PUT, "t_put@20 main@910"),
+           at(Role.GET, "t_get@30 find@110 report@500 main@920"),
+           at(Role.GET, "t_get@30 find@120 report@500 main@920"),
+           at(Role.PUT, "t_put@20 report@510 main@920")]
+    group = PairedGroup.of([(1, ops)], released)
+    return judge(group, {addr: left for addr, _, left in group.objects})
+
+
+def test_a_call_that_took_two_references_is_not_decided() -> None:
+    verdict = _two_gets_per_call([])
+    assert verdict.status == UNKNOWN
+    assert "find took two references in one call (at +0x10, +0x20, 1 time(s) each)" \
+        in verdict.reason
+    assert "whether find took one too many or report kept one it should have put" \
+        in verdict.reason
+
+
+def test_a_function_that_always_takes_two_is_not_suspected() -> None:
+    """perf's threads__find keeps one reference in its last-match cache and returns
+    one: released objects went through both sites, so report's missing put is named."""
+    released = [at(Role.INIT, "t_new@10 main@900"),
+                at(Role.GET, "t_get@30 find@110 show@600 main@930"),
+                at(Role.GET, "t_get@30 find@120 show@600 main@930"),
+                at(Role.PUT, "t_put@20 show@610 main@930"),
+                at(Role.PUT, "t_put@20 purge@700 main@940"), at(Role.PUT, "t_put@20 main@910")]
+    verdict = _two_gets_per_call(released)
+    assert verdict.status == "culprit", verdict
+    assert verdict.culprits[0].function.function == "report"
