@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -38,6 +39,12 @@ def shared(root: None) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="refcntd-shared-", dir="/tmp"))
     path.chmod(0o1777)
     yield path
+    for _ in range(10):  # a killed attacker's last rename may still land
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError:
+            time.sleep(0.1)
     shutil.rmtree(path)
 
 
@@ -89,7 +96,9 @@ def test_swapping_attacker_never_stalls_or_leaks(shared, secret):
     loop = (f"while :; do echo 1 > {target}.f; mv -f {target}.f {target}; "
             f"mkfifo {target}.p; mv -f {target}.p {target}; "
             f"ln -sf {secret} {target}.l; mv -f {target}.l {target}; done")
-    attacker = subprocess.Popen([*NOBODY, "sh", "-c", loop])
+    # its own process group: killing sh alone left a running mv or mkfifo to create
+    # a file while the fixture removed the directory (seen once under load)
+    attacker = subprocess.Popen([*NOBODY, "sh", "-c", loop], start_new_session=True)
     seen: set[str] = set()
     try:
         started = time.monotonic()
@@ -102,7 +111,7 @@ def test_swapping_attacker_never_stalls_or_leaks(shared, secret):
             except UntrustedFileError as err:
                 seen.add(err.message.split(": ", 1)[1])
     finally:
-        attacker.kill()
+        os.killpg(attacker.pid, signal.SIGKILL)
         attacker.wait()
     assert "read" in seen and "is a FIFO, not a regular file" in seen, seen
 
