@@ -535,7 +535,9 @@ def _two_at_once(get: PathOp, ops: list[PathOp], holder: int,
 
 
 def _sites(get: PathOp, ops: list[PathOp], j: int) -> str:
-    sites = sorted({f"+0x{op.frames[j].offset:x}" for op in [get, *_twins(get, ops, j)]})
+    """The two call sites, by line where DWARF has it (else offset in the function)."""
+    sites = sorted({f"{f.file.rsplit('/', 1)[-1]}:{f.line}" if f.line else f"+0x{f.offset:x}"
+                    for f in (op.frames[j] for op in [get, *_twins(get, ops, j)])})
     return f"at {', '.join(sites)}, {get.count} time(s) each"
 
 
