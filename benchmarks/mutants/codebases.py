@@ -256,13 +256,20 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
     gst = cb.binaries[0].resolve()
     gobject = LIBGOBJECT.resolve()
     at = symbol_offsets(gst, ["gst_mini_object_init", "gst_mini_object_ref",
-                              "gst_mini_object_unref"])
+                              "gst_mini_object_unref", "gst_object_ref", "gst_object_unref"])
     go = symbol_offsets(gobject, ["g_object_new_valist", "g_object_new_with_properties",
                                   "g_object_newv", "g_object_ref", "g_object_unref",
                                   "g_type_free_instance"])
     probes = [tracefs.Probe("mo_init", str(gst), at["gst_mini_object_init"], "obj=%di:x64"),
-              tracefs.Probe("mo_ref", str(gst), at["gst_mini_object_ref"], "obj=%di:x64"),
-              tracefs.Probe("mo_unref", str(gst), at["gst_mini_object_unref"], "obj=%di:x64"),
+              # the "may be leaked" flag: GstMiniObject.flags at +16, GstObject.flags at +48
+              tracefs.Probe("mo_ref", str(gst), at["gst_mini_object_ref"],
+                            "obj=%di:x64 fl=+16(%di):x32"),
+              tracefs.Probe("mo_unref", str(gst), at["gst_mini_object_unref"],
+                            "obj=%di:x64 fl=+16(%di):x32"),
+              tracefs.Probe("gst_ref", str(gst), at["gst_object_ref"],
+                            "obj=%di:x64 fl=+48(%di):x32"),
+              tracefs.Probe("gst_unref", str(gst), at["gst_object_unref"],
+                            "obj=%di:x64 fl=+48(%di):x32"),
               tracefs.Probe("go_ref", str(gobject), go["g_object_ref"], "obj=%di:x64"),
               tracefs.Probe("go_unref", str(gobject), go["g_object_unref"], "obj=%di:x64"),
               tracefs.Probe("go_free", str(gobject), go["g_type_free_instance"], "obj=%di:x64")]
@@ -270,7 +277,10 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
                for i, f in enumerate(("g_object_new_valist", "g_object_new_with_properties",
                                       "g_object_newv"))]
     rules = {"mo_init": truth.Rule(truth.INIT, "GstMiniObject"),
-             "mo_ref": truth.Rule(truth.GET), "mo_unref": truth.Rule(truth.PUT_FREES),
+             "mo_ref": truth.Rule(truth.GET, flag=4),
+             "mo_unref": truth.Rule(truth.PUT_FREES, flag=4),
+             "gst_ref": truth.Rule(truth.CHECK, flag=1),
+             "gst_unref": truth.Rule(truth.CHECK, flag=1),
              "go_ref": truth.Rule(truth.GET), "go_unref": truth.Rule(truth.PUT),
              "go_free": truth.Rule(truth.DELETE)}
     rules |= {f"go_new{i}": truth.Rule(truth.INIT_RETURN, "GObject") for i in range(3)}

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds one refcntd run may take (default %(default)s)")
     ap.add_argument("--retry-timed-out", action="store_true",
                     help="run: run again the mutants whose refcntd run timed out")
+    ap.add_argument("--retry-missed", action="store_true",
+                    help="run: run again the mutants whose outcome was 'missed'")
     ap.add_argument("--before", type=Path, help="compare: the rescored JSON judged first")
     ap.add_argument("--after", type=Path, help="compare: the rescored JSON judged second")
     args = ap.parse_args(argv)
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.executed_sites(cb, verbose=True)
         return 0
     return runner.run_all(loaded, args.out, args.limit, args.repeats, args.seconds,
-                          args.retry_timed_out)
+                          args.retry_timed_out, args.retry_missed)
 
 
 if __name__ == "__main__":

@@ -137,8 +137,8 @@ def markdown(doc: dict[str, Any]) -> str:
     rerun = sorted({m["rerun"] for m in mutants if m.get("rerun")})
     if rerun:
         n = sum(1 for m in mutants if m.get("rerun"))
-        lines += [f"{n} mutants whose refcntd run had timed out were run again "
-                  f"(`run --retry-timed-out`) by refcntd {', '.join(rerun)}.", ""]
+        lines += [f"{n} mutants were run again (`run --retry-timed-out`, "
+                  f"`--retry-missed`) by refcntd {', '.join(rerun)}.", ""]
     for name, cb in doc["codebases"].items():
         lines += [f"## {name}", "", f"* prepared: `{cb['prepared']}`",
                   f"* spec: `{cb['spec']}`", "* workloads:"]

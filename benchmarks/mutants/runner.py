@@ -250,18 +250,19 @@ def chosen(executed: list[Executed], limit: int) -> list[Executed]:
 
 
 def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: int,
-            retry_timed_out: bool = False) -> int:
+            retry_timed_out: bool = False, retry_missed: bool = False) -> int:
     """Baselines first, then the codebases' mutants in turn (a run stopped early has both).
-    retry_timed_out: mutants whose refcntd run timed out are run again (the rows say
-    `rerun` with the refcntd commit that made the new run)."""
+    retry_timed_out / retry_missed: mutants whose refcntd run timed out, or whose
+    outcome was "missed", are run again (the rows say `rerun` with the refcntd
+    commit that made the new run)."""
     results = out / "mutants.json"
     doc = _load_or_new(results, repeats)
-    retried: set[str] = set()
-    if retry_timed_out:
-        names = {cb.name for cb in cbs}
-        retried = {r["id"] for r in doc["mutants"]
-                   if r.get("timed_out") and r["codebase"] in names}
-        doc["mutants"] = [r for r in doc["mutants"] if r["id"] not in retried]
+    names = {cb.name for cb in cbs}
+    retried = {r["id"] for r in doc["mutants"] if r["codebase"] in names and (
+        (retry_timed_out and r.get("timed_out"))
+        or (retry_missed and r.get("outcome") == "missed"))}
+    retry = retry_timed_out or retry_missed
+    doc["mutants"] = [r for r in doc["mutants"] if r["id"] not in retried]
     started = time.monotonic()
     queues: list[tuple[Codebase, Baseline, Path, list[Executed]]] = []
     for cb in cbs:
@@ -275,7 +276,7 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
         doc["codebases"][cb.name] = _codebase_doc(cb, base)
         done = {r["id"] for r in doc["mutants"]}
         todo = [e for e in chosen(executed, limit) if mutant_id(cb, e) not in done
-                and (not retry_timed_out or mutant_id(cb, e) in retried)]
+                and (not retry or mutant_id(cb, e) in retried)]
         queues.append((cb, base, scratch, todo))
     _save(doc, results, out)
     for turn in range(max((len(q[3]) for q in queues), default=0)):

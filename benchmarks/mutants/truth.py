@@ -21,6 +21,7 @@ GET = "get"
 PUT = "put"
 PUT_FREES = "put-frees"  # a put that ends the object's life at zero
 DELETE = "delete"
+CHECK = "check"  # no count change: only reads the object's flags (`flag`)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class Rule:
     op: str
     type: str = ""  # a constant type; "" takes it from the event's name= argument
     count: int = 1
+    # bits of the event's fl= argument that mark an object its library keeps on
+    # purpose (GStreamer's MAY_BE_LEAKED, as its leaks tracer and refcntd's spec read
+    # it): such an object is not counted as leaked
+    flag: int = 0
 
 
 @dataclass
@@ -42,6 +47,7 @@ class Books:
     """Leaks at the end of a traced run, summed over its processes."""
 
     objects: Counter[str] = field(default_factory=Counter)  # type -> leaked objects
+    kept: Counter[str] = field(default_factory=Counter)  # type -> flagged, not counted
     references: Counter[str] = field(default_factory=Counter)  # type -> leaked references
     unknown: int = 0  # operations on objects never seen created
     events: int = 0
@@ -51,19 +57,26 @@ class Books:
     def summary(self) -> dict[str, object]:
         return {"objects": dict(sorted(self.objects.items())),
                 "references": dict(sorted(self.references.items())),
+                "kept_flagged": dict(sorted(self.kept.items())),
                 "unknown_ops": self.unknown, "events": self.events, "lost": self.lost}
 
 
 def account(events: Sequence[tracefs.Event], rules: dict[str, Rule]) -> Books:
     lives: dict[tuple[int, int], Life] = {}
+    flagged: set[tuple[int, int]] = set()
     books = Books(events=len(events))
     for ev in events:
         rule = rules.get(ev.name)
         if rule is None or "obj" not in ev.args:
             continue
         key = (ev.tgid, int(ev.args["obj"], 16))
+        if rule.flag and int(ev.args.get("fl", "0"), 16) & rule.flag:
+            flagged.add(key)
+        if rule.op == CHECK:
+            continue
         life = lives.setdefault(key, Life())
         if rule.op == INIT:
+            flagged.discard(key)  # a new object at a freed one's address
             lives[key] = Life(rule.type or ev.args.get("name", "?"), rule.count, True)
         elif rule.op == INIT_RETURN:
             life.type, life.created = rule.type or ev.args.get("name", "?"), True
@@ -74,12 +87,16 @@ def account(events: Sequence[tracefs.Event], rules: dict[str, Rule]) -> Books:
             life.count -= 1
             if rule.op == PUT_FREES and life.count <= 0:
                 del lives[key]
+                flagged.discard(key)
         elif rule.op == DELETE:
             del lives[key]
+            flagged.discard(key)
         if key in lives and not lives[key].created:
             books.unknown += 1
-    for life in lives.values():
-        if life.created and life.count > 0:
+    for key, life in lives.items():
+        if life.created and life.count > 0 and key in flagged:
+            books.kept[life.type] += 1
+        elif life.created and life.count > 0:
             books.objects[life.type] += 1
             books.references[life.type] += life.count
     return books

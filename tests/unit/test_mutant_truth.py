@@ -1,0 +1,36 @@
+"""benchmarks/mutants/truth.account: objects their library flags "may be leaked"
+(GStreamer's allocators, system clock, task pool, static caps) are not counted as
+leaked, as GStreamer's leaks tracer and refcntd's spec treat them."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks" / "mutants"))
+
+import tracefs  # noqa: E402
+import truth  # noqa: E402
+
+RULES = {"new": truth.Rule(truth.INIT_RETURN, "GObject"), "ref": truth.Rule(truth.GET),
+         "unref": truth.Rule(truth.PUT), "check": truth.Rule(truth.CHECK, flag=1),
+         "free": truth.Rule(truth.DELETE)}
+
+
+def ev(name: str, obj: int, fl: int | None = None) -> tracefs.Event:
+    args = {"obj": hex(obj)} | ({"fl": hex(fl)} if fl is not None else {})
+    return tracefs.Event(1, name, args)
+
+
+def test_a_flagged_object_alive_at_exit_is_kept_not_leaked() -> None:
+    books = truth.account([ev("new", 0x10), ev("check", 0x10, 0x1), ev("ref", 0x10),
+                           ev("new", 0x20), ev("ref", 0x20), ev("check", 0x20, 0x2)], RULES)
+    assert books.objects == {"GObject": 1}  # 0x20: its flags lack the bit
+    assert books.kept == {"GObject": 1}
+
+
+def test_a_freed_flagged_address_reused_by_a_new_object_counts_again() -> None:
+    books = truth.account([ev("new", 0x10), ev("check", 0x10, 0x1), ev("unref", 0x10),
+                           ev("free", 0x10), ev("new", 0x10), ev("ref", 0x10)], RULES)
+    assert (books.objects, books.kept) == ({"GObject": 1}, {})
