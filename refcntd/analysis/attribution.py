@@ -34,6 +34,7 @@ more through a callee no released object shows handing references up.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -154,11 +155,7 @@ def pair(ops: list[PathOp], sources: set[FuncKey], sinks: frozenset[FuncKey] | s
     of their paths are made first (references nest like brackets: a temporary
     get and its put share the deepest caller).
     """
-    pairs = _Pairs(ops, sources, sinks)
-    gets, puts = pairs.gets, pairs.puts
-    left_g, matches = pairs.greedy([op.count for op in gets], [op.count for op in puts])
-    return ([(op, n) for op, n in zip(gets, left_g, strict=True) if n > 0],
-            [(gets[gi], puts[pi], n) for gi, pi, n, _ in matches])
+    return _Pairs(ops, sources, sinks).pair()
 
 
 Rank = tuple[int, int, bool, int, bool, int]
@@ -176,7 +173,8 @@ class _Pairs:
                  sinks: frozenset[FuncKey] | set[FuncKey]) -> None:
         self.gets = sorted((op for op in ops if is_get(op.op)), key=_in_time)
         self.puts = sorted((op for op in ops if op.op == Role.PUT), key=_in_time)
-        self._how = (sources, sinks, _everywhere(ops))
+        self.everywhere = _everywhere(ops)  # what _handed_up() must see too
+        self._how = (sources, sinks, self.everywhere)
         levels: dict[int, list[tuple[int, int]]] = {}
         for gi, g in enumerate(self.gets):
             for pi, p in enumerate(self.puts):
@@ -208,6 +206,31 @@ class _Pairs:
                     matches.append((gi, pi, n, rank))
         return left_g, matches
 
+    def pair(self) -> tuple[list[tuple[PathOp, int]], list[Match]]:
+        """pair(): the gets left over and the matches."""
+        left_g, matches = self.greedy([op.count for op in self.gets],
+                                      [op.count for op in self.puts])
+        return ([(op, n) for op, n in zip(self.gets, left_g, strict=True) if n > 0],
+                [(self.gets[gi], self.puts[pi], n) for gi, pi, n, _ in matches])
+
+    def equal_leftovers(self) -> list[PathOp]:
+        """equal_leftovers(), on these ranks."""
+        counts = [op.count for op in self.gets]
+        put_counts = [op.count for op in self.puts]
+        if sum(counts) <= sum(put_counts):
+            return []
+        best: tuple[tuple[Rank, int], ...] | None = None
+        found: list[PathOp] = []
+        for k, get in enumerate(self.gets):
+            less = list(counts)
+            less[k] -= 1
+            quality = _quality(self.greedy(less, list(put_counts))[1])
+            if best is None or quality > best:
+                best, found = quality, [get]
+            elif quality == best:
+                found.append(get)
+        return found
+
 
 def _quality(matches: list[tuple[int, int, int, Rank]]) -> tuple[tuple[Rank, int], ...]:
     """How well a pairing nests, best pairs first: references per rank's evidence
@@ -227,36 +250,12 @@ def equal_leftovers(ops: list[PathOp], sources: set[FuncKey],
     does.  pair() keeps one of them; when they lead to different functions the
     evidence does not decide between them (references of one object are
     exchangeable: counts say how many stayed, not which)."""
-    pairs = _Pairs(ops, sources, sinks)
-    gets = pairs.gets
-    counts, put_counts = [op.count for op in gets], [op.count for op in pairs.puts]
-    if sum(counts) <= sum(put_counts):
-        return []
-    best: tuple[tuple[Rank, int], ...] | None = None
-    found: list[PathOp] = []
-    for k, get in enumerate(gets):
-        less = list(counts)
-        less[k] -= 1
-        quality = _quality(pairs.greedy(less, list(put_counts))[1])
-        if best is None or quality > best:
-            best, found = quality, [get]
-        elif quality == best:
-            found.append(get)
-    return found
+    return _Pairs(ops, sources, sinks).equal_leftovers()
 
 
 def _in_time(op: PathOp) -> tuple[int, tuple[FuncKey, ...], int]:
     """Operations in the order they first happened; a baseline's (no times) by path."""
     return (op.first_ns, op.path, op.count)
-
-
-def pair_puts(ops: list[PathOp], sources: set[FuncKey],
-              sinks: frozenset[FuncKey] | set[FuncKey] = frozenset()
-              ) -> tuple[list[tuple[PathOp, int]], dict[FuncKey, int]]:
-    """The gets left over, and per function the matched references it handed up
-    to where they were put (sources, by this object's evidence)."""
-    unmatched, matches = pair(ops, sources, sinks)
-    return unmatched, _handed_up(matches, _everywhere(ops))
 
 
 def _handed_up(matches: list[Match], everywhere: frozenset[str]) -> dict[FuncKey, int]:
@@ -316,7 +315,7 @@ def _classes(path: tuple[FuncKey, ...], getters: bool = True) -> dict[str, int]:
 
 def _everywhere(ops: list[PathOp]) -> frozenset[str]:
     """Classes on every get and put path of an object (its own type's get/put/new):
-    no evidence.  pair() and _handed_up() must see the same set: one store."""
+    no evidence.  pair() and _handed_up() must see the same set (_Pairs.everywhere)."""
     sets = [set(_classes(op.path)) for op in ops if is_get(op.op) or op.op == Role.PUT]
     return frozenset(set.intersection(*sets)) if sets else frozenset()
 
@@ -407,12 +406,14 @@ class Baseline:
         src = reference_sources(released) if sources is None else sources
         snk = reference_sinks(released) if sinks is None else sinks
         expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]] = {}
-        matches = pair(released, src, put_wrappers(released))[1]
+        wrappers = put_wrappers(released)
+        pairs = _Pairs(released, src, wrappers)
+        matches = pairs.pair()[1]
         for get, put, n in matches:
             expected.setdefault(get.path, []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
-        return cls(released, src, snk, put_wrappers(released), expected, suffixes,
-                   put_callers(released), set(_handed_up(matches, _everywhere(released))),
+        return cls(released, src, snk, wrappers, expected, suffixes,
+                   put_callers(released), set(_handed_up(matches, pairs.everywhere)),
                    {(f.module, f.vaddr) for op in released if is_get(op.op)
                     for f in op.frames})
 
@@ -471,8 +472,9 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
     name = _name(get.frames[i])
     twice = _two_at_once(get, ops, i, base.get_sites)
     if twice is not None and not expected:
-        callee = _name(get.frames[twice])
-        return (f"{callee} took two references in one call ({_sites(get, ops, twice)}) and "
+        j, twins = twice
+        callee = _name(get.frames[j])
+        return (f"{callee} took two references in one call ({_sites(get, twins, j)}) and "
                 f"one was never put: whether {callee} took one too many or {name} kept "
                 "one it should have put is not decided (no released object went through "
                 "this call)")
@@ -519,25 +521,25 @@ def _twins(get: PathOp, ops: list[PathOp], j: int) -> list[PathOp]:
 
 
 def _two_at_once(get: PathOp, ops: list[PathOp], holder: int,
-                 released_sites: set[tuple[str, int]]) -> int | None:
+                 released_sites: set[tuple[str, int]]) -> tuple[int, list[PathOp]] | None:
     """The frame below the holder whose one call took two references (perf's
     maps__find with a get added after its own), one of them at a call site no
     released object's get went through: its caller's missing put and the callee's
     extra get leave the same counts.  A function that always takes two (perf's
     threads__find: one for its last-match cache, one returned) shows both sites
-    in released objects."""
+    in released objects.  Returns that frame's index and the other gets."""
     for j in range(holder):
         twins = _twins(get, ops, j)
         if twins and any((op.frames[j].module, op.frames[j].vaddr) not in released_sites
                          for op in [get, *twins]):
-            return j
+            return j, twins
     return None
 
 
-def _sites(get: PathOp, ops: list[PathOp], j: int) -> str:
+def _sites(get: PathOp, twins: list[PathOp], j: int) -> str:
     """The two call sites, by line where DWARF has it (else offset in the function)."""
     sites = sorted({f"{f.file.rsplit('/', 1)[-1]}:{f.line}" if f.line else f"+0x{f.offset:x}"
-                    for f in (op.frames[j] for op in [get, *_twins(get, ops, j)])})
+                    for f in (op.frames[j] for op in [get, *twins])})
     return f"at {', '.join(sites)}, {get.count} time(s) each"
 
 
@@ -632,29 +634,28 @@ class PairedGroup:
     def of(cls, objects: list[tuple[int, list[PathOp]]], released: list[PathOp]
            ) -> PairedGroup:
         base = Baseline.of(released)
-        paired = [(addr, ops, *pair_puts(ops, base.sources, base.wrappers))
-                  for addr, ops in objects]
-        alternatives, seen = {}, {}  # type: dict[int, list[PathOp]], dict[object, list[int]]
-        for addr, ops, unmatched, _ in paired:
+        paired: list[tuple[int, list[PathOp], list[tuple[PathOp, int]]]] = []
+        alternatives: dict[int, list[PathOp]] = {}
+        seen: dict[object, list[int]] = {}
+        # the leaked objects' own pairs are evidence too, but they hold the bug: a
+        # function whose references were left over more often than handed up keeps them
+        handed: Counter[FuncKey] = Counter()
+        kept: Counter[FuncKey] = Counter()
+        for addr, ops in objects:
+            pairs = _Pairs(ops, base.sources, base.wrappers)
+            unmatched, matches = pairs.pair()
+            paired.append((addr, ops, unmatched))
+            handed.update(_handed_up(matches, pairs.everywhere))
+            kept.update(kept_by_leaked(unmatched))
             if not unmatched:
                 continue
             # objects with the same history (perf's thousands of maps) are judged once
             shape = tuple((op.op, op.path, op.count) for op in ops)
             if shape not in seen:
-                alts = equal_leftovers(ops, base.sources, base.wrappers)
-                seen[shape] = [ops.index(a) for a in alts]
+                seen[shape] = [ops.index(a) for a in pairs.equal_leftovers()]
             alternatives[addr] = [ops[k] for k in seen[shape]]
-        # the leaked objects' own pairs are evidence too, but they hold the bug: a
-        # function whose references were left over more often than handed up keeps them
-        handed, kept = {}, {}  # type: dict[FuncKey, int], dict[FuncKey, int]
-        for _, _, unmatched, handed_up in paired:
-            for func, n in handed_up.items():
-                handed[func] = handed.get(func, 0) + n
-            for func, n in kept_by_leaked(unmatched).items():
-                kept[func] = kept.get(func, 0) + n
-        base.sources |= {func for func, n in handed.items() if n >= kept.get(func, 0)}
-        return cls(base, [(addr, ops, unmatched) for addr, ops, unmatched, _ in paired],
-                   alternatives)
+        base.sources |= {func for func, n in handed.items() if n >= kept[func]}
+        return cls(base, paired, alternatives)
 
 
 @dataclass
