@@ -170,11 +170,13 @@ def leak_summary(process: dict) -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def hostile_history(build: Build, tmp_path: Path, name: str) -> dict:
+def hostile_history(build: Build, tmp_path: Path, name: str, *defines: str) -> dict:
     """The one process of `refcntd run --history` on fixture `name`.c built -O2
-    without frame pointers (the issue-31 ownership fixtures); it must leak."""
-    exe = build.program(name, [FIXTURES / f"{name}.c"], "O2",
-                        flags=["-fomit-frame-pointer", "-Wall", "-Werror"])
+    without frame pointers (the issue-31 ownership fixtures), with `defines`
+    (-D...) for a variant; it must leak."""
+    exe = build.program("-".join([name, *defines]), [FIXTURES / f"{name}.c"], "O2",
+                        flags=["-fomit-frame-pointer", "-Wall", "-Werror",
+                               *(f"-D{d}" for d in defines)])
     result = refcntd(["run", "--history", "--", str(exe)], tmp_path / "r.json", timeout=180)
     assert result.returncode == 23, result.stderr
     assert result.report is not None
