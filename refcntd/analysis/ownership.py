@@ -202,13 +202,16 @@ def _built_in(owner: Leaked, tail: tuple[FuncKey, ...], constructors: frozenset[
     if j < 0 or path[j:] != tail:
         return False
     func = tail[0]
-    sources = owner.group.base.sources
+    base = owner.group.base
     if j == 0:
         return func[1] not in START_FUNCTIONS
     # a function that got the owner from a constructor wrapper and builds objects of
     # its own (perf's map__new: nsinfo__copy's nsinfo, and the map it inits) keeps a
-    # child reference for its own object: taking it for the owner inverted ownership
-    return func in sources and func not in constructors
+    # child reference for its own object: taking it for the owner inverted ownership.
+    # Nor does one hand the owner up that released owners show keeping it: perf's
+    # dso__new_map puts its dso and returns the map that holds it.
+    return func in base.sources and func not in constructors and (
+        not base.released or func in base.handed)
 
 
 def _classify(objs: list[Leaked], out: Ownership) -> None:
