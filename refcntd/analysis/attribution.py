@@ -83,6 +83,9 @@ class Culprit:
     why: str = ""  # why this function and not another
     tie: tuple[str, ...] = ()  # functions with the same evidence, this one included
     holder: str = ""  # indirect leaks: the leaked object whose culprit this is
+    # a missing put: the object's last operation made under the culprit's call (the
+    # culprit's frame is the call after which the reference was dropped), when timed
+    last_use: tuple[Frame, ...] = ()
 
     def key(self) -> CulpritKey:
         return (self.kind, func_key(self.function), tuple(func_key(f) for f in self.frames))
@@ -744,10 +747,30 @@ def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verd
                 continue
             for culprit in result:
                 culprit = found.setdefault(culprit.key(), culprit)
+                if culprit.kind == MISSING_PUT and not culprit.last_use:
+                    culprit.last_use = last_use(get, len(culprit.frames) - 1, ops)
                 culprit.leaked_objects.add(addr)
                 culprit.references += left
     culprits = _ranked(found.values(), group.base.released)
     return _verdict(culprits, unknown)
+
+
+def last_use(get: PathOp, i: int, ops: list[PathOp]) -> tuple[Frame, ...]:
+    """The path, up to the keeper (frame i of the get's path), of the object's last
+    operation made under the keeper's call on the same outer path: the keeper's
+    frame there is the call after which the reference was dropped (issue 31: name
+    the exit path's line, not only the function).  () when the operations are not
+    timed, or when the last one is the get itself (nothing later to point at)."""
+    outer = get.path[i:]
+    n = len(outer)
+    under = [op for op in ops if op.last_ns and len(op.path) >= n and op.path[-n:] == outer]
+    if not under:
+        return ()
+    last = max(under, key=lambda op: (op.last_ns, op.path))
+    k = len(last.path) - n
+    if last is get or last.frames[k].vaddr == get.frames[i].vaddr:
+        return ()
+    return last.frames[:k + 1]
 
 
 def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],

@@ -1,5 +1,6 @@
 """The line, not only the function: where in a culprit's function its reference
-came in, and where released objects put such a reference there.
+came in, where released objects put such a reference there, and (a missing
+put) the culprit's last call that touched the object, after which it was dropped.
 
 A culprit's frame holds a return address inside the call that led to the
 unmatched get (symbolized at the call itself, vaddr - 1).  The line table names
@@ -33,6 +34,7 @@ def place_lines(groups: Iterable[LeakGroup], sym: Symbolizer) -> None:
             c.function = own(c.function)
             c.frames = tuple(map(own, c.frames))
             c.expected = tuple(map(own, c.expected))
+            c.last_use = tuple(map(own, c.last_use))
 
 
 def culprit_line(c: Culprit) -> Location | None:
@@ -50,6 +52,17 @@ def put_line(c: Culprit) -> Location | None:
     key = func_key(c.function)
     f = next((f for f in c.expected if f.function and func_key(f) == key), None)
     return (f.file, f.line) if f is not None and f.file and f.line else None
+
+
+def last_use_line(c: Culprit) -> tuple[Location, str] | None:
+    """A missing put: the line in the culprit's function of its last call that
+    touched the object on this path (the put is missing after it), and the function
+    it called there; None without timed history or DWARF."""
+    if c.kind == EXTRA_GET or not c.last_use:
+        return None
+    f = c.last_use[-1]
+    callee = c.last_use[-2].function if len(c.last_use) > 1 else ""
+    return ((f.file, f.line), callee or "??") if f.function and f.file and f.line else None
 
 
 def where(location: Location | None, full: bool = False) -> str:

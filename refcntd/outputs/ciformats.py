@@ -8,7 +8,7 @@ from typing import TextIO
 from xml.etree import ElementTree as ET
 
 from refcntd import __version__
-from refcntd.analysis.culpritlines import put_line
+from refcntd.analysis.culpritlines import last_use_line, put_line
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.errors import UsageError
 from refcntd.inputs.safefs import UntrustedFileError, atomic_write, open_untrusted
@@ -135,23 +135,29 @@ def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict[str, o
     located = user_frame(f, root, probed)
     if located:
         out["locations"] = [_physical(located[0], located[1])]
-    put = _expected_put(f, root)
-    if put is not None:
-        out["relatedLocations"] = [{"id": 0, "message": {
-            "text": "released objects put such a reference here"}, **put}]
+    related = _related(f, root)
+    if related:
+        out["relatedLocations"] = related
     if f.status != FAILING:
         out["suppressions"] = [{"kind": "external", "status": "accepted",
                                 "justification": f.reason}]
     return out
 
 
-def _expected_put(f: Finding, root: Path) -> dict[str, object] | None:
+def _related(f: Finding, root: Path) -> list[dict[str, object]]:
     """A missing put's culprit: where in its function released objects put such a
-    reference, when that file is under `root`."""
+    reference, else its last call that touched the object (the put is missing
+    after it), when that file is under `root`."""
     top = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
-    put = put_line(top) if top is not None else None
-    rel = _relative(Frame("", 0, file=put[0], line=put[1]), root) if put else None
-    return _physical(rel, put[1]) if rel and put else None
+    if top is None:
+        return []
+    put, last = put_line(top), last_use_line(top)
+    at, text = (put, "released objects put such a reference here") if put else \
+        (last[0], f"last use of the reference (call to {last[1]}): its put is missing "
+         "after this line") if last else (None, "")
+    rel = _relative(Frame("", 0, file=at[0], line=at[1]), root) if at else None
+    return [{"id": 0, "message": {"text": text}, **_physical(rel, at[1])}] if rel and at \
+        else []
 
 
 def _physical(uri: str, line: int) -> dict[str, object]:

@@ -31,6 +31,10 @@ class CulpritJson(TypedDict):
     line: NotRequired[int]  # came through (with DWARF only)
     put_file: NotRequired[str]  # missing put: where released objects put such a reference
     put_line: NotRequired[int]  # in the culprit's function (when they did there)
+    last_use_file: NotRequired[str]  # missing put: the culprit's last call that touched
+    last_use_line: NotRequired[int]  # the object on this path (the put is missing after
+    last_use_call: NotRequired[str]  # it), and the function it called there
+    last_use_stack: NotRequired[list[FrameJson]]  # that operation's path up to the culprit
     why: NotRequired[str]  # why this function and not another
     tie: NotRequired[list[str]]  # functions with the same evidence (this one included)
     holder: NotRequired[str]  # indirect leaks: "type 0xADDR" of the leaked holder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from refcntd.analysis.attribution import Culprit
-from refcntd.analysis.culpritlines import culprit_line, put_line, where
+from refcntd.analysis.culpritlines import culprit_line, last_use_line, put_line, where
 from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
@@ -202,6 +202,9 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
         if put_line(c) is not None:
             lines.append(f"    released objects put it at {where(put_line(c))}; "
                          "this one never got there")
+        elif (last := last_use_line(c)) is not None:
+            lines.append(f"    last used at {where(last[0])} (call to {last[1]}); "
+                         "its put is missing after that")
         if c.expected:
             lines.append(f"    expected put: {short_path(c.expected, 8)}")
         lines.append(f"    unmatched in {c.objects} of {len(g.objects)} {word} objects "

@@ -12,7 +12,7 @@ from typing import cast
 
 from refcntd import __version__
 from refcntd.analysis.attribution import Culprit
-from refcntd.analysis.culpritlines import culprit_line, put_line
+from refcntd.analysis.culpritlines import culprit_line, last_use_line, put_line
 from refcntd.analysis.model import (
     AnomalyFinding,
     LeakedObject,
@@ -97,6 +97,12 @@ def culprit_json(c: Culprit) -> CulpritJson:
         out.update({"file": site[0], "line": site[1]})
     if put is not None:
         out.update({"put_file": put[0], "put_line": put[1]})
+    last = last_use_line(c)
+    if last is not None:
+        out.update({"last_use_file": last[0][0], "last_use_line": last[0][1],
+                    "last_use_call": last[1]})
+    if c.last_use:
+        out["last_use_stack"] = [frame_json(f) for f in c.last_use]
     return out
 
 

@@ -107,7 +107,8 @@ def _culprit(c: CulpritJson) -> Culprit:
                     Frame("", 0, c["function"], file=c.get("file", ""), line=c.get("line", 0)))
     return Culprit(c["kind"], function, frames, c["objects"], c["references"],
                    c["released_uses"], expected=_frames(c.get("expected_stack", [])),
-                   why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""))
+                   why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""),
+                   last_use=_frames(c.get("last_use_stack", [])))
 
 
 def _group(g: GroupJson, objects: Objects) -> LeakGroup:

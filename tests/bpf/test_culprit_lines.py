@@ -1,8 +1,10 @@
 """The culprit's line, not only its function (issue 31, item 4), on real BPF.
 
 culpritlines.c built -O2 -g -fomit-frame-pointer: an extra get made through an
-inline get wrapper at a known line, and a missing put whose reference came in
-at one known line and which released objects put at another.  The lines are
+inline get wrapper at a known line, a missing put whose reference came in
+at one known line and which released objects put at another, and a missing put
+no released object shows, named by the culprit's last call that touched the
+object (the put is missing after it).  The lines are
 read from the fixture's `LINE:` markers; the report must name exactly them,
 in --json, in the text and in SARIF (saved and rendered again).  Without
 DWARF the function alone is named, with no line.
@@ -45,7 +47,7 @@ def run(exe: Path, tmp_path: Path) -> tuple[Result, dict[str, Any], dict[str, di
     assert result.returncode == 23, result.stderr
     (process,) = result.report["processes"]
     tops = {g["type"]: g["culprits"][0] for g in process["groups"]}
-    assert sorted(tops) == ["sess", "tok"]
+    assert sorted(tops) == ["cfg", "sess", "tok"]
     return result, json.loads(sarif.read_text()), tops
 
 
@@ -74,12 +76,20 @@ def test_lines_of_extra_get_and_missing_put(bpf, build, tmp_path, probe_mode):
     assert (sess["kind"], sess["function"]) == ("missing put", "scenario_sess")
     assert (Path(sess["file"]), sess["line"]) == (SOURCE, in_at)
     assert (Path(sess["put_file"]), sess["put_line"]) == (SOURCE, put_at)
+    cfg, cfg_in, cfg_last = tops["cfg"], marked("cfg-in"), marked("cfg-last")
+    assert (cfg["kind"], cfg["function"]) == ("missing put", "scenario_cfg")
+    assert (Path(cfg["file"]), cfg["line"]) == (SOURCE, cfg_in)
+    assert "put_line" not in cfg
+    assert (Path(cfg["last_use_file"]), cfg["last_use_line"], cfg["last_use_call"]) == \
+        (SOURCE, cfg_last, "cfg_apply")
 
     text = result.stderr
     assert f"Likely culprit: extra get in tok_work_bad (culpritlines.c:{extra}):" in text
     assert f"Likely culprit: missing put in scenario_sess (culpritlines.c:{in_at}):" in text
     assert f"released objects put it at culpritlines.c:{put_at}; this one never got there" \
         in text
+    assert f"last used at culpritlines.c:{cfg_last} (call to cfg_apply); its put is " \
+        "missing after that" in text
 
     jsonschema.Draft4Validator(SARIF_SCHEMA).validate(sarif)
     tok_result, sess_result = sarif_result(sarif, "tok"), sarif_result(sarif, "sess")
@@ -87,6 +97,11 @@ def test_lines_of_extra_get_and_missing_put(bpf, build, tmp_path, probe_mode):
     assert "relatedLocations" not in tok_result
     assert located(sess_result) == (URI, in_at)
     assert located(sess_result, "relatedLocations") == (URI, put_at)
+    cfg_result = sarif_result(sarif, "cfg")
+    assert located(cfg_result) == (URI, cfg_in)
+    assert located(cfg_result, "relatedLocations") == (URI, cfg_last)
+    assert cfg_result["relatedLocations"][0]["message"]["text"].startswith(
+        "last use of the reference (call to cfg_apply)")
     (stack,) = sess_result["stacks"]  # the allocation stack stays where it was
     assert stack["message"]["text"] == "allocation stack"
     assert [f["location"]["logicalLocations"][0]["fullyQualifiedName"]
@@ -103,9 +118,11 @@ def test_without_dwarf_the_function_alone(bpf, build, tmp_path):
     shutil.copy(program(build), exe)
     subprocess.run(["strip", "--strip-debug", str(exe)], check=True)
     result, sarif, tops = run(exe, tmp_path)
-    assert [(c["kind"], c["function"]) for c in (tops["tok"], tops["sess"])] == \
-        [("extra get", "tok_work_bad"), ("missing put", "scenario_sess")]
-    assert not {"file", "line", "put_file", "put_line"} & {k for c in tops.values() for k in c}
+    assert [(c["kind"], c["function"]) for c in (tops["tok"], tops["sess"], tops["cfg"])] == \
+        [("extra get", "tok_work_bad"), ("missing put", "scenario_sess"),
+         ("missing put", "scenario_cfg")]
+    assert not {"file", "line", "put_file", "put_line", "last_use_line"} & \
+        {k for c in tops.values() for k in c}
     assert "Likely culprit: extra get in tok_work_bad: the reference" in result.stderr
     assert "released objects put it at" not in result.stderr
     for r in sarif["runs"][0]["results"]:
@@ -129,7 +146,7 @@ def test_stripped_program_no_symbols_no_crash(bpf, build, tmp_path):
     assert result.returncode == 23, result.stderr
     assert "Traceback" not in result.stderr
     (process,) = result.report["processes"]
-    assert sorted(g["type"] for g in process["groups"]) == ["sess", "tok"]
+    assert sorted(g["type"] for g in process["groups"]) == ["cfg", "sess", "tok"]
     assert all(g["verdict"]["status"] == "unknown" and "without a symbol" in
                g["verdict"]["reason"] for g in process["groups"])
     culprits = [c for g in process["groups"] for c in g["culprits"]]
