@@ -151,9 +151,31 @@ def markdown(doc: dict[str, Any]) -> str:
     nondet = [m for m in mutants if m["status"] == "scored" and not m["deterministic"]]
     lines += [f"Repeats that disagreed: {len(nondet)} of "
               f"{sum(m['status'] == 'scored' for m in mutants)} scored mutants.", "",
+              *same_leaks(mutants),
               "Direct answers, by what refcntd said:", "", *findings(mutants), ""]
     lines += ["## Mutants", "", *mutant_rows(mutants), ""]
     return "\n".join(lines)
+
+
+def same_leaks(mutants: list[dict[str, Any]]) -> list[str]:
+    """Whether refcntd's run leaked what the truth run did (two executions of the
+    same build): the mutants where the new leaked objects per type differ."""
+    checked = [m for m in mutants if m["status"] == "scored" and "same_leaks" in m]
+    if not checked:
+        return []
+    differ = [m for m in checked if not m["same_leaks"]]
+    lines = [f"New leaked objects per type, refcntd's run against the truth run: the same "
+             f"in {len(checked) - len(differ)} of {len(checked)} scored mutants.", ""]
+    if differ:
+        lines += ["| mutant | truth | refcntd | outcome |", "|---|---|---|---|"]
+        lines += [f"| {m['id']} | {_counts(m['new_leaks'])} | {_counts(m['refcntd_new'])} "
+                  f"| {m['outcome']} |" for m in differ]
+        lines.append("")
+    return lines
+
+
+def _counts(by_type: dict[str, int]) -> str:
+    return ", ".join(f"{t} {n}" for t, n in sorted(by_type.items())) or "none"
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -131,9 +131,10 @@ def main(out: Path) -> int:
                 missing += 1
                 row["status"] = "not kept"
             else:
-                runs = [score.new_groups(base[m["codebase"]][m["workload"]], groups[k])
-                        for k in keys]
-                row.update(runner.verdicts(runs, m, m["new_leaks"]))
+                before = base[m["codebase"]][m["workload"]]
+                runs = [score.new_groups(before, groups[k]) for k in keys]
+                row.update(runner.verdicts(runs, m, m["new_leaks"],
+                                           score.new_counts(before, groups[keys[0]])))
                 row["hash_stable"] = all(first[k] == second.get(k) for k in keys)
                 row["deterministic"] = row["deterministic"] and row["hash_stable"]
         rows.append(row)

@@ -201,9 +201,7 @@ def judge(cb: Codebase, row: dict[str, Any], base: Baseline, repeats: int, scrat
     out["leak"] = "direct" if row["type"] in new else "indirect only"
     started = time.monotonic()
     try:
-        runs = [score.new_groups(base.groups[w.label],
-                                 refcntd_run(cb, w, runs_dir(scratch, row["id"]) /
-                                             f"r{r}.json"))
+        full = [refcntd_run(cb, w, runs_dir(scratch, row["id"]) / f"r{r}.json")
                 for r in range(repeats)]
     except TimedOut:
         return {**out, "status": "scored", "outcome": "missed", "timed_out": True,
@@ -213,12 +211,17 @@ def judge(cb: Codebase, row: dict[str, Any], base: Baseline, repeats: int, scrat
                              for t, n in sorted(new.items()) if t != row["type"]],
                 "repeat_outcomes": ["missed"], "deterministic": True, "named_inliner": False}
     out["refcntd_s"] = round(time.monotonic() - started, 1)
-    return {**out, "status": "scored", **verdicts(runs, row, new)}
+    runs = [score.new_groups(base.groups[w.label], f) for f in full]
+    return {**out, "status": "scored",
+            **verdicts(runs, row, new, score.new_counts(base.groups[w.label], full[0]))}
 
 
-def verdicts(runs: list[list[score.Group]], row: dict[str, Any], new: dict[str, int]
-             ) -> dict[str, Any]:
-    """Outcomes of the first run; whether the repeats said the same."""
+def verdicts(runs: list[list[score.Group]], row: dict[str, Any], new: dict[str, int],
+             counted: dict[str, int] | None = None) -> dict[str, Any]:
+    """Outcomes of the first run; whether the repeats said the same; and whether
+    refcntd's new leaked objects per type (`counted`, first run) are the truth's:
+    the truth run and refcntd's run are two executions, which a timing-dependent
+    leak can make differ."""
     found = runs[0]
     direct = score.answer(found, row["type"])
     out: dict[str, Any] = {"outcome": score.outcome(direct, row["function"]),
@@ -237,6 +240,9 @@ def verdicts(runs: list[list[score.Group]], row: dict[str, Any], new: dict[str, 
                               for r in runs]
     out["repeat_said"] = [score.said(score.answer(r, row["type"])) for r in runs]
     out["deterministic"] = all(s == sigs[0] for s in sigs)
+    if counted is not None:
+        out["refcntd_new"] = counted
+        out["same_leaks"] = counted == dict(sorted(new.items()))
     return out
 
 

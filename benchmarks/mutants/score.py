@@ -83,6 +83,16 @@ def new_groups(base: list[Group], mutant: list[Group]) -> list[Group]:
     return out
 
 
+def new_counts(base: list[Group], mutant: list[Group]) -> dict[str, int]:
+    """refcntd's new leaked objects per type (the mutant run's minus the baseline's):
+    what the truth's new_leaks counts, when both runs saw the same execution."""
+    totals: dict[str, int] = {}
+    for sign, groups in ((-1, base), (1, mutant)):
+        for g in groups:
+            totals[g.type] = totals.get(g.type, 0) + sign * g.objects
+    return {t: n for t, n in sorted(totals.items()) if n > 0}
+
+
 def answer(found: list[Group], kind: str) -> Group | None:
     """The group that answers for a leak of this type (see the module doc)."""
     of_type = [g for g in found if g.type == kind]
