@@ -747,7 +747,9 @@ def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verd
                 continue
             for culprit in result:
                 culprit = found.setdefault(culprit.key(), culprit)
-                if culprit.kind == MISSING_PUT and not culprit.last_use:
+                # a keeper's own missing put (not a consumer it was handed to)
+                if culprit.kind == MISSING_PUT and not culprit.last_use \
+                        and culprit.frames and culprit.function == culprit.frames[-1]:
                     culprit.last_use = last_use(get, len(culprit.frames) - 1, ops)
                 culprit.leaked_objects.add(addr)
                 culprit.references += left

@@ -47,6 +47,20 @@ def test_a_consumer_that_used_the_object_is_where_it_was_handed() -> None:
                           op(Role.PUT, "t_put dump report main", t=4)])
     assert verdict.status == "culprit", verdict
     assert verdict.culprits[0].function.function == "dump"
+    # the last-use line is the keeper's own (its frame on its last call): not for a
+    # consumer the reference was handed to
+    assert verdict.culprits[0].last_use == ()
+
+
+def test_a_keepers_missing_put_comes_after_its_last_call_that_touched_the_object() -> None:
+    ops = [op(Role.INIT, "t_new main", t=1), op(Role.PUT, "t_put main", t=9),
+           op(Role.GET, "t_get keep main", t=2), op(Role.GET, "t_get use keep main", t=3),
+           op(Role.PUT, "t_put use keep main", t=4), op(Role.GET, "t_get peek keep main", t=5),
+           op(Role.PUT, "t_put peek keep main", t=6)]
+    verdict = judged([ops])
+    top = verdict.culprits[0]
+    assert (top.kind, top.function.function) == ("missing put", "keep")
+    assert [f.function for f in top.last_use] == ["t_put", "peek", "keep"]
 
 
 def test_a_call_that_only_got_references_was_not_handed_one() -> None:
