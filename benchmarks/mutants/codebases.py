@@ -168,6 +168,9 @@ GST_CLEARS = {f"gst_clear_{t}": "pointer" for t in GST_CLEAR_MINI} | {
     "gst_clear_object": "pointer", "g_clear_object": "pointer"}
 GST_PUTS = frozenset({f"gst_{t}_unref" for t in GST_MINI} | {"gst_object_unref",
                                                              "g_object_unref"} | set(GST_CLEARS))
+# GstObject functions (their first argument the object) at which the spec reads the
+# "may be leaked" flag besides gst_object_ref/unref
+GST_FLAG_CHECKS = ("gst_object_ref_sink", "gst_object_set_parent", "gst_object_unparent")
 GST_GOBJECT = {"gst_object_ref", "g_object_ref", "gst_object_unref", "g_object_unref",
                "gst_clear_object", "g_clear_object"}
 GST_MESON = ["--buildtype=debugoptimized", "-Dc_args=-fno-omit-frame-pointer",
@@ -256,7 +259,8 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
     gst = cb.binaries[0].resolve()
     gobject = LIBGOBJECT.resolve()
     at = symbol_offsets(gst, ["gst_mini_object_init", "gst_mini_object_ref",
-                              "gst_mini_object_unref", "gst_object_ref", "gst_object_unref"])
+                              "gst_mini_object_unref", "gst_object_ref", "gst_object_unref",
+                              *GST_FLAG_CHECKS])
     go = symbol_offsets(gobject, ["g_object_new_valist", "g_object_new_with_properties",
                                   "g_object_newv", "g_object_ref", "g_object_unref",
                                   "g_type_free_instance"])
@@ -273,6 +277,10 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
               tracefs.Probe("go_ref", str(gobject), go["g_object_ref"], "obj=%di:x64"),
               tracefs.Probe("go_unref", str(gobject), go["g_object_unref"], "obj=%di:x64"),
               tracefs.Probe("go_free", str(gobject), go["g_type_free_instance"], "obj=%di:x64")]
+    # the flag read where the spec reads it too: a pad template is flagged at its init
+    # and ref-sunk by its element class, never passing gst_object_ref/unref again
+    probes += [tracefs.Probe(f"gst_chk{i}", str(gst), at[f], "obj=%di:x64 fl=+48(%di):x32")
+               for i, f in enumerate(GST_FLAG_CHECKS)]
     probes += [tracefs.Probe(f"go_new{i}", str(gobject), go[f], "obj=$retval:x64", ret=True)
                for i, f in enumerate(("g_object_new_valist", "g_object_new_with_properties",
                                       "g_object_newv"))]
@@ -284,6 +292,7 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
              "go_ref": truth.Rule(truth.GET), "go_unref": truth.Rule(truth.PUT),
              "go_free": truth.Rule(truth.DELETE)}
     rules |= {f"go_new{i}": truth.Rule(truth.INIT_RETURN, "GObject") for i in range(3)}
+    rules |= {f"gst_chk{i}": truth.Rule(truth.CHECK, flag=1) for i in range(len(GST_FLAG_CHECKS))}
     return probes, rules
 
 

@@ -21,7 +21,10 @@ a trace, and writes DIR/rescored.json and DIR/rescored.md.
 `repeat` rebuilds the first --limit scored mutants of each codebase and runs
 refcntd --repeats times on each: the verdicts of repeated runs must agree.
 
-Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke|rescore|compare|repeat
+`retruth` counts the truth again (baselines and every scored mutant, rebuilt
+but not traced by refcntd) after the truth's probes changed.
+
+Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke|rescore|compare|repeat|retruth
                [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
                [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
@@ -46,7 +49,7 @@ DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("prepare", "sites", "run", "smoke", "rescore",
-                                           "compare", "repeat"))
+                                           "compare", "repeat", "retruth"))
     ap.add_argument("--codebase", choices=(*codebases.CODEBASES, "all"), default="all")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="sources, builds, caches and results (default %(default)s)")
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         for cb in loaded:
             print(f"{cb.name}: {cb.prepared}")
         return 0
+    if args.command == "retruth":
+        return runner.retruth(loaded, args.out)
     if args.command == "sites":
         for cb in loaded:
             runner.executed_sites(cb, verbose=True)

@@ -139,6 +139,12 @@ def markdown(doc: dict[str, Any]) -> str:
         n = sum(1 for m in mutants if m.get("rerun"))
         lines += [f"{n} mutants were run again (`run --retry-timed-out`, "
                   f"`--retry-missed`) by refcntd {', '.join(rerun)}.", ""]
+    recounted = {name: cb["retruth"] for name, cb in doc["codebases"].items()
+                 if cb.get("retruth")}
+    if recounted:
+        lines += ["The truth of the baselines and scored mutants was counted again "
+                  "(`mutants.py retruth`, the mutants rebuilt, not traced by refcntd): "
+                  + ", ".join(f"{n} by {c}" for n, c in recounted.items()) + ".", ""]
     for name, cb in doc["codebases"].items():
         lines += [f"## {name}", "", f"* prepared: `{cb['prepared']}`",
                   f"* spec: `{cb['spec']}`", "* workloads:"]

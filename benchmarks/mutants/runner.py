@@ -305,6 +305,49 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
     return 0
 
 
+def retruth(cbs: list[Codebase], out: Path) -> int:
+    """Count the truth again for the baselines and every scored mutant (rebuilt, not
+    traced by refcntd): after the truth's probes changed.  A mutant whose new leaks
+    are gone becomes equivalent; its kept refcntd runs stay, unscored.  The rows say
+    `retruth` with the commit whose truth counted them."""
+    results = out / "mutants.json"
+    doc = _load_or_new(results, 1)
+    commit = report.machine().get("refcntd_commit", "")
+    for cb in cbs:
+        for rel in codebases.restore_all(cb):
+            print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
+        cb.build()
+        books = {w.label: count(cb, w) for w in cb.workloads}
+        for label, b in books.items():
+            doc["codebases"][cb.name]["baseline"][label]["truth"] = b.summary()
+        doc["codebases"][cb.name]["retruth"] = commit
+        by_id = {mutant_id(cb, e): e for e in executed_sites(cb)}
+        for row in doc["mutants"]:
+            if row["codebase"] != cb.name or row["status"] != "scored":
+                continue
+            ex = by_id[row["id"]]
+            apply(cb, ex.site)
+            try:
+                cb.build()
+                w = next(x for x in cb.workloads if x.label == row["workload"])
+                mutant = count(cb, w)
+            finally:
+                restore(cb, ex.site)
+            new = truth.new_leaks(books[w.label], mutant)
+            old = row["new_leaks"]
+            row.update({"truth": mutant.summary(), "new_leaks": new, "retruth": commit})
+            if not new:
+                row["status"] = "equivalent"
+            elif mutant.lost:
+                row["status"] = "truth lost events"
+            else:
+                row["leak"] = "direct" if row["type"] in new else "indirect only"
+            _save(doc, results, out)
+            print(f"{row['id']}: truth {old} -> {new} ({row['status']})", flush=True)
+        cb.build()
+    return 0
+
+
 def _load_or_new(path: Path, repeats: int) -> dict[str, Any]:
     if path.exists():
         doc: dict[str, Any] = json.loads(path.read_text())
