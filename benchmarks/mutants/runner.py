@@ -342,7 +342,7 @@ def retruth(cbs: list[Codebase], out: Path) -> int:
                 row["status"] = "truth lost events"
             else:
                 row["leak"] = "direct" if row["type"] in new else "indirect only"
-            _save(doc, results, out)
+            _save(doc, results, out, finished=False)
             print(f"{row['id']}: truth {old} -> {new} ({row['status']})", flush=True)
         cb.build()
     return 0
@@ -365,8 +365,10 @@ def _codebase_doc(cb: Codebase, base: Baseline) -> dict[str, Any]:
                          for label, b in base.books.items()}}
 
 
-def _save(doc: dict[str, Any], path: Path, out: Path) -> None:
-    doc["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+def _save(doc: dict[str, Any], path: Path, out: Path, finished: bool = True) -> None:
+    """finished: a run's end is now (not for retruth, which runs nothing of refcntd)."""
+    if finished:
+        doc["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     path.write_text(json.dumps(doc, indent=1))
     (out / "mutants.md").write_text(report.markdown(doc))
 
