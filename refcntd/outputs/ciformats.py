@@ -151,13 +151,15 @@ def _related(f: Finding, root: Path) -> list[dict[str, object]]:
     top = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
     if top is None:
         return []
-    put, last = put_line(top), last_use_line(top)
-    at, text = (put, "released objects put such a reference here") if put else \
-        (last[0], f"last use of the reference (call to {last[1]}): its put is missing "
-         "after this line") if last else (None, "")
-    rel = _relative(Frame("", 0, file=at[0], line=at[1]), root) if at else None
-    return [{"id": 0, "message": {"text": text}, **_physical(rel, at[1])}] if rel and at \
-        else []
+    at, last = put_line(top), last_use_line(top)
+    text = "released objects put such a reference here"
+    if at is None and last is not None:
+        at, text = last[0], (f"last use of the reference (call to {last[1]}): its put is "
+                             "missing after this line")
+    if at is None:
+        return []
+    rel = _relative(Frame("", 0, file=at[0], line=at[1]), root)
+    return [{"id": 0, "message": {"text": text}, **_physical(rel, at[1])}] if rel else []
 
 
 def _physical(uri: str, line: int) -> dict[str, object]:
