@@ -169,8 +169,9 @@ GST_CLEARS = {f"gst_clear_{t}": "pointer" for t in GST_CLEAR_MINI} | {
 GST_PUTS = frozenset({f"gst_{t}_unref" for t in GST_MINI} | {"gst_object_unref",
                                                              "g_object_unref"} | set(GST_CLEARS))
 # GstObject functions (their first argument the object) at which the spec reads the
-# "may be leaked" flag besides gst_object_ref/unref
-GST_FLAG_CHECKS = ("gst_object_ref_sink", "gst_object_set_parent", "gst_object_unparent")
+# "may be leaked" flag (GstObject.flags at +48); they change no count themselves
+GST_FLAG_CHECKS = ("gst_object_ref", "gst_object_unref", "gst_object_ref_sink",
+                   "gst_object_set_parent", "gst_object_unparent")
 GST_GOBJECT = {"gst_object_ref", "g_object_ref", "gst_object_unref", "g_object_unref",
                "gst_clear_object", "g_clear_object"}
 GST_MESON = ["--buildtype=debugoptimized", "-Dc_args=-fno-omit-frame-pointer",
@@ -259,26 +260,21 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
     gst = cb.binaries[0].resolve()
     gobject = LIBGOBJECT.resolve()
     at = symbol_offsets(gst, ["gst_mini_object_init", "gst_mini_object_ref",
-                              "gst_mini_object_unref", "gst_object_ref", "gst_object_unref",
-                              *GST_FLAG_CHECKS])
+                              "gst_mini_object_unref", *GST_FLAG_CHECKS])
     go = symbol_offsets(gobject, ["g_object_new_valist", "g_object_new_with_properties",
                                   "g_object_newv", "g_object_ref", "g_object_unref",
                                   "g_type_free_instance"])
     probes = [tracefs.Probe("mo_init", str(gst), at["gst_mini_object_init"], "obj=%di:x64"),
-              # the "may be leaked" flag: GstMiniObject.flags at +16, GstObject.flags at +48
+              # the "may be leaked" flag: GstMiniObject.flags at +16
               tracefs.Probe("mo_ref", str(gst), at["gst_mini_object_ref"],
                             "obj=%di:x64 fl=+16(%di):x32"),
               tracefs.Probe("mo_unref", str(gst), at["gst_mini_object_unref"],
                             "obj=%di:x64 fl=+16(%di):x32"),
-              tracefs.Probe("gst_ref", str(gst), at["gst_object_ref"],
-                            "obj=%di:x64 fl=+48(%di):x32"),
-              tracefs.Probe("gst_unref", str(gst), at["gst_object_unref"],
-                            "obj=%di:x64 fl=+48(%di):x32"),
               tracefs.Probe("go_ref", str(gobject), go["g_object_ref"], "obj=%di:x64"),
               tracefs.Probe("go_unref", str(gobject), go["g_object_unref"], "obj=%di:x64"),
               tracefs.Probe("go_free", str(gobject), go["g_type_free_instance"], "obj=%di:x64")]
-    # the flag read where the spec reads it too: a pad template is flagged at its init
-    # and ref-sunk by its element class, never passing gst_object_ref/unref again
+    # the flag read where the spec reads it: a pad template is flagged at its init and
+    # ref-sunk by its element class, never passing gst_object_ref/unref again
     probes += [tracefs.Probe(f"gst_chk{i}", str(gst), at[f], "obj=%di:x64 fl=+48(%di):x32")
                for i, f in enumerate(GST_FLAG_CHECKS)]
     probes += [tracefs.Probe(f"go_new{i}", str(gobject), go[f], "obj=$retval:x64", ret=True)
@@ -287,8 +283,6 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
     rules = {"mo_init": truth.Rule(truth.INIT, "GstMiniObject"),
              "mo_ref": truth.Rule(truth.GET, flag=4),
              "mo_unref": truth.Rule(truth.PUT_FREES, flag=4),
-             "gst_ref": truth.Rule(truth.CHECK, flag=1),
-             "gst_unref": truth.Rule(truth.CHECK, flag=1),
              "go_ref": truth.Rule(truth.GET), "go_unref": truth.Rule(truth.PUT),
              "go_free": truth.Rule(truth.DELETE)}
     rules |= {f"go_new{i}": truth.Rule(truth.INIT_RETURN, "GObject") for i in range(3)}

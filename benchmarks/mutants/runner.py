@@ -190,15 +190,11 @@ def judge(cb: Codebase, row: dict[str, Any], base: Baseline, repeats: int, scrat
           ) -> dict[str, Any]:
     w = next(x for x in cb.workloads if x.label == row["workload"])
     started = time.monotonic()
-    books = count(cb, w)
-    new = truth.new_leaks(base.books[w.label], books)
-    out: dict[str, Any] = {"truth": books.summary(), "new_leaks": new, "exit": books.returncode,
-                           "truth_s": round(time.monotonic() - started, 1)}
-    if books.lost:
-        return {**out, "status": "truth lost events"}
-    if not new:
-        return {**out, "status": "equivalent"}
-    out["leak"] = "direct" if row["type"] in new else "indirect only"
+    out = {**truth_of(row, base.books[w.label], count(cb, w)),
+           "truth_s": round(time.monotonic() - started, 1)}
+    if "status" in out:
+        return out
+    new = out["new_leaks"]
     started = time.monotonic()
     try:
         full = [refcntd_run(cb, w, runs_dir(scratch, row["id"]) / f"r{r}.json")
@@ -214,6 +210,20 @@ def judge(cb: Codebase, row: dict[str, Any], base: Baseline, repeats: int, scrat
     runs = [score.new_groups(base.groups[w.label], f) for f in full]
     return {**out, "status": "scored",
             **verdicts(runs, row, new, score.new_counts(base.groups[w.label], full[0]))}
+
+
+def truth_of(row: dict[str, Any], base: truth.Books, books: truth.Books) -> dict[str, Any]:
+    """A mutant's truth against its workload's baseline: the new leaks, and a status
+    when it is not scored (events lost, or no new leak: equivalent)."""
+    new = truth.new_leaks(base, books)
+    out: dict[str, Any] = {"truth": books.summary(), "new_leaks": new, "exit": books.returncode}
+    if books.lost:
+        out["status"] = "truth lost events"
+    elif not new:
+        out["status"] = "equivalent"
+    else:
+        out["leak"] = "direct" if row["type"] in new else "indirect only"
+    return out
 
 
 def verdicts(runs: list[list[score.Group]], row: dict[str, Any], new: dict[str, int],
@@ -333,17 +343,11 @@ def retruth(cbs: list[Codebase], out: Path) -> int:
                 mutant = count(cb, w)
             finally:
                 restore(cb, ex.site)
-            new = truth.new_leaks(books[w.label], mutant)
             old = row["new_leaks"]
-            row.update({"truth": mutant.summary(), "new_leaks": new, "retruth": commit})
-            if not new:
-                row["status"] = "equivalent"
-            elif mutant.lost:
-                row["status"] = "truth lost events"
-            else:
-                row["leak"] = "direct" if row["type"] in new else "indirect only"
+            row.update({**truth_of(row, books[w.label], mutant), "retruth": commit})
             _save(doc, results, out, finished=False)
-            print(f"{row['id']}: truth {old} -> {new} ({row['status']})", flush=True)
+            print(f"{row['id']}: truth {old} -> {row['new_leaks']} ({row['status']})",
+                  flush=True)
         cb.build()
     return 0
 
