@@ -24,7 +24,12 @@ refcntd --repeats times on each: the verdicts of repeated runs must agree.
 `retruth` counts the truth again (baselines and every scored mutant, rebuilt
 but not traced by refcntd) after the truth's probes changed.
 
-Usage (root):  benchmarks/mutants/mutants.py prepare|sites|run|smoke|rescore|compare|repeat|retruth
+`rebase` runs refcntd on the unmutated builds again: the kept baseline runs'
+--json then carry each type's operations per path, which `rescore` compares
+every mutant's run with (a culprit found against a good run, --baseline).
+
+Usage (root):  benchmarks/mutants/mutants.py
+               prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase
                [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
                [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
@@ -49,7 +54,7 @@ DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("prepare", "sites", "run", "smoke", "rescore",
-                                           "compare", "repeat", "retruth"))
+                                           "compare", "repeat", "retruth", "rebase"))
     ap.add_argument("--codebase", choices=(*codebases.CODEBASES, "all"), default="all")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="sources, builds, caches and results (default %(default)s)")
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "retruth":
         return runner.retruth(loaded, args.out)
+    if args.command == "rebase":
+        return runner.rebase(loaded, args.out)
     if args.command == "sites":
         for cb in loaded:
             runner.executed_sites(cb, verbose=True)

@@ -352,6 +352,30 @@ def retruth(cbs: list[Codebase], out: Path) -> int:
     return 0
 
 
+def rebase(cbs: list[Codebase], out: Path) -> int:
+    """Run refcntd on the unmutated builds again (every workload, the document's repeats):
+    after the run's --json gained what mutants are now compared with (each type's
+    operations per path).  The baselines' refcntd groups are recorded again; the
+    truth is not recounted (retruth does that)."""
+    results = out / "mutants.json"
+    doc = _load_or_new(results, 1)
+    commit = report.machine().get("refcntd_commit", "")
+    for cb in cbs:
+        scratch = out / "scratch" / cb.name
+        for rel in codebases.restore_all(cb):
+            print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
+        cb.build()
+        for w in cb.workloads:
+            runs = [refcntd_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
+                                f"r{r}.json") for r in range(doc["repeats"])]
+            entry = doc["codebases"][cb.name]["baseline"][w.label]
+            entry["refcntd_groups"] = [asdict(g) for g in runs[0]]
+            entry["rebase"] = commit
+            _save(doc, results, out, finished=False)
+            print(f"{cb.name} {w.label}: {len(runs[0])} groups", flush=True)
+    return 0
+
+
 def _load_or_new(path: Path, repeats: int) -> dict[str, Any]:
     if path.exists():
         doc: dict[str, Any] = json.loads(path.read_text())
@@ -370,7 +394,7 @@ def _codebase_doc(cb: Codebase, base: Baseline) -> dict[str, Any]:
 
 
 def _save(doc: dict[str, Any], path: Path, out: Path, finished: bool = True) -> None:
-    """finished: a run's end is now (not for retruth, which runs nothing of refcntd)."""
+    """finished: a run of mutants ends now (not for retruth or rebase)."""
     if finished:
         doc["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     path.write_text(json.dumps(doc, indent=1))

@@ -443,7 +443,7 @@ GETTER_WORDS = frozenset({"get", "ref", "find", "findnew", "lookup", "dup", "cop
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _name_words(func: FuncKey) -> list[str]:
+def name_words(func: FuncKey) -> list[str]:
     """The words of a C function's name (`__maps__insert_sorted.isra.0` -> maps,
     insert, sorted), what the naming conventions below read."""
     return func[1].split(".")[0].lower().replace("__", "_").split("_")
@@ -451,7 +451,7 @@ def _name_words(func: FuncKey) -> list[str]:
 
 def named_getter(func: FuncKey) -> bool:
     """Whether a function's name says it hands a reference to its caller."""
-    return any(w in GETTER_WORDS for w in _name_words(func)) and func[1] not in START_FUNCTIONS
+    return any(w in GETTER_WORDS for w in name_words(func)) and func[1] not in START_FUNCTIONS
 
 
 STORER_WORDS = frozenset({"new", "init", "add", "insert", "create", "append", "prepend",
@@ -464,7 +464,7 @@ def _stores_for_another(get: PathOp, i: int) -> str:
     that object is destroyed or the reference removed, which no path of this
     object shows (perf's map__new keeps the dso that map__exit should put)."""
     func, own = get.path[i], api_class(get.path[0]) if get.path else ""
-    words = {w.rstrip("0123456789") for w in _name_words(func)}  # map__new2
+    words = {w.rstrip("0123456789") for w in name_words(func)}  # map__new2
     cls = api_class(func)
     if not cls or cls == own or not STORER_WORDS & words:
         return ""

@@ -319,6 +319,27 @@ def _released_paths(type_name: str, shown: list[str], stacks: StackSource, sym: 
     return out
 
 
+INLINED_FRAMES = 2  # the call's frame and its caller's, what a baseline compares
+
+
+def operation_paths(stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
+                    ctx: HistoryContext) -> dict[str, list[PathOp]]:
+    """Every type's operations per path, leaked and released objects alike, as the
+    kernel counted them: what a later run of the same workload is compared with
+    (analysis.regression), so it is kept even when nothing leaked."""
+    out: dict[str, list[PathOp]] = {}
+    for r, name in zip(ctx.released, _released_types(stacks, sym, mods, ctx), strict=True):
+        if r.site.op == Role.DELETE:  # a delete adds or drops no reference
+            continue
+        frames = _op_frames(r.site.where, stacks, sym, mods, ctx.stub_names)
+        # the call and its wrapper with the functions inlined there: -O2 folds a static
+        # helper (or the get/put itself) into its caller, and a change is the helper's
+        frames = (*(f for frame in frames[:INLINED_FRAMES] for f in sym.with_inlined(frame)),
+                  *frames[INLINED_FRAMES:])
+        out.setdefault(name, []).append(PathOp(r.site.op, frames, r.site.count))
+    return out
+
+
 def _alloc_ref(rec: ObjectRecord) -> StackRef:
     return StackRef(rec.stack_id, rec.caller_ip)
 

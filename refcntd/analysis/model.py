@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from refcntd.analysis.attribution import Culprit, Verdict
+from refcntd.analysis.attribution import Culprit, PathOp, Verdict
 from refcntd.kernel.abi import Stat
 from refcntd.symbolize.symbolizer import Frame
 
@@ -170,6 +170,9 @@ class ProcessReport:
     kept: dict[str, int] = field(default_factory=dict)  # spec's kept_by_library: reason -> objects
     kernel_stats: dict[Stat, int] | None = None  # this process's own kernel counters
     notes: list[str] = field(default_factory=list)  # files refused for it (its perf map ...)
+    # --history: every type's operations per path (leaked and released objects), what a
+    # later run's culprits are found against (--baseline, analysis.regression)
+    operations: dict[str, list[PathOp]] = field(default_factory=dict)
 
     @property
     def leaked_objects(self) -> int:

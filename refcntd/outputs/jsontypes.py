@@ -108,6 +108,15 @@ class AnomalyJson(TypedDict):
     alloc_unwind: NotRequired[UnwindJson]
 
 
+class OperationJson(TypedDict):
+    """Operations of one type at one path (--history), leaked and released objects alike."""
+
+    type: str
+    op: str  # init, get or put
+    count: int
+    stack: list[FrameJson]  # from the refcount call outward, its innermost frames only
+
+
 class ProcessJson(TypedDict):
     pid: int
     comm: str
@@ -122,6 +131,7 @@ class ProcessJson(TypedDict):
     kept_by_library: NotRequired[dict[str, int]]  # spec rules: reason -> objects set aside
     cycles: NotRequired[list[list[str]]]  # --history: leaked objects holding each other
     notes: NotRequired[list[str]]  # a line per file refused for this process (its perf map)
+    operations: NotRequired[list[OperationJson]]  # --history: what --baseline compares
 
 
 class ProbeJson(TypedDict):

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 from refcntd import __version__
-from refcntd.analysis.attribution import Culprit
+from refcntd.analysis.attribution import Culprit, PathOp
 from refcntd.analysis.culpritlines import culprit_line, last_use_line, put_line
 from refcntd.analysis.model import (
     AnomalyFinding,
@@ -31,6 +31,7 @@ from refcntd.outputs.jsontypes import (
     FrameJson,
     GroupJson,
     InstanceJson,
+    OperationJson,
     ProbeJson,
     ProcessJson,
     RunJson,
@@ -149,7 +150,17 @@ def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
             "anomalies": [anomaly_json(a) for a in p.anomalies],
             "groups": [group_json(g, instances) for g in p.groups],
             "kept_by_library": dict(p.kept),
-            "cycles": [[f"0x{a:x}" for a in c] for c in p.cycles], "notes": list(p.notes)}
+            "cycles": [[f"0x{a:x}" for a in c] for c in p.cycles], "notes": list(p.notes),
+            "operations": [operation_json(t, op) for t, ops in sorted(p.operations.items())
+                           for op in ops]}
+
+
+OPERATION_FRAMES = 6  # the call made and a few callers: what a baseline compares
+
+
+def operation_json(type_name: str, op: PathOp) -> OperationJson:
+    return {"type": type_name, "op": op.op.name.lower(), "count": op.count,
+            "stack": [frame_json(f) for f in op.frames[:OPERATION_FRAMES]]}
 
 
 def tracing_json(t: TracingStatus) -> TracingJson:

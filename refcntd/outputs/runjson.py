@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from refcntd.analysis.attribution import Culprit, Verdict
+from refcntd.analysis.attribution import Culprit, PathOp, Verdict
 from refcntd.analysis.model import (
     AnomalyFinding,
     HistoryStep,
@@ -22,12 +22,14 @@ from refcntd.analysis.model import (
 )
 from refcntd.errors import UsageError
 from refcntd.inputs.files import REPORT_LIMIT, read_text
+from refcntd.kernel.abi import Role
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
     CulpritJson,
     FrameJson,
     GroupJson,
     InstanceJson,
+    OperationJson,
     ProcessJson,
     RunJson,
     UnwindJson,
@@ -98,7 +100,16 @@ def _process(p: ProcessJson, objects: Objects) -> ProcessReport:
                          [_group(g, objects) for g in p["groups"]],
                          [_anomaly(a) for a in p.get("anomalies", [])],
                          dict(p.get("kept_by_library", {})),
-                         notes=list(p.get("notes", [])))
+                         notes=list(p.get("notes", [])),
+                         operations=_operations(p.get("operations", [])))
+
+
+def _operations(items: list[OperationJson]) -> dict[str, list[PathOp]]:
+    out: dict[str, list[PathOp]] = {}
+    for o in items:
+        out.setdefault(o["type"], []).append(PathOp(Role[o["op"].upper()], _frames(o["stack"]),
+                                                    o["count"]))
+    return out
 
 
 def _culprit(c: CulpritJson) -> Culprit:

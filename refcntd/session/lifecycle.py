@@ -21,6 +21,7 @@ from refcntd.analysis.leaks import (
     anomaly_findings,
     group_columns,
     group_leaks,
+    operation_paths,
     unnamed_operations,
 )
 from refcntd.analysis.model import (
@@ -196,6 +197,7 @@ class SessionTracker:
         else:
             groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
         anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
+        operations = operation_paths(self.stacks, self.sym, mods, history) if history else {}
         unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen), self.stacks,
                                      self.sym, mods)
         with self.totals_lock:
@@ -209,7 +211,8 @@ class SessionTracker:
             self.objects.prune_process_stats(self._may_be_reported)
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
                                      job.code, groups, anomalies, kernel_stats=own,
-                                     notes=self.sym.take_notes(s.tgid)))
+                                     notes=self.sym.take_notes(s.tgid),
+                                     operations=operations))
 
     def _may_be_reported(self, tgid: int) -> bool:
         """A process whose report may still come (counters of the others are stale)."""

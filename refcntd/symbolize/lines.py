@@ -79,6 +79,20 @@ class LineTable:
             return self.lookup(vaddr)
         return unit.names[site[0]], site[1]
 
+    def inlined(self, vaddr: int) -> list[tuple[str, Location]]:
+        """The functions inlined at `vaddr`, outermost first, each with the line of
+        its call in the function around it; [] when none (or no DWARF)."""
+        try:
+            offset = self._unit_offset(vaddr)
+            unit = self._unit(offset) if offset is not None else None
+            cu = self._info().get_CU_at(offset) if offset is not None else None
+            chain = _inline_chain(cu.get_top_DIE(), vaddr) if cu is not None else []
+        except _CORRUPT:
+            return []
+        names = unit.names if unit is not None else {}
+        return [(name, (names.get(file, ""), line) if names.get(file) else ("", 0))
+                for name, file, line in chain]
+
     def _info(self) -> DWARFInfo:
         if self._dwarf is None:
             self._dwarf = self.elf.get_dwarf_info(relocate_dwarf_sections=False)
@@ -138,6 +152,40 @@ def _outer_call(die: DIE, vaddr: int) -> tuple[int, int] | None:
         if found is not None:
             return found
     return None
+
+
+def _inline_chain(die: DIE, vaddr: int) -> list[tuple[str, int, int]]:
+    """(name, call file index, call line) of every inlined subroutine covering
+    `vaddr` below `die`, outermost first."""
+    for child in die.iter_children():
+        if child.tag == "DW_TAG_namespace":
+            found = _inline_chain(child, vaddr)
+            if found:
+                return found
+        elif child.tag in _SCOPES and _covers(child, vaddr):
+            inner = _inline_chain(child, vaddr)
+            if child.tag != "DW_TAG_inlined_subroutine":
+                return inner
+            file, line = child.attributes.get("DW_AT_call_file"), \
+                child.attributes.get("DW_AT_call_line")
+            return [(_origin_name(child), int(file.value) if file else 0,
+                     int(line.value) if line else 0), *inner]
+    return []
+
+
+def _origin_name(die: DIE) -> str:
+    """An inlined subroutine's function name, through its abstract origin."""
+    for _ in range(4):  # origin -> specification chains are short
+        name = die.attributes.get("DW_AT_name")
+        if name is not None:
+            return _text(name.value)
+        for attr in ("DW_AT_abstract_origin", "DW_AT_specification"):
+            if attr in die.attributes:
+                die = die.get_DIE_from_attribute(attr)
+                break
+        else:
+            return ""
+    return ""
 
 
 def _covers(die: DIE, vaddr: int) -> bool:

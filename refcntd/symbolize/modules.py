@@ -82,6 +82,11 @@ class ModuleSymbols:
         table = self._table()
         return table.outer_line(vaddr) if table is not None else ("", 0)
 
+    def inlined(self, vaddr: int) -> list[tuple[str, Location]]:
+        """The functions inlined at `vaddr` (lines.py), outermost first."""
+        table = self._table()
+        return table.inlined(vaddr) if table is not None else []
+
     def _table(self) -> LineTable | None:
         image = self.lines_image
         if image is None:

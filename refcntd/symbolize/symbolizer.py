@@ -401,6 +401,23 @@ class Symbolizer:
         file, line = mod.outer_line(frame.vaddr - (1 if frame.offset else 0))
         return replace(frame, file=file, line=line) if file else frame
 
+    def with_inlined(self, frame: Frame) -> tuple[Frame, ...]:
+        """The frame preceded by the functions the compiler inlined at its address,
+        innermost first: a call written in `map__exit` that -O2 inlined into
+        `map__put` shows as map__exit's (raw "inlined").  Each inlined frame has the
+        line in its own code; the outer frame that of the outermost inlined call."""
+        path = self._paths.get(frame.module)
+        mod = self.module(path) if path and frame.function else None
+        chain = mod.inlined(frame.vaddr - (1 if frame.offset else 0)) if mod else []
+        if not chain or not all(name for name, _ in chain):
+            return (frame,)
+        lines = [loc for _, loc in chain[1:]] + [(frame.file, frame.line)]
+        inner = [Frame(frame.module, frame.vaddr, name, frame.offset, file, line, "inlined")
+                 for (name, _), (file, line) in zip(chain, lines, strict=True)]
+        file, line = chain[0][1]
+        outer = replace(frame, file=file, line=line) if file else frame
+        return (*reversed(inner), outer)
+
     def perf_map(self, tgid: int, proc_root: Path = Path("/proc")) -> PerfMap | None:
         """The JIT map of `tgid`, checked against the uids it had while alive; a refused
         map is noted for the process's report."""
