@@ -28,8 +28,12 @@ but not traced by refcntd) after the truth's probes changed.
 --json then carry each type's operations per path, which `rescore` compares
 every mutant's run with (a culprit found against a good run, --baseline).
 
+`against` scores every mutant's run kept by `repeat` against its workload's
+baseline run, as `refcntd report --baseline` judges it, beside the same run
+alone: OUT/against.json and OUT/against.md.
+
 Usage (root):  benchmarks/mutants/mutants.py
-               prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase
+               prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
                [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
                [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
@@ -42,6 +46,7 @@ import json
 import sys
 from pathlib import Path
 
+import against
 import codebases
 import repeat
 import report
@@ -54,7 +59,7 @@ DEFAULT_OUT = Path("/var/tmp/refcntd-mutants")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("prepare", "sites", "run", "smoke", "rescore",
-                                           "compare", "repeat", "retruth", "rebase"))
+                                           "compare", "repeat", "retruth", "rebase", "against"))
     ap.add_argument("--codebase", choices=(*codebases.CODEBASES, "all"), default="all")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="sources, builds, caches and results (default %(default)s)")
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "rescore":
         return rescore.main(args.out)
+    if args.command == "against":
+        return against.main(args.out)
     if args.command == "smoke":
         return runner.smoke(args.out, args.repeats)
     if args.command == "repeat":

@@ -86,6 +86,8 @@ class Culprit:
     # a missing put: the object's last operation made under the culprit's call (the
     # culprit's frame is the call after which the reference was dropped), when timed
     last_use: tuple[Frame, ...] = ()
+    # found against an earlier run of the same workload (--baseline): that run's name
+    baseline: str = ""
 
     def key(self) -> CulpritKey:
         return (self.kind, func_key(self.function), tuple(func_key(f) for f in self.frames))

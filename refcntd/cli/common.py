@@ -17,7 +17,7 @@ from refcntd.outputs import formats, report, reportjson
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
 if TYPE_CHECKING:
-    from refcntd.outputs.policy import Verdict
+    from refcntd.outputs.policy import Policy, Verdict
 
 
 def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EXIT_FINDINGS,
@@ -85,6 +85,17 @@ def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     def show(p: ProcessReport) -> None:
         print(report.render_process(p), file=stream, flush=True)
     return show
+
+
+def judge_against_baseline(result: RunResult, policy: Policy, name: str | None,
+                           stream: TextIO) -> None:
+    """--baseline OLD.json: the culprits of this run's new leaks, found against that
+    run of the same workload (analysis.regression); what kept it from it, a line each."""
+    if policy.old is None or name is None:
+        return
+    from refcntd.analysis.regression import against
+    for note in against(result, policy.old, name):
+        print(f"refcntd: {note}", file=stream)
 
 
 def finish_output(result: RunResult, args: argparse.Namespace, stream: TextIO) -> None:

@@ -24,11 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from refcntd.cli.common import ci_outputs, emit, run_exit_status, warn_unlocated
+    from refcntd.cli.common import (
+        ci_outputs,
+        emit,
+        judge_against_baseline,
+        run_exit_status,
+        warn_unlocated,
+    )
     from refcntd.outputs.policy import Policy
     from refcntd.outputs.runjson import load_run
     result = load_run(args.run_json)
-    verdict = Policy.build(args.suppressions, args.baseline, args.max_leaks).evaluate(result)
+    policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
+    judge_against_baseline(result, policy, args.baseline, sys.stderr)
+    verdict = policy.evaluate(result)
     root = Path(args.source_root)
     if args.format in LOCATED and not args.sarif:  # else ci_outputs warns
         warn_unlocated(result, verdict, root)

@@ -56,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
     early = early_compile(spec, True, opts, exe)
     # the analysis and tracing modules load while the compile runs
     from refcntd.binary.sitemode import parse_modes
-    from refcntd.cli.common import ci_outputs, finish_output, printer, run_exit_status
+    from refcntd.cli.common import (
+        ci_outputs,
+        finish_output,
+        judge_against_baseline,
+        printer,
+        run_exit_status,
+    )
     from refcntd.cli.stages import analyse
     from refcntd.session.run import run_command
     plan = analyse(spec, exe, parse_modes(args.probe_mode), execs_later=True)
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                           f"({', '.join(plan.deferred)}): each program the command runs is "
                           "probed at its exec if it has them")
     result = run_command(plan, command, opts, printer(sys.stderr), early)
+    judge_against_baseline(result, policy, args.baseline, sys.stderr)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     if args.pprof:

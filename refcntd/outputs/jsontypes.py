@@ -38,6 +38,8 @@ class CulpritJson(TypedDict):
     why: NotRequired[str]  # why this function and not another
     tie: NotRequired[list[str]]  # functions with the same evidence (this one included)
     holder: NotRequired[str]  # indirect leaks: "type 0xADDR" of the leaked holder
+    baseline: NotRequired[str]  # found against this earlier run (--baseline); `stack` is
+    # then the path of the call that changed, up to the culprit
 
 
 class HolderJson(TypedDict):

@@ -164,6 +164,7 @@ class Policy:
     rules: list[Rule] = field(default_factory=list)
     baseline: set[FindingKey] = field(default_factory=set)
     thresholds: dict[str, int] = field(default_factory=dict)
+    old: RunResult | None = None  # the --baseline run, which culprits are found against
 
     @classmethod
     def build(cls, suppressions: str | None, baseline: str | None,
@@ -171,7 +172,7 @@ class Policy:
         old = load_run(baseline, "baseline") if baseline else None
         keys = {f.key for f in collect_findings(old)} if old else set()
         rules = load_suppressions(suppressions) if suppressions else []
-        return cls(rules, keys, parse_thresholds(max_leaks))
+        return cls(rules, keys, parse_thresholds(max_leaks), old)
 
     def evaluate(self, result: RunResult) -> Verdict:
         constructors = _return_constructors(result.spec)

@@ -193,6 +193,11 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
         lines.append(f"  Culprit tie: {v.reason}")
     for rank, c in enumerate(g.culprits):
         label = "Candidate" if c.tie else "Likely culprit" if rank == 0 else "Also"
+        if c.baseline:
+            lines += [f"  {label}: {c.kind} in {named(c)}, found against {c.baseline}",
+                      f"    why: {c.why}",
+                      f"    the call: {short_path(c.frames, 8)}"]
+            continue
         handed = "" if c.function in c.frames else \
             f", handed to {c.function.function or '??'},"
         lines.append(f"  {label}: {c.kind} in {named(c)}: the reference "

@@ -104,6 +104,8 @@ def culprit_json(c: Culprit) -> CulpritJson:
                     "last_use_call": last[1]})
     if c.last_use:
         out["last_use_stack"] = [frame_json(f) for f in c.last_use]
+    if c.baseline:
+        out["baseline"] = c.baseline
     return out
 
 

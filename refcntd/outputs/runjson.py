@@ -119,7 +119,8 @@ def _culprit(c: CulpritJson) -> Culprit:
     return Culprit(c["kind"], function, frames, c["objects"], c["references"],
                    c["released_uses"], expected=_frames(c.get("expected_stack", [])),
                    why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""),
-                   last_use=_frames(c.get("last_use_stack", [])))
+                   last_use=_frames(c.get("last_use_stack", [])),
+                   baseline=c.get("baseline", ""))
 
 
 def _group(g: GroupJson, objects: Objects) -> LeakGroup:

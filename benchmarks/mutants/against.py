@@ -1,0 +1,74 @@
+"""Score each mutant's culprit found against the unmutated build's run (--baseline).
+
+A developer who has a run of the same workload on the code before the change
+passes it as `refcntd run/report --baseline OLD.json`; refcntd then compares
+every type's operations per path (analysis.regression).  This judges that on
+the benchmark: for every scored mutant, its run kept by `repeat` (OUT/runs/ID/
+repeat0.json, made by the current code) against its workload's baseline run
+(OUT/runs/CB/baseline/LABEL/r0.json, the same code, unmutated build), through
+`refcntd report`'s own code path.  The same run's verdict without the baseline
+is scored beside it.  Writes OUT/against.json and OUT/against.md (the tables
+of mutants.md), and prints both tallies.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import report
+import runner
+import score
+
+from refcntd.analysis.model import RunResult
+from refcntd.analysis.regression import against
+from refcntd.outputs.runjson import load_run
+
+RUN = "repeat0.json"
+BASELINE = "baseline"  # how the verdicts name the baseline run
+
+
+def _groups(result: RunResult) -> list[score.Group]:
+    return [score.from_model(g) for p in result.processes for g in p.groups]
+
+
+def judge(m: dict[str, Any], out: Path) -> dict[str, Any]:
+    """One mutant's outcomes, alone and against the baseline (runner.verdicts' fields)."""
+    scratch = out / "scratch" / m["codebase"]
+    run_json = runner.runs_dir(scratch, m["id"]) / RUN
+    base_json = runner.runs_dir(scratch, m["codebase"], "baseline", m["workload"]) / "r0.json"
+    if not run_json.exists():
+        return {"outcome": "missed", "alone": "missed", "timed_out": True,
+                "said": "no run kept (timed out)", "indirect": [], "deterministic": True}
+    new, old = load_run(str(run_json)), load_run(str(base_json))
+    base = _groups(old)
+    alone = score.answer(score.new_groups(base, _groups(new)), m["type"])
+    notes = against(new, old, BASELINE)
+    found = _groups(new)
+    row = runner.verdicts([score.new_groups(base, found)], m, m["new_leaks"],
+                          score.new_counts(base, found))
+    return {**row, "alone": score.outcome(alone, m["function"]), "alone_said": score.said(alone),
+            "against_notes": notes}
+
+
+def main(out: Path) -> int:
+    started = time.monotonic()
+    doc = json.loads((out / "mutants.json").read_text())
+    rows = []
+    for m in doc["mutants"]:
+        row = dict(m)
+        if m["status"] == "scored":
+            row.update(judge(m, out))
+        rows.append(row)
+    doc["mutants"] = rows
+    doc["against"] = {"commit": report.machine()["refcntd_commit"], "run": RUN,
+                      "seconds": round(time.monotonic() - started, 1)}
+    (out / "against.json").write_text(json.dumps(doc, indent=1))
+    (out / "against.md").write_text(report.markdown(doc))
+    scored = [r for r in rows if r["status"] == "scored"]
+    for key, label in (("alone", "the run alone"), ("outcome", "against the baseline")):
+        tally = {k: sum(r[key] == k for r in scored) for k in score.OUTCOMES}
+        print(f"{label}: {len(scored)} mutants: {tally}")
+    return 0

@@ -1,0 +1,274 @@
+"""A culprit found against a good run of the same workload (--baseline OLD.json).
+
+One run shows where every reference was got, not where a put went missing:
+a deleted put leaves no trace on the object it leaks, and the released
+objects that would show where it belonged went through the same code
+(benchmarks/mutants: most real-code verdicts of a single run are "unknown").
+A run of the same workload on the code before the change does show it.
+Both runs count every type's operations per path (ProcessReport.operations);
+compared per function that made the call, the put a regression lost is
+counted there and not here, and the get it added here and not there.
+
+Every object's gets minus its puts is the references it still holds, so the
+changes of all functions add up to the references this run kept more than
+the good one.  A function is named only when its own change accounts for
+all of them and no other function kept any: two runs of a real workload are
+two executions (threads, caches), and what differs between them is said as
+it is, not guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from refcntd.analysis.attribution import (
+    EXTRA_GET,
+    FOUND,
+    MISSING_PUT,
+    Culprit,
+    FuncKey,
+    PathOp,
+    Verdict,
+    is_get,
+    name_words,
+)
+from refcntd.analysis.model import LeakGroup, ProcessReport, RunResult
+from refcntd.kernel.abi import Role
+from refcntd.symbolize.symbolizer import Frame
+
+
+@dataclass
+class Change:
+    """One function's operations on a type: this run's counts minus the good run's."""
+
+    function: str
+    # made while another reference was being put (a destructor's puts, a container's
+    # own reference dropped by the last put): a consequence of a leak, seldom its cause
+    nested: bool = False
+    gets: int = 0  # init and get
+    puts: int = 0
+    # the call's path up to this function in the run that has it more (the good run's
+    # for lost puts, this run's for added gets), and how many it differs by
+    path: tuple[Frame, ...] = ()
+    path_change: int = 0
+
+    @property
+    def kept(self) -> int:
+        """References this function kept more than in the good run."""
+        return self.gets - self.puts
+
+    @property
+    def one_sided(self) -> bool:
+        """Only puts lost, or only gets added: what a forgotten put or an extra get
+        does.  A function whose gets and puts both moved did other work."""
+        return (self.gets == 0 and self.puts < 0) or (self.puts == 0 and self.gets > 0)
+
+
+# the last word of an API function's name: what it does to the reference
+API_VERBS = {Role.INIT: frozenset({"new", "init", "create", "alloc"}),
+             Role.GET: frozenset({"get", "zget", "ref"}),
+             Role.PUT: frozenset({"put", "zput", "unref", "release"})}
+
+
+def call_site(op: PathOp) -> int:
+    """Index of the function that made the call: past the API's own functions, whose
+    name ends in what they do (perf's dso__put around its __refcnt__put stub,
+    gst_object_unref around the probed g_object_unref, inlined or not)."""
+    verbs = API_VERBS.get(op.op, frozenset())
+    i = 0
+    while i + 1 < len(op.path) and _last_word(op.path[i]) in verbs:
+        i += 1
+    return i
+
+
+# what a function run by a put is named for: the put itself, or the destruction
+TEARDOWN_WORDS = API_VERBS[Role.PUT] | {"delete", "free", "destroy", "finalize", "dispose"}
+
+
+def _nested(op: PathOp, site: int) -> bool:
+    return any(_last_word(f) in TEARDOWN_WORDS for f in op.path[site + 1:])
+
+
+def _last_word(func: FuncKey) -> str:
+    return name_words(func)[-1].rstrip("0123456789")  # map__new2
+
+
+def _name(func: FuncKey) -> str:
+    """A function as both runs know it: by name, without gcc's clone suffix (a
+    rebuilt program may sit at another path, and foo.isra.0 become foo.part.0)."""
+    return func[1].split(".")[0]
+
+
+# (function, nested, get or put, it and its caller, the call's line): a line that
+# moved between the builds is two calls of one function, summed as its change
+CallKey = tuple[str, bool, Role, tuple[str, ...], int]
+
+
+def _per_call(ops: list[PathOp], sign: int) -> dict[CallKey, tuple[int, PathOp]]:
+    out: dict[CallKey, tuple[int, PathOp]] = {}
+    for op in ops:
+        if not op.path or not (is_get(op.op) or op.op == Role.PUT):
+            continue
+        s = call_site(op)
+        key = (_name(op.path[s]), _nested(op, s), Role.GET if is_get(op.op) else Role.PUT,
+               tuple(map(_name, op.path[:s + 2])), op.frames[s].line)
+        count, first = out.get(key, (0, op))
+        out[key] = (count + sign * op.count, first)
+    return out
+
+
+def changes(before: list[PathOp], after: list[PathOp]) -> list[Change]:
+    """Every function whose calls on the type changed, in a stable order."""
+    calls = _per_call(before, -1)
+    for key, (count, op) in _per_call(after, 1).items():
+        calls[key] = (calls.get(key, (0, op))[0] + count, op)
+    out: dict[tuple[str, bool], Change] = {}
+    for (func, nested, role, *_), (count, op) in sorted(calls.items(), key=lambda kv: kv[0]):
+        if count == 0:
+            continue
+        c = out.setdefault((func, nested), Change(func, nested))
+        if role == Role.GET:
+            c.gets += count
+        else:
+            c.puts += count
+        # the call that says most: a put lost (good run's path), a get added (this one's)
+        telling = -count if role == Role.PUT else count
+        if telling > c.path_change:
+            s = call_site(op)
+            c.path, c.path_change = op.frames[:s + 1], telling
+    return sorted(out.values(), key=lambda c: (-c.kept, c.function, c.nested))
+
+
+@dataclass(frozen=True)
+class Regression:
+    """What the comparison says for one type: a culprit, or why none."""
+
+    type_name: str
+    kept: int  # references this run kept more than the good run, all functions together
+    culprit: Culprit | None
+    reason: str
+
+
+def regression(type_name: str, before: list[PathOp], after: list[PathOp],
+               baseline: str) -> Regression:
+    """The function whose calls on the type changed by every reference this run kept
+    more, when it alone did (see the module doc)."""
+    found = changes(before, after)
+    kept = sum(c.kept for c in found)
+    if kept <= 0:
+        return Regression(type_name, kept, None,
+                          f"no more {type_name} references kept than in {baseline}")
+    keeping = [c for c in found if c.kept > 0]
+    primary = [c for c in keeping if not c.nested] or keeping
+    if len(primary) != 1:
+        names = ", ".join(f"{c.function} {c.kept:+d}" for c in primary[:4])
+        more = f" and {len(primary) - 4} more" if len(primary) > 4 else ""
+        return Regression(type_name, kept, None,
+                          f"against {baseline}, {_times(kept, 'more reference')} of "
+                          f"{type_name} are kept, by {len(primary)} functions ({names}{more})"
+                          ": the change is in one of them, or the two runs did different "
+                          "work; a run whose work is the same on both builds would decide")
+    top = primary[0]
+    kind = MISSING_PUT if top.puts < 0 else EXTRA_GET
+    frame = top.path[-1]
+    what = f"{_times(-top.puts, 'put')} fewer" if kind == MISSING_PUT else \
+        f"{_times(top.gets, 'get')} more"
+    if not top.one_sided:
+        what += f" (gets {top.gets:+d}, puts {top.puts:+d})"
+    at = f" at {frame.file.rsplit('/', 1)[-1]}:{frame.line}" if frame.file else ""
+    rest = [c for c in keeping if c is not top]
+    if not rest:
+        context = f"all {_times(kept, 'reference')} this run kept more"
+    else:
+        context = (f"{top.kept} of the {kept} references this run kept more; the rest "
+                   f"changed with it ({', '.join(_moved(c) for c in rest[:3])}"
+                   f"{', ...' if len(rest) > 3 else ''})")
+    why = f"{top.function} made {what}{at} than in {baseline}: {context}"
+    culprit = Culprit(kind, frame, top.path, references=top.kept, why=why)
+    return Regression(type_name, kept, culprit, why)
+
+
+def _moved(c: Change) -> str:
+    how = "in a put's teardown, " if c.nested else ""
+    return f"{c.function}: {how}gets {c.gets:+d}, puts {c.puts:+d}"
+
+
+def _times(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def against(result: RunResult, old: RunResult, name: str) -> list[str]:
+    """Judge this run's new leaks against `old`, a run of the same workload on the
+    code before (`name`: how to refer to it).  Each process is compared with the
+    old run's process of the same command; a group that leaks no more objects than
+    the same group did there is not this change's and keeps its verdict.  Returns
+    what kept the comparison from being made."""
+    if not any(p.operations for p in old.processes):
+        return [f"{name} has no operation counts (a run without --history, or by an "
+                "older refcntd): culprits are not compared with it"]
+    notes = []
+    for proc, before in _matched(result.processes, old.processes):
+        if before is None:
+            notes.append(f"{name} has no process {' '.join(proc.command)[:80]!r}: its "
+                         "culprits are not compared")
+            continue
+        _judge_against(proc, before, name)
+    return notes
+
+
+def _matched(new: list[ProcessReport], old: list[ProcessReport]
+             ) -> list[tuple[ProcessReport, ProcessReport | None]]:
+    """Each leaking process with the old run's process of the same command line,
+    else executable, else executable name, in order (the n-th `perf test` child
+    with the n-th); else, when the old run has one process left, that one (the
+    build before may sit at another path)."""
+    left = [p for p in old if p.operations]
+    out: list[tuple[ProcessReport, ProcessReport | None]] = []
+    ways: list[Callable[[list[str]], object]] = [
+        lambda c: c, lambda c: c[:1], lambda c: Path(c[0]).name if c else ""]
+    for proc in (p for p in new if p.groups and p.operations):
+        same = next((p for way in ways for p in left if way(p.command) == way(proc.command)),
+                    left[0] if len(left) == 1 else None)
+        if same is not None:
+            left.remove(same)
+        out.append((proc, same))
+    return out
+
+
+def _judge_against(proc: ProcessReport, before: ProcessReport, name: str) -> None:
+    had = {g.key(): len(g.objects) for g in before.groups}
+    for type_name in sorted({g.type_name for g in proc.groups}):
+        reg = regression(type_name, before.operations.get(type_name, []),
+                         proc.operations.get(type_name, []), name)
+        for g in proc.groups:
+            if g.type_name == type_name and len(g.objects) > had.get(g.key(), 0):
+                _apply(g, reg, name)
+
+
+def _apply(group: LeakGroup, reg: Regression, name: str) -> None:
+    old = group.verdict
+    if reg.culprit is None:
+        if old is not None and reg.kept > 0 and reg.reason not in old.notes:
+            group.verdict = dataclasses.replace(old, notes=(*old.notes, reg.reason))
+        return
+    culprit = dataclasses.replace(reg.culprit, objects=len(group.objects), baseline=name,
+                                  leaked_objects={o.address for o in group.objects})
+    if old is not None and old.culprits and old.culprits[0].baseline:
+        notes = old.notes  # judged against a baseline already (a saved run rendered again)
+    else:
+        notes = (f"without {name}: {_said(old)}",)
+    group.culprits = [culprit]
+    group.verdict = Verdict(FOUND, "", [culprit], notes)
+
+
+def _said(verdict: Verdict | None) -> str:
+    """What the run alone said, in a line."""
+    if verdict is None:
+        return "no verdict"
+    if verdict.culprits and verdict.status == FOUND:
+        top = verdict.culprits[0]
+        return f"{top.kind} in {top.function.function or '??'}"
+    return f"{verdict.status}" + (f" ({verdict.reason})" if verdict.reason else "")
