@@ -49,8 +49,10 @@ def judge(m: dict[str, Any], out: Path) -> dict[str, Any]:
     found = _groups(new)
     row = runner.verdicts([score.new_groups(base, found)], m, m["new_leaks"],
                           score.new_counts(base, found))
+    decided = any(c.baseline for p in new.processes for g in p.groups
+                  if g.type_name == m["type"] for c in g.culprits)
     return {**row, "alone": score.outcome(alone, m["function"]), "alone_said": score.said(alone),
-            "against_notes": notes}
+            "decided": decided, "against_notes": notes}
 
 
 def main(out: Path) -> int:

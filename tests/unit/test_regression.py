@@ -125,3 +125,57 @@ def test_a_baseline_without_operation_counts_is_said() -> None:
     (note,) = against(bad, old, "old.json")
     assert note.startswith("old.json has no operation counts"), note
     assert bad.processes[0].groups[0].verdict == Verdict(UNKNOWN, "x")
+
+
+def test_another_types_put_further_out_made_the_call() -> None:
+    """A thread's maps put as thread__put tears the thread down: thread__put made the
+    call (in a teardown), not the function that put the thread."""
+    teardown = op(Role.PUT, "maps__put maps__put thread__put machine__exit main")
+    assert call_site(teardown) == 2
+    assert changes([teardown], [])[0].nested
+
+
+def _leaked_dso_chain() -> tuple[dict[str, list[PathOp]], dict[str, list[PathOp]]]:
+    """perf's map__exit forgets its dso's put (a destructor: a teardown change with
+    no other cause); the leaked dsos then no longer run dso__delete, which put
+    their nsinfo: the nsinfo's lost puts are the dso's consequence."""
+    good = {"dso": GOOD,
+            "nsinfo": [op(Role.INIT, "nsinfo__new dso__new main", 8),
+                       op(Role.PUT, "nsinfo__put dso__delete dso__put main", 8)]}
+    bad = {"dso": [o for o in GOOD if o is not GOOD[2]],
+           "nsinfo": [good["nsinfo"][0], op(Role.PUT, "nsinfo__put dso__delete dso__put main",
+                                             4)]}
+    return good, bad
+
+
+def test_a_teardown_of_a_leaked_type_points_at_that_types_culprit() -> None:
+    good, bad = _leaked_dso_chain()
+    result = _run(ProcessReport(1, "perf", ["./perf"], "exited", groups=[
+        LeakGroup(t, (Frame("perf", 1, f"{t}__new"),), [LeakedObject(0x100, 1, 1, 0, 0)],
+                  verdict=Verdict(UNKNOWN, "alone")) for t in ("dso", "nsinfo")],
+        operations=bad))
+    against(result, _run(ProcessReport(1, "perf", ["./perf"], "exited", operations=good)),
+            "good.json")
+    dso, nsinfo = result.processes[0].groups
+    assert dso.culprits[0].function.function == "map__exit"
+    assert nsinfo.culprits[0].function.function == "map__exit"
+    assert nsinfo.culprits[0].why.startswith(
+        "the nsinfo puts lost are in a teardown (dso__delete) that leaked dso objects no "
+        "longer run: map__exit made 4 puts fewer"), nsinfo.culprits[0].why
+
+
+def test_an_undecided_comparison_does_not_keep_the_runs_own_guess() -> None:
+    """Against the good run, two functions kept more: the run alone named one of
+    them with confidence (on the benchmark such guesses were wrong); the verdict is
+    unknown, naming both, and says what the run alone said."""
+    from refcntd.analysis.attribution import FOUND, MISSING_PUT, Culprit
+    guess = Verdict(FOUND, "", [Culprit(MISSING_PUT, Frame("perf", 1, "map__new2"), ())])
+    bad = [o for o in GOOD if o is not GOOD[4]] + [op(Role.PUT, "dso__put load_all main", 3),
+                                                   op(Role.GET, "dso__get map__new2 main", 1)]
+    result = _run(_process("./perf test", bad, 4, guess))
+    against(result, _run(_process("./perf test", GOOD)), "good.json")
+    (group,) = result.processes[0].groups
+    assert group.verdict is not None and group.verdict.status == UNKNOWN
+    assert group.culprits == []
+    assert "by 2 functions (load_all +1, map__new2 +1)" in group.verdict.reason
+    assert group.verdict.notes == ("without good.json: missing put in map__new2",)
