@@ -179,3 +179,27 @@ def test_an_undecided_comparison_does_not_keep_the_runs_own_guess() -> None:
     assert group.culprits == []
     assert "by 2 functions (load_all +1, map__new2 +1)" in group.verdict.reason
     assert group.verdict.notes == ("without good.json: missing put in map__new2",)
+
+
+def test_held_groups_follow_their_holder_unless_their_own_type_changed() -> None:
+    """A forgotten map__put in main leaks maps, and their dsos indirectly: the dso
+    group stays indirect and names the map's culprit; a group the run alone took
+    for held, whose own type lost puts outside any teardown, is judged itself."""
+    from refcntd.analysis.model import Holder
+    from refcntd.analysis.ownership import INDIRECT
+    good = {"map": [op(Role.INIT, "map__new2 main", 4), op(Role.PUT, "map__put main", 4)],
+            "dso": GOOD}
+    bad = {"map": [good["map"][0]], "dso": [o for o in GOOD if o is not GOOD[2]]}
+    held = LeakedObject(0x100, 1, 1, 0, 0, held_by=(Holder(0x200, "map", 1, ()),))
+    dso = LeakGroup("dso", (Frame("perf", 1, "dso__new"),), [held],
+                    verdict=Verdict(INDIRECT, "held only by leaked 'map' 0x200"))
+    maps = LeakGroup("map", (Frame("perf", 1, "map__new2"),), [LeakedObject(0x200, 1, 0, 0, 0)],
+                     verdict=Verdict(INDIRECT, "held by a thread, it seemed"))
+    result = _run(ProcessReport(1, "perf", ["./perf"], "exited", groups=[dso, maps],
+                                operations=bad))
+    against(result, _run(ProcessReport(1, "perf", ["./perf"], "exited", operations=good)),
+            "good.json")
+    assert maps.verdict is not None and maps.verdict.status == "culprit"
+    assert maps.culprits[0].function.function == "main"
+    assert dso.verdict is not None and dso.verdict.status == INDIRECT
+    assert [(c.function.function, c.holder) for c in dso.culprits] == [("main", "map 0x200")]
