@@ -3,12 +3,15 @@
 A developer who has a run of the same workload on the code before the change
 passes it as `refcntd run/report --baseline OLD.json`; refcntd then compares
 every type's operations per path (analysis.regression).  This judges that on
-the benchmark: for every scored mutant, its run kept by `repeat` (OUT/runs/ID/
-repeat0.json, made by the current code) against its workload's baseline run
-(OUT/runs/CB/baseline/LABEL/r0.json, the same code, unmutated build), through
-`refcntd report`'s own code path.  The same run's verdict without the baseline
-is scored beside it.  Writes OUT/against.json and OUT/against.md (the tables
-of mutants.md), and prints both tallies.
+the benchmark: every scored mutant's newest kept run (OUT/runs/ID/repeat0.json
+from `repeat`, or r0.json of a mutant `run` added since) against its
+workload's baseline run (OUT/runs/CB/baseline/LABEL/r0.json: the same code,
+unmutated build), through `refcntd report`'s own code path, beside the same
+run's verdict without the baseline.  Writes OUT/against.json and
+OUT/against.md (the tables of mutants.md) and prints the tallies.
+
+OUT/tuned.json, when present, lists the mutants the comparison's rules were
+chosen on: the others are held out, and are also tallied apart.
 """
 
 from __future__ import annotations
@@ -26,8 +29,15 @@ from refcntd.analysis.model import RunResult
 from refcntd.analysis.regression import against
 from refcntd.outputs.runjson import load_run
 
-RUN = "repeat0.json"
+RUNS = ("repeat0.json", "r0.json")  # the newest of them is judged (see _run_json)
 BASELINE = "baseline"  # how the verdicts name the baseline run
+
+
+def _run_json(directory: Path) -> Path | None:
+    """The mutant's newest kept run: `repeat`'s re-run of a scored mutant, or the
+    first run of a mutant `run` added since (both by code that counts operations)."""
+    found = [directory / name for name in RUNS if (directory / name).exists()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _groups(result: RunResult) -> list[score.Group]:
@@ -37,9 +47,9 @@ def _groups(result: RunResult) -> list[score.Group]:
 def judge(m: dict[str, Any], out: Path) -> dict[str, Any]:
     """One mutant's outcomes, alone and against the baseline (runner.verdicts' fields)."""
     scratch = out / "scratch" / m["codebase"]
-    run_json = runner.runs_dir(scratch, m["id"]) / RUN
+    run_json = _run_json(runner.runs_dir(scratch, m["id"]))
     base_json = runner.runs_dir(scratch, m["codebase"], "baseline", m["workload"]) / "r0.json"
-    if not run_json.exists():
+    if run_json is None:
         return {"outcome": "missed", "alone": "missed", "timed_out": True,
                 "said": "no run kept (timed out)", "indirect": [], "deterministic": True}
     new, old = load_run(str(run_json)), load_run(str(base_json))
@@ -65,12 +75,19 @@ def main(out: Path) -> int:
             row.update(judge(m, out))
         rows.append(row)
     doc["mutants"] = rows
-    doc["against"] = {"commit": report.machine()["refcntd_commit"], "run": RUN,
+    doc["against"] = {"commit": report.machine()["refcntd_commit"], "runs": RUNS,
                       "seconds": round(time.monotonic() - started, 1)}
     (out / "against.json").write_text(json.dumps(doc, indent=1))
     (out / "against.md").write_text(report.markdown(doc))
+    tuned_file = out / "tuned.json"
+    tuned = set(json.loads(tuned_file.read_text())) if tuned_file.exists() else None
     scored = [r for r in rows if r["status"] == "scored"]
-    for key, label in (("alone", "the run alone"), ("outcome", "against the baseline")):
-        tally = {k: sum(r[key] == k for r in scored) for k in score.OUTCOMES}
-        print(f"{label}: {len(scored)} mutants: {tally}")
+    slices = [("all", scored)]
+    if tuned is not None:
+        slices += [("tuned on", [r for r in scored if r["id"] in tuned]),
+                   ("held out", [r for r in scored if r["id"] not in tuned])]
+    for name, mine in slices:
+        for key, label in (("alone", "the run alone"), ("outcome", "against the baseline")):
+            tally = {k: sum(r[key] == k for r in mine) for k in score.OUTCOMES}
+            print(f"{name}, {label}: {len(mine)} mutants: {tally}")
     return 0

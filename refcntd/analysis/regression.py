@@ -11,10 +11,15 @@ counted there and not here, and the get it added here and not there.
 
 Every object's gets minus its puts is the references it still holds, so the
 changes of all functions add up to the references this run kept more than
-the good one.  A function is named only when its own change accounts for
-all of them and no other function kept any: two runs of a real workload are
-two executions (threads, caches), and what differs between them is said as
-it is, not guessed.
+the good one.  A function is named when it kept at least DOMINANT times more
+than all other functions together, not counting puts lost in a put's
+teardown (a destructor, a container's own reference): those are what a put
+that never became the last one no longer runs, a consequence.  A type whose
+only change is such a teardown takes the culprit of the leaked type whose
+teardown it is, else of the types changed outside any; with none, the
+teardown itself is named (a destructor that forgot a put).  Two runs of a
+real workload are two executions (threads, caches): what is not decided is
+said, with the functions, and a single run's guess is not kept over it.
 """
 
 from __future__ import annotations
