@@ -77,17 +77,35 @@ def main(out: Path) -> int:
     doc["mutants"] = rows
     doc["against"] = {"commit": report.machine()["refcntd_commit"], "runs": RUNS,
                       "seconds": round(time.monotonic() - started, 1)}
-    (out / "against.json").write_text(json.dumps(doc, indent=1))
-    (out / "against.md").write_text(report.markdown(doc))
     tuned_file = out / "tuned.json"
     tuned = set(json.loads(tuned_file.read_text())) if tuned_file.exists() else None
+    (out / "against.json").write_text(json.dumps(doc, indent=1))
+    (out / "against.md").write_text("\n".join(summary(rows, tuned, doc["against"])) + "\n\n"
+                                    + report.markdown(doc))
+    print("\n".join(summary(rows, tuned, doc["against"])))
+    return 0
+
+
+def summary(rows: list[dict[str, Any]], tuned: set[str] | None,
+            meta: dict[str, Any]) -> list[str]:
+    """The direct-leak outcomes against the baseline beside the same runs alone,
+    per codebase, and for the mutants the rules were tuned on and those held out."""
     scored = [r for r in rows if r["status"] == "scored"]
-    slices = [("all", scored)]
+    slices = [(cb, [r for r in scored if r["codebase"] == cb])
+              for cb in sorted({r["codebase"] for r in scored})] + [("all", scored)]
     if tuned is not None:
         slices += [("tuned on", [r for r in scored if r["id"] in tuned]),
                    ("held out", [r for r in scored if r["id"] not in tuned])]
+    lines = ["# Culprits against the unmutated build's run (`--baseline`)", "",
+             f"Judged by refcntd {meta['commit']} in {meta['seconds']} s. Direct leak, "
+             "each mutant's newest kept run; *alone*: the same run's own verdict.", "",
+             "| mutants | scored | how | " + " | ".join(score.OUTCOMES) + " | right % | wrong % |",
+             "|---|---|---" + "|---" * (len(score.OUTCOMES) + 2) + "|"]
     for name, mine in slices:
-        for key, label in (("alone", "the run alone"), ("outcome", "against the baseline")):
-            tally = {k: sum(r[key] == k for r in mine) for k in score.OUTCOMES}
-            print(f"{name}, {label}: {len(mine)} mutants: {tally}")
-    return 0
+        for key, how in (("alone", "alone"), ("outcome", "against the baseline")):
+            c = {k: sum(r[key] == k for r in mine) for k in score.OUTCOMES}
+            lines.append(f"| {name} | {len(mine)} | {how} | "
+                         + " | ".join(str(c[k]) for k in score.OUTCOMES)
+                         + f" | {report.rate(c['right'], len(mine))} | "
+                         f"{report.rate(c['wrong'], len(mine))} |")
+    return lines

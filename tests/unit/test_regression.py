@@ -203,3 +203,16 @@ def test_held_groups_follow_their_holder_unless_their_own_type_changed() -> None
     assert maps.culprits[0].function.function == "main"
     assert dso.verdict is not None and dso.verdict.status == INDIRECT
     assert [(c.function.function, c.holder) for c in dso.culprits] == [("main", "map 0x200")]
+
+
+def test_what_two_runs_of_the_same_work_move_cancels_out() -> None:
+    """GStreamer's sinks made 3 more latency queries in one run than in the other:
+    created in one function, put in another.  Beside a function that lost 18 puts,
+    that is no second suspect; beside one that lost 1, it is."""
+    good = [op(Role.GET, "dso__get load_all main", 18), op(Role.PUT, "dso__put load_all main", 18)]
+    noise = [op(Role.GET, "dso__get query_latency main", 3),
+             op(Role.PUT, "dso__put sink_query main", 3)]
+    found = regression("dso", good, [good[0], *noise], "good.json")
+    assert found.culprit is not None and found.culprit.function.function == "load_all", found
+    lost_one = [good[0], op(Role.PUT, "dso__put load_all main", 17), *noise]
+    assert regression("dso", good, lost_one, "good.json").culprit is None
