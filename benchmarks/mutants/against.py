@@ -30,7 +30,7 @@ from refcntd.analysis.regression import against
 from refcntd.outputs.runjson import load_run
 
 RUNS = ("repeat0.json", "r0.json")  # the newest of them is judged (see _run_json)
-BASELINE = "baseline"  # how the verdicts name the baseline run
+BASELINE = "baseline"  # how the verdicts name the baseline runs
 
 
 def _run_json(directory: Path) -> Path | None:
@@ -44,18 +44,21 @@ def _groups(result: RunResult) -> list[score.Group]:
     return [score.from_model(g) for p in result.processes for g in p.groups]
 
 
-def judge(m: dict[str, Any], out: Path) -> dict[str, Any]:
-    """One mutant's outcomes, alone and against the baseline (runner.verdicts' fields)."""
+def judge(m: dict[str, Any], out: Path, baselines: int = 1) -> dict[str, Any]:
+    """One mutant's outcomes, alone and against `baselines` good runs of its workload
+    (runner.verdicts' fields)."""
     scratch = out / "scratch" / m["codebase"]
     run_json = _run_json(runner.runs_dir(scratch, m["id"]))
-    base_json = runner.runs_dir(scratch, m["codebase"], "baseline", m["workload"]) / "r0.json"
+    base_dir = runner.runs_dir(scratch, m["codebase"], "baseline", m["workload"])
+    base_jsons = [base_dir / f"r{r}.json" for r in range(baselines)
+                  if (base_dir / f"r{r}.json").exists()]
     if run_json is None:
         return {"outcome": "missed", "alone": "missed", "timed_out": True,
                 "said": "no run kept (timed out)", "indirect": [], "deterministic": True}
-    new, old = load_run(str(run_json)), load_run(str(base_json))
-    base = _groups(old)
+    new, olds = load_run(str(run_json)), [load_run(str(p)) for p in base_jsons]
+    base = _groups(olds[0])
     alone = score.answer(score.new_groups(base, _groups(new)), m["type"])
-    notes = against(new, old, BASELINE)
+    notes = against(new, olds, BASELINE)
     found = _groups(new)
     row = runner.verdicts([score.new_groups(base, found)], m, m["new_leaks"],
                           score.new_counts(base, found))
@@ -65,17 +68,19 @@ def judge(m: dict[str, Any], out: Path) -> dict[str, Any]:
             "decided": decided, "against_notes": notes}
 
 
-def main(out: Path) -> int:
+def main(out: Path, baselines: int = 1) -> int:
+    """`baselines`: good runs per workload (r0.json, r1.json, ...: `rebase --repeats`)."""
     started = time.monotonic()
     doc = json.loads((out / "mutants.json").read_text())
     rows = []
     for m in doc["mutants"]:
         row = dict(m)
         if m["status"] == "scored":
-            row.update(judge(m, out))
+            row.update(judge(m, out, baselines))
         rows.append(row)
     doc["mutants"] = rows
     doc["against"] = {"commit": report.machine()["refcntd_commit"], "runs": RUNS,
+                      "baselines": baselines,
                       "seconds": round(time.monotonic() - started, 1)}
     tuned_file = out / "tuned.json"
     tuned = set(json.loads(tuned_file.read_text())) if tuned_file.exists() else None
@@ -97,7 +102,8 @@ def summary(rows: list[dict[str, Any]], tuned: set[str] | None,
         slices += [("tuned on", [r for r in scored if r["id"] in tuned]),
                    ("held out", [r for r in scored if r["id"] not in tuned])]
     lines = ["# Culprits against the unmutated build's run (`--baseline`)", "",
-             f"Judged by refcntd {meta['commit']} in {meta['seconds']} s. Direct leak, "
+             f"Judged by refcntd {meta['commit']} in {meta['seconds']} s against "
+             f"{meta['baselines']} good run(s) of each workload. Direct leak, "
              "each mutant's newest kept run; *alone*: the same run's own verdict.", "",
              "| mutants | scored | how | " + " | ".join(score.OUTCOMES) + " | right % | wrong % |",
              "|---|---|---" + "|---" * (len(score.OUTCOMES) + 2) + "|"]

@@ -24,13 +24,14 @@ refcntd --repeats times on each: the verdicts of repeated runs must agree.
 `retruth` counts the truth again (baselines and every scored mutant, rebuilt
 but not traced by refcntd) after the truth's probes changed.
 
-`rebase` runs refcntd on the unmutated builds again: the kept baseline runs'
---json then carry each type's operations per path, which `rescore` compares
-every mutant's run with (a culprit found against a good run, --baseline).
+`rebase` runs refcntd on the unmutated builds again, --repeats runs per
+workload (runs kept that carry each type's operations per path stay): what
+`against` compares every mutant's run with (a culprit found against good
+runs, --baseline).
 
-`against` scores every mutant's run kept by `repeat` against its workload's
-baseline run, as `refcntd report --baseline` judges it, beside the same run
-alone: OUT/against.json and OUT/against.md.
+`against` scores every mutant's newest kept run against its workload's
+baseline runs (--repeats of them), as `refcntd report --baseline` judges it,
+beside the same run alone: OUT/against.json and OUT/against.md.
 
 Usage (root):  benchmarks/mutants/mutants.py
                prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "rescore":
         return rescore.main(args.out)
     if args.command == "against":
-        return against.main(args.out)
+        return against.main(args.out, args.repeats)
     if args.command == "smoke":
         return runner.smoke(args.out, args.repeats)
     if args.command == "repeat":
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "retruth":
         return runner.retruth(loaded, args.out)
     if args.command == "rebase":
-        return runner.rebase(loaded, args.out)
+        return runner.rebase(loaded, args.out, args.repeats)
     if args.command == "sites":
         for cb in loaded:
             runner.executed_sites(cb, verbose=True)

@@ -352,11 +352,12 @@ def retruth(cbs: list[Codebase], out: Path) -> int:
     return 0
 
 
-def rebase(cbs: list[Codebase], out: Path) -> int:
-    """Run refcntd on the unmutated builds again (every workload, the document's repeats):
-    after the run's --json gained what mutants are now compared with (each type's
-    operations per path).  The baselines' refcntd groups are recorded again; the
-    truth is not recounted (retruth does that)."""
+def rebase(cbs: list[Codebase], out: Path, repeats: int) -> int:
+    """Run refcntd on the unmutated builds again (every workload, `repeats` runs):
+    the runs mutants are compared with must carry each type's operations per path;
+    a run kept that does is kept as it is (what was judged against it stays
+    comparable), the others are made.  The first run's refcntd groups are
+    recorded again; the truth is not recounted (retruth does that)."""
     results = out / "mutants.json"
     doc = _load_or_new(results, 1)
     commit = report.machine().get("refcntd_commit", "")
@@ -366,14 +367,21 @@ def rebase(cbs: list[Codebase], out: Path) -> int:
             print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
         cb.build()
         for w in cb.workloads:
-            runs = [refcntd_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
-                                f"r{r}.json") for r in range(doc["repeats"])]
+            runs = [_counted_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
+                                 f"r{r}.json") for r in range(repeats)]
             entry = doc["codebases"][cb.name]["baseline"][w.label]
             entry["refcntd_groups"] = [asdict(g) for g in runs[0]]
             entry["rebase"] = commit
             _save(doc, results, out, finished=False)
             print(f"{cb.name} {w.label}: {len(runs[0])} groups", flush=True)
     return 0
+
+
+def _counted_run(cb: Codebase, w: Workload, json_out: Path) -> list[score.Group]:
+    """A kept run whose --json has operation counts, else a new one."""
+    if json_out.exists() and '"operations": [{' in json_out.read_text():
+        return score.groups(json_out)
+    return refcntd_run(cb, w, json_out)
 
 
 def _load_or_new(path: Path, repeats: int) -> dict[str, Any]:

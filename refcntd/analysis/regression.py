@@ -13,19 +13,22 @@ Every object's gets minus its puts is the references it still holds, so the
 changes of all functions add up to the references this run kept more than
 the good one.  A function is named when it kept at least DOMINANT times more
 than the next one and than all others together (what two runs of the same
-work move cancels out), not counting puts lost in a put's teardown (a destructor, a container's own reference): those are what a put
-that never became the last one no longer runs, a consequence.  A type whose
-only change is such a teardown takes the culprit of the leaked type whose
-teardown it is, else of the types changed outside any; with none, the
-teardown itself is named (a destructor that forgot a put).  Two runs of a
-real workload are two executions (threads, caches): what is not decided is
-said, with the functions, and a single run's guess is not kept over it.
+work move cancels out), not counting puts lost in a put's teardown (a
+destructor, a container's own reference): those are what a put that never
+became the last one no longer runs, a consequence.  A type whose only change
+is such a teardown takes the culprit of the leaked type whose teardown it
+is, else of the types changed outside any; with none, the teardown itself is
+named (a destructor that forgot a put).  With several good runs, a function
+changed only if it did against each of them, the same way (what differs
+between good runs is noise).  Two runs of a real workload are two executions
+(threads, caches): what is not decided is said, with the functions, and a
+single run's guess is not kept over it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +46,7 @@ from refcntd.analysis.attribution import (
     is_get,
     name_words,
 )
-from refcntd.analysis.model import LeakGroup, ProcessReport, RunResult, owned_objects
+from refcntd.analysis.model import LeakGroup, LeakKey, ProcessReport, RunResult, owned_objects
 from refcntd.analysis.ownership import CYCLE, INDIRECT
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
@@ -155,6 +158,22 @@ def changes(before: list[PathOp], after: list[PathOp]) -> list[Change]:
     return sorted(out.values(), key=lambda c: (-c.kept, c.function, c.nested))
 
 
+def changes_against(befores: Sequence[list[PathOp]], after: list[PathOp]) -> list[Change]:
+    """changes() against several good runs: a function changed only if it did against
+    every one, the same way; its change is the smallest (what differs between good
+    runs of the same work is noise, not the regression)."""
+    per_run = [{(c.function, c.nested): c for c in changes(before, after)} for before in befores]
+    out = []
+    for key in sorted(set().union(*per_run)) if per_run else ():
+        found = [run.get(key) for run in per_run]
+        if any(c is None for c in found):
+            continue
+        seen = [c for c in found if c is not None]
+        if len({(c.kept > 0, c.kept < 0) for c in seen}) == 1:
+            out.append(min(seen, key=lambda c: (abs(c.kept), abs(c.gets) + abs(c.puts))))
+    return sorted(out, key=lambda c: (-c.kept, c.function, c.nested))
+
+
 @dataclass(frozen=True)
 class Regression:
     """What the comparison says for one type: a culprit, or why none."""
@@ -172,11 +191,11 @@ class Regression:
 DOMINANT = 4
 
 
-def regression(type_name: str, before: list[PathOp], after: list[PathOp],
+def regression(type_name: str, befores: Sequence[list[PathOp]], after: list[PathOp],
                baseline: str) -> Regression:
     """The function whose calls on the type changed by every reference this run kept
     more, when it alone did (see the module doc)."""
-    found = changes(before, after)
+    found = changes_against(befores, after)
     kept = sum(c.kept for c in found)
     if kept <= 0:
         return Regression(type_name, kept, None,
@@ -272,22 +291,29 @@ def _times(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def against(result: RunResult, old: RunResult, name: str) -> list[str]:
-    """Judge this run's new leaks against `old`, a run of the same workload on the
-    code before (`name`: how to refer to it).  Each process is compared with the
+def against(result: RunResult, olds: list[RunResult], name: str) -> list[str]:
+    """Judge this run's new leaks against `olds`, runs of the same workload on the
+    code before (`name`: how to refer to them).  Each process is compared with each
     old run's process of the same command; a group that leaks no more objects than
     the same group did there is not this change's and keeps its verdict.  Returns
     what kept the comparison from being made."""
-    if not any(p.operations for p in old.processes):
-        return [f"{name} has no operation counts (a run without --history, or by an "
-                "older refcntd): culprits are not compared with it"]
+    counted = [old for old in olds if any(p.operations for p in old.processes)]
+    if len(counted) < len(olds):
+        return [f"{name}: {len(olds) - len(counted)} of {len(olds)} runs have no operation "
+                "counts (a run without --history, or by an older refcntd): culprits are "
+                "not compared with them"]
+    befores: dict[int, list[ProcessReport]] = {}
+    for old in counted:
+        for proc, before in _matched(result.processes, old.processes):
+            if before is not None:
+                befores.setdefault(id(proc), []).append(before)
     notes = []
-    for proc, before in _matched(result.processes, old.processes):
-        if before is None:
-            notes.append(f"{name} has no process {' '.join(proc.command)[:80]!r}: its "
-                         "culprits are not compared")
+    for proc in (p for p in result.processes if p.groups and p.operations):
+        if len(befores.get(id(proc), [])) < len(counted):
+            notes.append(f"{name} has no process {' '.join(proc.command)[:80]!r} in every "
+                         "run: its culprits are not compared")
             continue
-        _judge_against(proc, before, name)
+        _judge_against(proc, befores[id(proc)], name)
     return notes
 
 
@@ -310,9 +336,13 @@ def _matched(new: list[ProcessReport], old: list[ProcessReport]
     return out
 
 
-def _judge_against(proc: ProcessReport, before: ProcessReport, name: str) -> None:
-    had = {g.key(): len(g.objects) for g in before.groups}
-    found = {t: regression(t, before.operations.get(t, []), proc.operations.get(t, []), name)
+def _judge_against(proc: ProcessReport, befores: list[ProcessReport], name: str) -> None:
+    had: dict[LeakKey, int] = {}
+    for before in befores:
+        for g in before.groups:
+            had[g.key()] = max(had.get(g.key(), 0), len(g.objects))
+    found = {t: regression(t, [b.operations.get(t, []) for b in befores],
+                           proc.operations.get(t, []), name)
              for t in sorted({g.type_name for g in proc.groups})}
     for type_name, reg in found.items():
         reg = consequence(reg, found)

@@ -87,14 +87,14 @@ def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     return show
 
 
-def judge_against_baseline(result: RunResult, policy: Policy, name: str | None,
+def judge_against_baseline(result: RunResult, policy: Policy, names: list[str],
                            stream: TextIO) -> None:
-    """--baseline OLD.json: the culprits of this run's new leaks, found against that
-    run of the same workload (analysis.regression); what kept it from it, a line each."""
-    if policy.old is None or name is None:
+    """--baseline OLD.json: the culprits of this run's new leaks, found against those
+    runs of the same workload (analysis.regression); what kept it from it, a line each."""
+    if not policy.old:
         return
     from refcntd.analysis.regression import against
-    for note in against(result, policy.old, name):
+    for note in against(result, policy.old, " and ".join(names)):
         print(f"refcntd: {note}", file=stream)
 
 

@@ -40,9 +40,10 @@ def ci_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write JUnit XML")
     p.add_argument("--suppressions", metavar="FILE",
                    help="rules (leak:, type:, anomaly:) for findings that must not fail")
-    p.add_argument("--baseline", metavar="OLD.json",
+    p.add_argument("--baseline", metavar="OLD.json", action="append", default=[],
                    help="fail only on findings absent from this earlier run; with "
-                        "--history in both runs, name the culprits of new leaks against it")
+                        "--history in both runs, name the culprits of new leaks against "
+                        "it (again for more good runs: what differs between them is noise)")
     p.add_argument("--max-leaks", action="append", default=[], metavar="TYPE=N",
                    help="fail only above N leaked objects of TYPE (* for any type)")
     p.add_argument("--exitcode", type=argtypes.EXIT_STATUS, default=EXIT_FINDINGS, metavar="N",

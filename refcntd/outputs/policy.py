@@ -164,13 +164,14 @@ class Policy:
     rules: list[Rule] = field(default_factory=list)
     baseline: set[FindingKey] = field(default_factory=set)
     thresholds: dict[str, int] = field(default_factory=dict)
-    old: RunResult | None = None  # the --baseline run, which culprits are found against
+    old: list[RunResult] = field(default_factory=list)  # the --baseline runs, which
+    # culprits are found against
 
     @classmethod
-    def build(cls, suppressions: str | None, baseline: str | None,
+    def build(cls, suppressions: str | None, baselines: list[str],
               max_leaks: list[str]) -> Policy:
-        old = load_run(baseline, "baseline") if baseline else None
-        keys = {f.key for f in collect_findings(old)} if old else set()
+        old = [load_run(path, "baseline") for path in baselines]
+        keys = {f.key for run in old for f in collect_findings(run)}
         rules = load_suppressions(suppressions) if suppressions else []
         return cls(rules, keys, parse_thresholds(max_leaks), old)
 

@@ -6,8 +6,9 @@ The good build's run is the baseline.  A build that forgets a put in the
 inlined map__exit leaks every mapped dso with its leftover reference got in
 map__new2: alone, the run cannot say where the put went (unknown).  Against
 the good run, the put at the line marked PUT is gone, and map__exit is named
-with that line.  A build with an extra get in the inlined dso__load is named
-at the line marked GET.  `refcntd report` does the same from the saved runs.
+with that line (and against two good runs).  A build with an extra get in the
+inlined dso__load is named at the line marked GET.  `refcntd report` does the
+same from the saved runs.
 """
 
 from __future__ import annotations
@@ -65,11 +66,15 @@ def test_a_put_dropped_from_an_inlined_destructor_is_found_against_the_good_run(
     assert "4 puts fewer" in top["why"] and "all 4 references" in top["why"], top["why"]
     assert any(n.startswith(f"without {baseline}: unknown") for n in group["verdict"]["notes"])
 
-    # the saved runs, rendered again: the same culprit, in text too
-    again = refcntd(["report", str(tmp_path / "DROP_PUT.json"), "--baseline", baseline])
+    # the saved runs, rendered again against two good runs: the same culprit, in text too
+    second = tmp_path / "good2.json"
+    (tmp_path / "good.json").rename(second)
+    _run(build, tmp_path, "good")
+    again = refcntd(["report", str(tmp_path / "DROP_PUT.json"), "--baseline", baseline,
+                     "--baseline", str(second)])
     assert again.returncode == 23, again.stderr
     assert (f"Likely culprit: missing put in map__exit (regress.c:{_line('PUT')}), found "
-            f"against {baseline}") in again.stdout, again.stdout
+            f"against {baseline} and {second}") in again.stdout, again.stdout
 
 
 def test_an_extra_get_in_an_inlined_helper_is_found_against_the_good_run(
@@ -93,5 +98,5 @@ def test_a_baseline_without_operation_counts_is_said_and_changes_nothing(
     assert plain.returncode == 0, plain.stderr
     code, bad, err = _run(build, tmp_path, "DROP_PUT", "--baseline", str(tmp_path / "plain.json"))
     assert code == 23
-    assert "has no operation counts (a run without --history" in err, err
+    assert "have no operation counts (a run without --history" in err, err
     assert _dso_group(bad)["verdict"]["status"] == "unknown"

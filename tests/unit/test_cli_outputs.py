@@ -37,7 +37,7 @@ def evil_result(root: Path) -> RunResult:
 
 def test_control_characters_escaped_everywhere(tmp_path: Path) -> None:
     result = evil_result(tmp_path)
-    verdict = Policy.build(None, None, []).evaluate(result)
+    verdict = Policy.build(None, [], []).evaluate(result)
     texts = {"terminal": "".join(report.render_process(p) for p in result.processes)
              + report.render_run(result) + ciformats.verdict_text(verdict),
              "junit": ciformats.junit(result, verdict),
@@ -91,7 +91,7 @@ def test_order_and_case_names_do_not_depend_on_discovery_order(tmp_path: Path) -
         [g.key() for g in sorted(two.processes[0].groups, key=LeakGroup.order)]
     names = []
     for result in (one, two):
-        verdict = Policy.build(None, None, []).evaluate(result)
+        verdict = Policy.build(None, [], []).evaluate(result)
         xml = ET.fromstring(ciformats.junit(result, verdict).split("\n", 1)[1])
         names.append([c.get("name", "") for c in xml.iter("testcase")])
     assert names[0] == names[1]
@@ -133,5 +133,5 @@ def test_github_summary_where_skips_only_the_probed_function(tmp_path: Path, pro
     result = RunResult("run", "s", "x", [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0,
                                                        [group])])
     result.tracing = TracingStatus([ProbeStatus("init", "buf_new", "/bin/x", 0, "", "", True)])
-    summary = ciformats.github_summary(result, Policy.build(None, None, []).evaluate(result))
+    summary = ciformats.github_summary(result, Policy.build(None, [], []).evaluate(result))
     assert "`handle+0x4 (main.c:12) < main`" in summary, summary

@@ -160,7 +160,7 @@ def test_suppressions_take_a_supp_file(tmp_path):
     supp = tmp_path / "objs.supp"
     supp.write_text(SUPP)
     mine = group("g_object_new", "main")
-    verdict = Policy.build(str(supp), None, []).evaluate(run_with(group(*SINGLETON), mine))
+    verdict = Policy.build(str(supp), [], []).evaluate(run_with(group(*SINGLETON), mine))
     statuses = {len(f.frames): f.status for f in verdict.findings}
     assert statuses == {len(SINGLETON): SUPPRESSED, 2: "failing"}
     assert [f"{r} (line {r.line})" for r in verdict.unused_rules] == ["valgrind:never (line 12)"]
@@ -171,7 +171,7 @@ def test_suppressions_without_the_spec_use_no_constructor(tmp_path):
     then matched as a frame (and here, not found)."""
     supp = tmp_path / "objs.supp"
     supp.write_text(SUPP)
-    verdict = Policy.build(str(supp), None, []).evaluate(
+    verdict = Policy.build(str(supp), [], []).evaluate(
         run_with(group(*SINGLETON), spec="/nonexistent/spec.yaml"))
     assert [f.status for f in verdict.findings] == ["failing"]
 
@@ -179,7 +179,7 @@ def test_suppressions_without_the_spec_use_no_constructor(tmp_path):
 def test_lsan_lines_use_lsans_matching(tmp_path):
     rules = tmp_path / "lsan.txt"
     rules.write_text("leak:^g_vfs*default$\nleak:libgio-2.0.so\n")
-    verdict = Policy.build(str(rules), None, []).evaluate(run_with(group(*SINGLETON)))
+    verdict = Policy.build(str(rules), [], []).evaluate(run_with(group(*SINGLETON)))
     assert [f.status for f in verdict.findings] == [SUPPRESSED]
     assert [str(r) for r in verdict.unused_rules] == ["leak:libgio-2.0.so"]
 
@@ -196,6 +196,6 @@ def test_check_warns_of_an_entry_that_keeps_everything(tmp_path):
 def test_unused_supp_entries_are_one_line(tmp_path):
     supp = tmp_path / "objs.supp"
     supp.write_text(SUPP + SUPP.replace("vfs-singleton", "other").replace("never", "never2"))
-    verdict = Policy.build(str(supp), None, []).evaluate(run_with(group(*SINGLETON)))
+    verdict = Policy.build(str(supp), [], []).evaluate(run_with(group(*SINGLETON)))
     assert [f"{r} (line {r.line})" for r in verdict.unused_rules] == [
         "valgrind:3 of 4 entries unused (never, other, never2) (line 12)"]

@@ -43,7 +43,7 @@ def _slow(path: Path) -> RunResult:
 
 
 def _rendered(result: RunResult) -> list[str | bytes]:
-    verdict = Policy.build(None, None, []).evaluate(result)
+    verdict = Policy.build(None, [], []).evaluate(result)
     return [*(render(result, verdict, Path(".")) for render in RENDERERS.values()),
             "".join(reportjson.iter_json(result))]
 
