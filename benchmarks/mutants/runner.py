@@ -379,7 +379,8 @@ def rebase(cbs: list[Codebase], out: Path, repeats: int) -> int:
 
 def _counted_run(cb: Codebase, w: Workload, json_out: Path) -> list[score.Group]:
     """A kept run whose --json has operation counts, else a new one."""
-    if json_out.exists() and '"operations": [{' in json_out.read_text():
+    if json_out.exists() and any(p.get("operations") for p in
+                                 json.loads(json_out.read_text())["processes"]):
         return score.groups(json_out)
     return refcntd_run(cb, w, json_out)
 

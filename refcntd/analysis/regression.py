@@ -215,6 +215,12 @@ def regression(type_name: str, befores: Sequence[list[PathOp]], after: list[Path
                           ": the change is in one of them, or the two runs did different "
                           "work; a run whose work is the same on both builds would decide")
     top = primary[0]
+    if not top.path or not top.path[-1].function:
+        return Regression(type_name, kept, None,
+                          f"against {baseline}, the {type_name} references kept more were "
+                          "got or put in code without a symbol "
+                          f"({top.path[-1].describe() if top.path else '?'}): which function "
+                          "is not known")
     kind = MISSING_PUT if top.puts < 0 else EXTRA_GET
     frame = top.path[-1]
     what = f"{_times(-top.puts, 'put')} fewer" if kind == MISSING_PUT else \

@@ -228,3 +228,12 @@ def test_what_differs_between_good_runs_is_noise() -> None:
     found = regression("dso", [good, [*good, values]], bad, "a.json and b.json")
     assert found.culprit is not None and found.culprit.function.function == "load_all", found
     assert "2 puts fewer" in found.culprit.why
+
+
+def test_a_change_in_code_without_a_symbol_names_no_function() -> None:
+    """GStreamer's task thread lost puts in a frame no symbol covers: no name to give."""
+    unnamed = PathOp(Role.PUT, (Frame("libgst.so", 0x10, "gst_object_unref"),
+                                Frame("libgst.so", 0x2000)), 3)
+    good = [op(Role.GET, "dso__get load_all main", 3), unnamed]
+    found = regression("dso", [good], good[:1], "a.json")
+    assert found.culprit is None and "code without a symbol" in found.reason, found
