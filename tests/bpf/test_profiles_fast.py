@@ -77,7 +77,7 @@ def test_saved_run_as_columns_renders_like_objects(bpf, build, tmp_path):
         assert sum(v[1] for v in samples.values()) == references
         if allocator:
             assert all(key[0] == allocator for key in samples), samples
-        verdict = Policy.build(None, None, []).evaluate(fast)
+        verdict = Policy.build(None, [], []).evaluate(fast)
         for fmt, render in RENDERERS.items():
             assert render(fast, verdict, Path(".")) == render(slow, verdict, Path(".")), fmt
         again = tmp_path / f"{name}.pb.gz"
