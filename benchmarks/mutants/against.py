@@ -16,6 +16,7 @@ chosen on: the others are held out, and are also tallied apart.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -40,6 +41,12 @@ def _run_json(directory: Path) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+@functools.cache  # every mutant of a workload is judged against the same good runs
+def _baseline(path: Path) -> RunResult:
+    """A good run, read once (against() reads the old runs, never changes them)."""
+    return load_run(str(path))
+
+
 def _groups(result: RunResult) -> list[score.Group]:
     return [score.from_model(g) for p in result.processes for g in p.groups]
 
@@ -55,7 +62,7 @@ def judge(m: dict[str, Any], out: Path, baselines: int = 1) -> dict[str, Any]:
     if run_json is None:
         return {"outcome": "missed", "alone": "missed", "timed_out": True,
                 "said": "no run kept (timed out)", "indirect": [], "deterministic": True}
-    new, olds = load_run(str(run_json)), [load_run(str(p)) for p in base_jsons]
+    new, olds = load_run(str(run_json)), [_baseline(p) for p in base_jsons]
     base = _groups(olds[0])
     alone = score.answer(score.new_groups(base, _groups(new)), m["type"])
     notes = against(new, olds, BASELINE)

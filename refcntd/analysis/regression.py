@@ -123,15 +123,16 @@ def _name(func: FuncKey) -> str:
 CallKey = tuple[str, bool, Role, tuple[str, ...], int]
 
 
-def _per_call(ops: list[PathOp], sign: int) -> dict[CallKey, tuple[int, PathOp]]:
-    out: dict[CallKey, tuple[int, PathOp]] = {}
+def _per_call(ops: list[PathOp], sign: int) -> dict[CallKey, tuple[int, tuple[Frame, ...]]]:
+    """Each call's count (times `sign`) and its path up to the function that made it."""
+    out: dict[CallKey, tuple[int, tuple[Frame, ...]]] = {}
     for op in ops:
         if not op.path or not (is_get(op.op) or op.op == Role.PUT):
             continue
         s = call_site(op)
         key = (_name(op.path[s]), _nested(op, s), Role.GET if is_get(op.op) else Role.PUT,
                tuple(map(_name, op.path[:s + 2])), op.frames[s].line)
-        count, first = out.get(key, (0, op))
+        count, first = out.get(key, (0, op.frames[:s + 1]))
         out[key] = (count + sign * op.count, first)
     return out
 
@@ -139,10 +140,11 @@ def _per_call(ops: list[PathOp], sign: int) -> dict[CallKey, tuple[int, PathOp]]
 def changes(before: list[PathOp], after: list[PathOp]) -> list[Change]:
     """Every function whose calls on the type changed, in a stable order."""
     calls = _per_call(before, -1)
-    for key, (count, op) in _per_call(after, 1).items():
-        calls[key] = (calls.get(key, (0, op))[0] + count, op)
+    for key, (count, path) in _per_call(after, 1).items():
+        calls[key] = (calls.get(key, (0, path))[0] + count, path)
     out: dict[tuple[str, bool], Change] = {}
-    for (func, nested, role, *_), (count, op) in sorted(calls.items(), key=lambda kv: kv[0]):
+    for (func, nested, role, *_), (count, path) in sorted(calls.items(),
+                                                           key=lambda kv: kv[0]):
         if count == 0:
             continue
         c = out.setdefault((func, nested), Change(func, nested))
@@ -153,8 +155,7 @@ def changes(before: list[PathOp], after: list[PathOp]) -> list[Change]:
         # the call that says most: a put lost (good run's path), a get added (this one's)
         telling = -count if role == Role.PUT else count
         if telling > c.path_change:
-            s = call_site(op)
-            c.path, c.path_change = op.frames[:s + 1], telling
+            c.path, c.path_change = path, telling
     return sorted(out.values(), key=lambda c: (-c.kept, c.function, c.nested))
 
 

@@ -50,6 +50,7 @@ class LineTable:
     _dwarf: DWARFInfo | None = None
     _ranges: list[tuple[int, int, int]] | None = None  # low, high, unit offset
     _units: dict[int, _Unit] = field(default_factory=dict)
+    _chains: dict[int, tuple[list[InlinedCall], dict[int, str]]] = field(default_factory=dict)
 
     def lookup(self, vaddr: int) -> Location:
         try:
@@ -68,30 +69,32 @@ class LineTable:
     def outer_line(self, vaddr: int) -> Location:
         """The line in the function holding `vaddr` as a symbol: where its code was
         inlined, the line of the outermost inlined call; else lookup()."""
-        try:
-            offset = self._unit_offset(vaddr)
-            unit = self._unit(offset) if offset is not None else None
-            cu = self._info().get_CU_at(offset) if offset is not None else None
-            site = _outer_call(cu.get_top_DIE(), vaddr) if cu is not None else None
-        except _CORRUPT:
-            site = None
-        if site is None or unit is None or not unit.names.get(site[0]):
+        chain, names = self._inline_chain(vaddr)
+        site = chain[0][1] if chain else None
+        if site is None or not names.get(site[0]):
             return self.lookup(vaddr)
-        return unit.names[site[0]], site[1]
+        return names[site[0]], site[1]
 
     def inlined(self, vaddr: int) -> list[tuple[str, Location]]:
         """The functions inlined at `vaddr`, outermost first, each with the line of
         its call in the function around it; [] when none (or no DWARF)."""
-        try:
-            offset = self._unit_offset(vaddr)
-            unit = self._unit(offset) if offset is not None else None
-            cu = self._info().get_CU_at(offset) if offset is not None else None
-            chain = _inline_chain(cu.get_top_DIE(), vaddr) if cu is not None else []
-        except _CORRUPT:
-            return []
-        names = unit.names if unit is not None else {}
-        return [(name, (names.get(file, ""), line) if names.get(file) else ("", 0))
-                for name, file, line in chain]
+        chain, names = self._inline_chain(vaddr)
+        return [(name, (names[site[0]], site[1]) if site and names.get(site[0]) else ("", 0))
+                for name, site in chain]
+
+    def _inline_chain(self, vaddr: int) -> tuple[list[InlinedCall], dict[int, str]]:
+        """The inlined calls covering `vaddr` and its unit's file names, read once per
+        address (every operation path of a report asks for the same few)."""
+        if vaddr not in self._chains:
+            try:
+                offset = self._unit_offset(vaddr)
+                unit = self._unit(offset) if offset is not None else None
+                cu = self._info().get_CU_at(offset) if offset is not None else None
+                chain = _inline_chain(cu.get_top_DIE(), vaddr) if cu is not None else []
+            except _CORRUPT:
+                unit, chain = None, []
+            self._chains[vaddr] = (chain, unit.names if unit is not None else {})
+        return self._chains[vaddr]
 
     def _info(self) -> DWARFInfo:
         if self._dwarf is None:
@@ -135,41 +138,28 @@ def _unit_ranges(dwarf: DWARFInfo) -> list[tuple[int, int, int]]:
 _SCOPES = frozenset({"DW_TAG_subprogram", "DW_TAG_lexical_block", "DW_TAG_inlined_subroutine"})
 
 
-def _outer_call(die: DIE, vaddr: int) -> tuple[int, int] | None:
-    """(call file index, call line) of the outermost inlined subroutine covering
-    `vaddr` below `die`, None when the address is in no inlined code."""
-    for child in die.iter_children():
-        if child.tag == "DW_TAG_namespace":
-            found = _outer_call(child, vaddr)
-        elif child.tag in _SCOPES and _covers(child, vaddr):
-            if child.tag == "DW_TAG_inlined_subroutine":
-                file, line = child.attributes.get("DW_AT_call_file"), \
-                    child.attributes.get("DW_AT_call_line")
-                return (int(file.value), int(line.value)) if file and line else None
-            found = _outer_call(child, vaddr)
-        else:
-            continue
-        if found is not None:
-            return found
-    return None
+# an inlined subroutine: its function's name, and (call file index, call line), None
+# when DWARF does not say where it was called
+InlinedCall = tuple[str, tuple[int, int] | None]
 
 
-def _inline_chain(die: DIE, vaddr: int) -> list[tuple[str, int, int]]:
-    """(name, call file index, call line) of every inlined subroutine covering
-    `vaddr` below `die`, outermost first."""
+def _inline_chain(die: DIE, vaddr: int) -> list[InlinedCall]:
+    """Every inlined subroutine covering `vaddr` below `die`, outermost first; []
+    when the address is in no inlined code."""
     for child in die.iter_children():
         if child.tag == "DW_TAG_namespace":
             found = _inline_chain(child, vaddr)
-            if found:
-                return found
         elif child.tag in _SCOPES and _covers(child, vaddr):
-            inner = _inline_chain(child, vaddr)
-            if child.tag != "DW_TAG_inlined_subroutine":
-                return inner
-            file, line = child.attributes.get("DW_AT_call_file"), \
-                child.attributes.get("DW_AT_call_line")
-            return [(_origin_name(child), int(file.value) if file else 0,
-                     int(line.value) if line else 0), *inner]
+            found = _inline_chain(child, vaddr)
+            if child.tag == "DW_TAG_inlined_subroutine":
+                file, line = child.attributes.get("DW_AT_call_file"), \
+                    child.attributes.get("DW_AT_call_line")
+                site = (int(file.value), int(line.value)) if file and line else None
+                return [(_origin_name(child), site), *found]
+        else:
+            continue
+        if found:
+            return found
     return []
 
 
