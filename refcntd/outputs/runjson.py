@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 from refcntd.analysis.attribution import Culprit, PathOp, Verdict
 from refcntd.analysis.model import (
@@ -86,8 +86,21 @@ def _run(d: RunJson, objects: Objects) -> RunResult:
 
 
 def _frame(f: FrameJson) -> Frame:
-    return Frame(f.get("module", ""), int(f.get("address", "0x0"), 16), f.get("function", ""),
-                 f.get("offset", 0), f.get("file", ""), f.get("line", 0), f.get("unresolved", ""))
+    """A saved frame, its fields of the types the analysis computes with (a saved run
+    is a file anyone may have written: a wrong type is a malformed report)."""
+    return Frame(_typed(f.get("module", ""), str), int(f.get("address", "0x0"), 16),
+                 _typed(f.get("function", ""), str), _typed(f.get("offset", 0), int),
+                 _typed(f.get("file", ""), str), _typed(f.get("line", 0), int),
+                 _typed(f.get("unresolved", ""), str))
+
+
+T = TypeVar("T")
+
+
+def _typed(value: object, kind: type[T]) -> T:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{value!r:.40} is not {kind.__name__}")
+    return value
 
 
 def _frames(items: list[FrameJson]) -> tuple[Frame, ...]:
@@ -107,8 +120,11 @@ def _process(p: ProcessJson, objects: Objects) -> ProcessReport:
 def _operations(items: list[OperationJson]) -> dict[str, list[PathOp]]:
     out: dict[str, list[PathOp]] = {}
     for o in items:
-        out.setdefault(o["type"], []).append(PathOp(Role[o["op"].upper()], _frames(o["stack"]),
-                                                    o["count"]))
+        count = _typed(o["count"], int)
+        if count < 0 or o["op"] not in ("init", "get", "put"):
+            raise ValueError(f"operation {o['op']!r:.20} counted {count}")
+        out.setdefault(_typed(o["type"], str), []).append(
+            PathOp(Role[o["op"].upper()], _frames(o["stack"]), count))
     return out
 
 
