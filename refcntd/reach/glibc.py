@@ -1,0 +1,280 @@
+"""glibc malloc's in-use blocks, walked from its own chunk headers (glibc 2.26-2.38).
+
+A chunk is `prev_size, size|flags` followed by the user's bytes; it is in use when
+the next chunk's PREV_INUSE bit is set, except that chunks in a fastbin or in a
+thread's tcache keep that bit: those lists are followed (their links are mangled,
+safe-linking since 2.32) and their chunks left out, so stale pointers in freed memory
+never make a lost object look reachable.  Where the chunks are:
+
+- the main arena: the `[heap]` mapping, chunk after chunk up to the top chunk;
+- thread arenas: 64 MiB-aligned heaps, each starting with `heap_info` (the first one
+  of an arena also holds its `malloc_state`);
+- blocks of 128 KiB and more: their own mapping, size flagged IS_MMAPPED.
+
+The arenas themselves (for their fastbins) are found without debug symbols: the
+main arena is the word in libc's data whose value is the top chunk of `[heap]` and
+whose `next` field points to an arena; a thread arena is `heap_info.ar_ptr`.
+Anything that does not check out is said in `notes`, and the walk gives up rather
+than guesses (`recognised` false): the caller then keeps today's verdicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refcntd.reach.memory import Mapping, ProcessMemory
+
+PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 1, 2, 4
+HEAP_MAX = 64 << 20  # HEAP_MAX_SIZE on 64-bit: thread heaps are aligned to it
+HEAP_INFO = 48  # sizeof(heap_info) in 2.35+: ar_ptr, prev, size, mprotect_size, pagesize, pad
+ARENA_SIZE = 2200  # sizeof(struct malloc_state), 64-bit
+ARENA_FASTBINS, ARENA_TOP, ARENA_NEXT = 16, 96, 2160  # field offsets in malloc_state
+NFASTBINS = 10
+TCACHE_CHUNK = 0x290  # tcache_perthread_struct: 64 u16 counts, 64 entries
+TCACHE_BINS, TCACHE_MAX_COUNT = 64, 65535
+OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "tbbmalloc", "snmalloc")
+WINDOW = 1 << 22
+
+
+@dataclass
+class Heap:
+    """In-use blocks (user pointer, end of usable bytes), sorted, and the memory they
+    live in (never a root)."""
+
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    regions: list[tuple[int, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    recognised: bool = True
+    free_chunks: int = 0  # in fastbins and tcaches: left out
+
+
+@dataclass
+class _Chunks:
+    """One contiguous run of chunks: addresses and sizes, the last one the top."""
+
+    addr: list[int] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    inuse: list[bool] = field(default_factory=list)
+
+
+class _Words:
+    """Word reads through a moving window: a sequential walk reads each byte once."""
+
+    def __init__(self, mem: ProcessMemory, end: int) -> None:
+        self.mem, self.end = mem, end
+        self.base, self.data = 0, b""
+
+    def at(self, address: int) -> int | None:
+        off = address - self.base
+        if not (0 <= off <= len(self.data) - 8):
+            self.base = address
+            self.data = self.mem.read(address, max(8, min(WINDOW, self.end - address)))
+            off = 0
+            if len(self.data) < 8:
+                return None
+        return int.from_bytes(self.data[off:off + 8], "little")
+
+
+def walk(mem: ProcessMemory, start: int, end: int) -> _Chunks | None:
+    """The chunks from `start` to the top chunk, which ends at `end` or, in the main
+    heap (brk need not be page-aligned), within the last page before it; None when
+    a size does not fit (not a glibc heap, or torn)."""
+    words, out, address = _Words(mem, end), _Chunks(), start
+    while address < end:
+        raw = words.at(address + 8) if address + 32 <= end else None
+        size = (raw or 0) & ~7
+        if raw is None or size < 32 or size & 15 or address + size > end:
+            return out if out.addr and end - address < 4096 else None
+        if out.addr:
+            out.inuse[-1] = bool(raw & PREV_INUSE)
+        out.addr.append(address)
+        out.size.append(size)
+        out.inuse.append(False)  # the top chunk, unless another follows
+        address += size
+    return out
+
+
+def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
+    heap = Heap()
+    other = sorted({a for m in maps for a in OTHER_ALLOCATORS if a in m.path.rsplit("/", 1)[-1]})
+    if other:
+        heap.recognised = False
+        heap.notes.append(f"allocator {', '.join(other)} is not glibc malloc: reachability "
+                          "not scanned, verdicts as without it")
+        return heap
+    if not any(m.path.rsplit("/", 1)[-1].startswith("libc.so") for m in maps):
+        heap.recognised = False
+        heap.notes.append("no glibc in the process (static or another C library): "
+                          "reachability not scanned")
+        return heap
+    starts: list[int] = []
+    ends: list[int] = []
+    free: set[int] = set()
+    arenas: list[int] = []
+    top = 0
+    for run, region, arena in _arena_runs(mem, maps, heap):
+        heap.regions.append(region)
+        arenas.append(arena)
+        top = run.addr[-1] if arena == 0 else top
+        _collect(run, starts, ends)
+    main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
+    if heap.recognised:
+        for arena in [a for a in arenas if a] + ([main] if main else []):
+            free |= _fastbin_chunks(mem, arena, heap)
+        free |= _tcache_chunks(mem, starts, ends)
+    for address, size in _mmapped_chunks(mem, maps, heap.regions):
+        heap.regions.append((address, address + size))
+        starts.append(address + 16)
+        ends.append(address + size)
+    keep = [i for i, s in enumerate(starts) if s - 16 not in free]
+    heap.free_chunks = len(starts) - len(keep)
+    order = sorted(keep, key=starts.__getitem__)
+    heap.starts = np.array([starts[i] for i in order], np.uint64)
+    heap.ends = np.array([ends[i] for i in order], np.uint64)
+    return heap
+
+
+def _collect(run: _Chunks, starts: list[int], ends: list[int]) -> None:
+    for address, size, used in zip(run.addr, run.size, run.inuse, strict=True):
+        if used:  # the next chunk's prev_size is usable too, but a pointer there is
+            starts.append(address + 16)  # one to the next chunk: glibc's own (top, bins)
+            ends.append(address + size)
+
+
+def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap
+                ) -> Iterator[tuple[_Chunks, tuple[int, int], int]]:
+    """(chunks, region, arena address or 0 for the main one) of every heap."""
+    for m in maps:
+        if m.path == "[heap]":
+            run = walk(mem, m.start, m.end)
+            if run is None:
+                heap.recognised = False
+                heap.notes.append(f"[heap] at {m.start:#x} is not a glibc malloc heap "
+                                  "(chunk sizes do not add up): reachability not scanned")
+                return
+            yield run, (m.start, m.end), 0
+        elif not m.path and m.writable and m.start % HEAP_MAX == 0:
+            found = _thread_heap(mem, m)
+            if found is not None:
+                yield found[0], (m.start, m.end), found[1]
+
+
+def _thread_heap(mem: ProcessMemory, m: Mapping) -> tuple[_Chunks, int] | None:
+    """A thread arena's heap: heap_info, maybe its malloc_state, then chunks up to
+    heap_info.size; None when the mapping is something else 64 MiB-aligned."""
+    info = mem.words(m.start, 4)
+    if info is None:
+        return None
+    ar_ptr, _prev, size, _mprotect = info
+    if not (HEAP_INFO <= size <= m.size) or ar_ptr == 0:
+        return None
+    first = m.start + HEAP_INFO
+    if ar_ptr == first:  # the arena's first heap: its malloc_state comes first
+        first = (ar_ptr + ARENA_SIZE + 15) & ~15
+    run = walk(mem, first, m.start + size)
+    if run is None or not run.addr:
+        return None
+    return run, ar_ptr
+
+
+def _main_arena(mem: ProcessMemory, maps: list[Mapping], heap: Heap, top: int,
+                arenas: list[int]) -> int | None:
+    """main_arena in libc's data: its `top` is [heap]'s top chunk, its `next` an arena."""
+    known = {a for a in arenas if a}
+    for m in _libc_data(maps):
+        data = np.frombuffer(mem.read(m.start, m.size)[: m.size & ~7], np.uint64)
+        for index in np.flatnonzero(data == np.uint64(top)):
+            arena = m.start + 8 * int(index) - ARENA_TOP
+            nxt = mem.word(arena + ARENA_NEXT)
+            if nxt == arena or nxt in known:
+                return arena
+    heap.notes.append("glibc's main arena not found in libc's data: chunks in its fastbins "
+                      "counted as in use")
+    return None
+
+
+def _libc_data(maps: list[Mapping]) -> Iterator[Mapping]:
+    """libc's writable mappings and the anonymous one after them (its .bss)."""
+    after_libc = False
+    for m in maps:
+        is_libc = m.path.rsplit("/", 1)[-1].startswith("libc.so")
+        if m.writable and (is_libc or (after_libc and not m.path)):
+            yield m
+        after_libc = is_libc or (after_libc and not m.path and m.writable)
+
+
+def _fastbin_chunks(mem: ProcessMemory, arena: int, heap: Heap) -> set[int]:
+    """Chunks in the arena's fastbins (fd mangled: stored ^ (its own address >> 12))."""
+    heads = mem.words(arena + ARENA_FASTBINS, NFASTBINS) or []
+    out: set[int] = set()
+    for chunk in heads:
+        for _ in range(1 << 20):
+            if not chunk or chunk in out:
+                break
+            out.add(chunk)
+            stored = mem.word(chunk + 16)
+            if stored is None:
+                heap.notes.append(f"fastbin chunk {chunk:#x} unreadable")
+                break
+            chunk = stored ^ ((chunk + 16) >> 12)
+    return out
+
+
+def _tcache_chunks(mem: ProcessMemory, starts: list[int], ends: list[int]) -> set[int]:
+    """Chunks in threads' tcaches: each tcache_perthread_struct is an in-use chunk of
+    0x290 bytes whose every list checks out (sizes, counts, a null end)."""
+    sizes = {s - 16: e - s + 16 for s, e in zip(starts, ends, strict=True)}
+    out: set[int] = set()
+    for user, end in zip(starts, ends, strict=True):
+        if end - user + 16 == TCACHE_CHUNK:
+            found = _tcache_lists(mem, user, sizes)
+            if found is not None:
+                out |= found
+    return out
+
+
+def _tcache_lists(mem: ProcessMemory, user: int, sizes: dict[int, int]) -> set[int] | None:
+    raw = mem.read(user, TCACHE_CHUNK - 16)
+    if len(raw) != TCACHE_CHUNK - 16:
+        return None
+    counts = np.frombuffer(raw[:2 * TCACHE_BINS], np.uint16)
+    entries = np.frombuffer(raw[2 * TCACHE_BINS:], np.uint64)
+    out: set[int] = set()
+    for index in range(TCACHE_BINS):
+        entry, count = int(entries[index]), int(counts[index])
+        if (entry == 0) != (count == 0):
+            return None
+        for _ in range(count):
+            if sizes.get(entry - 16) != 32 + 16 * index:
+                return None
+            out.add(entry - 16)
+            stored = mem.word(entry)
+            if stored is None:
+                return None
+            entry = stored ^ (entry >> 12)
+        if entry != 0:
+            return None
+    return out
+
+
+def _mmapped_chunks(mem: ProcessMemory, maps: list[Mapping], taken: list[tuple[int, int]]
+                    ) -> Iterator[tuple[int, int]]:
+    """Blocks malloc gave their own mapping: at a page start, prev_size 0, size a page
+    multiple flagged IS_MMAPPED only; adjacent ones share one mapping."""
+    for m in maps:
+        if m.path or not m.writable or any(s <= m.start < e for s, e in taken):
+            continue
+        address = m.start
+        while address + 4096 <= m.end:
+            head = mem.words(address, 2)
+            if head is None or head[0] != 0 or head[1] & 7 != IS_MMAPPED:
+                break
+            size = head[1] & ~7
+            if size == 0 or size % 4096 or address + size > m.end:
+                break
+            yield address, size
+            address += size

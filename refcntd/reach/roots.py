@@ -1,0 +1,172 @@
+"""Where a scan starts: what the program can reach without going through the heap.
+
+As valgrind and LeakSanitizer do: the writable data of every loaded module (.data,
+.bss, the GOT), each thread's stack from its stack pointer up (a thread's TLS and
+`struct pthread` sit at the top of its stack mapping in glibc), the registers the
+kernel shows (the arguments of a blocked system call), and any other writable
+mapping that is not malloc's.  Below a stack pointer nothing is scanned: those are
+dead frames.  A stack mapping no live thread is on (glibc caches the stacks of
+exited threads) is not scanned either.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from refcntd.reach.memory import Mapping
+
+RED_ZONE = 128  # the x86-64 ABI's area below the stack pointer a leaf function may use
+SKIPPED = ("[vvar]", "[vsyscall]", "[vdso]", "[uprobes]", "[vvar_vclock]")
+
+
+@dataclass(frozen=True)
+class Thread:
+    tid: int
+    comm: str
+    sp: int | None  # None: the kernel did not say (the thread was running)
+    registers: tuple[int, ...] = ()  # a blocked system call's arguments
+
+
+@dataclass(frozen=True)
+class Root:
+    start: int
+    end: int
+    what: str  # "module", "stack", "registers", "mapping"
+    owner: str  # the module's path, the thread ("2 (gdbus)"), or the mapping
+    base: int = 0  # where the module's file is mapped (its first mapping)
+    values: tuple[int, ...] = ()  # registers: the words themselves
+
+
+def read_threads(pid: int, proc: Path = Path("/proc")) -> list[Thread]:
+    """Each thread's stack pointer and registers from /proc/PID/task/TID/syscall, which
+    the kernel fills only for a thread that is not running (stopped or blocked)."""
+    out = []
+    try:
+        tids = sorted(int(t.name) for t in (proc / str(pid) / "task").iterdir())
+    except OSError:
+        return []
+    for tid in tids:
+        task = proc / str(pid) / "task" / str(tid)
+        try:
+            fields = (task / "syscall").read_text().split()
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if len(fields) < 3 or fields[0] == "running":
+            out.append(Thread(tid, comm, None))
+            continue
+        args = tuple(int(v, 16) for v in fields[1:-2])
+        out.append(Thread(tid, comm, int(fields[-2], 16), args))
+    return out
+
+
+def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
+               heap_regions: list[tuple[int, int]]) -> tuple[list[Root], list[str]]:
+    """The root ranges and the notes on what could not be scanned as a scan should."""
+    notes: list[str] = []
+    stacks = _stack_mappings(maps)
+    unknown_sp = [t for t in threads if t.sp is None]
+    if unknown_sp:
+        notes.append(f"{len(unknown_sp)} thread(s) without a stack pointer (running): "
+                     "their whole stack mapping scanned")
+    on_stack: dict[int, Root] = {}
+    for t in threads:
+        m = _containing(maps, t.sp) if t.sp is not None else None
+        if m is not None:
+            low = max(m.start, (t.sp - RED_ZONE) & ~7)  # type: ignore[operator]
+            on_stack[m.start] = Root(low, m.end, "stack", f"{t.tid} ({t.comm})")
+    roots = [Root(0, 0, "registers", f"{t.tid} ({t.comm})", values=t.registers)
+             for t in threads if t.registers]
+    module, base, last_end = "", 0, 0
+    for m in maps:
+        if m.path and not m.path.startswith("["):
+            if m.path != module:
+                module, base = m.path, m.start - m.offset
+        elif m.path or m.start != last_end:  # a module's .bss: anonymous, right after it
+            module = ""
+        last_end = m.end
+        if not m.writable or m.path in SKIPPED or _inside(m, heap_regions):
+            continue
+        if m.start in on_stack:
+            roots.append(on_stack[m.start])
+        elif m.start in stacks or m.path == "[stack]":
+            if unknown_sp:
+                roots.append(Root(m.start, m.end, "stack", "of an unknown thread"))
+        elif module:
+            roots.append(Root(m.start, m.end, "module", module, base))
+        else:
+            roots.append(Root(m.start, m.end, "mapping", f"{m.start:#x}-{m.end:#x}"))
+    return roots, notes
+
+
+def _stack_mappings(maps: list[Mapping]) -> set[int]:
+    """Anonymous writable mappings right above an inaccessible one: glibc's thread
+    stacks with their guard page (cached ones too)."""
+    out = set()
+    for below, m in zip(maps, maps[1:], strict=False):
+        if (not m.path and m.writable and below.end == m.start and not below.path
+                and below.perms.startswith("---")):
+            out.add(m.start)
+    return out
+
+
+def _containing(maps: list[Mapping], address: int) -> Mapping | None:
+    for m in maps:
+        if m.start <= address < m.end:
+            return m
+    return None
+
+
+def _inside(m: Mapping, regions: list[tuple[int, int]]) -> bool:
+    return any(s <= m.start < e for s, e in regions)
+
+
+def describe(root: Root, address: int) -> str:
+    """`global the_bus (libgio-2.0.so.0)`, `the stack of thread 2 (gdbus)` ..."""
+    if root.what == "stack":
+        return f"the stack of thread {root.owner}"
+    if root.what == "registers":
+        return f"the registers of thread {root.owner}"
+    if root.what == "mapping":
+        return f"the mapping {root.owner}"
+    name = Path(root.owner).name
+    symbol = global_at(root.owner, address - root.base)
+    return f"global {symbol} ({name})" if symbol else f"data of {name} at +{address - root.base:#x}"
+
+
+def global_at(path: str, offset: int) -> str | None:
+    """The data symbol covering `offset` (from the file's start as mapped), if any."""
+    table = _objects(path)
+    i = bisect_right(table, (offset, "\uffff")) - 1
+    if i < 0:
+        return None
+    start, name, size = table[i][0], table[i][1], table[i][2]
+    return name if start <= offset < start + max(size, 8) else None
+
+
+@cache
+def _objects(path: str) -> list[tuple[int, str, int]]:
+    """(file-relative address, name, size) of data symbols, .symtab before .dynsym."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            base = min((s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"),
+                       default=0) & ~0xFFF
+            rows = {}
+            for table in (".dynsym", ".symtab"):
+                sec = elf.get_section_by_name(table)
+                if not isinstance(sec, SymbolTableSection):
+                    continue
+                for sym in sec.iter_symbols():
+                    if sym["st_info"]["type"] in ("STT_OBJECT", "STT_TLS") and sym["st_value"]:
+                        rows[sym["st_value"] - base] = (sym.name, sym["st_size"])
+    except (OSError, ELFError, ValueError):
+        return []
+    return sorted((a, n, s) for a, (n, s) in rows.items())

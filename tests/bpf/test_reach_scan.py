@@ -1,0 +1,90 @@
+"""The reachability scan (refcntd/reach/) on a stopped process, against valgrind on
+the same program: each object's leak kind must be valgrind's.  No BPF here: the
+fixture stops itself where it would exit; the scan reads it as it would at a hold."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import FIXTURES, cc
+from reachtruth import fixture_objects, lsan_kind, private_loader, valgrind_kinds
+
+from refcntd.reach.scan import scan_process
+
+OBJECTS = 14
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """(program for refcntd, the same for valgrind) at -O2 without frame pointers."""
+    out = tmp_path_factory.mktemp("reach")
+    flags = ["-O2", "-fomit-frame-pointer", "-pthread"]
+    sources = [FIXTURES / "reach.c", FIXTURES.parent.parent / "examples/refcnt.c"]
+    exe = cc(out / "reach", sources, flags)
+    vg = cc(out / "reach-vg", sources, [*flags, *private_loader(out)])
+    return exe, vg
+
+
+def wait_stopped(pid: int) -> None:
+    for _ in range(500):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    pytest.fail(f"process {pid} never stopped")
+
+
+def scan_stopped(exe):
+    proc = subprocess.Popen([str(exe), "stop"], stdout=subprocess.PIPE, text=True)
+    lines = []
+    while len(lines) < OBJECTS:
+        lines.append(proc.stdout.readline())
+    objects = fixture_objects("".join(lines))
+    try:
+        wait_stopped(proc.pid)
+        result = scan_process(proc.pid, objects)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=10)
+    return objects, result
+
+
+def test_scan_kinds_equal_valgrinds(programs):
+    exe, vg = programs
+    truth = valgrind_kinds([str(vg), "exit"])
+    objects, result = scan_stopped(exe)
+    assert result.complete, result.notes
+    assert len(objects) == OBJECTS
+    for address, (name, size) in objects.items():
+        (expected,) = truth[size]
+        got = result.kinds[address]
+        assert got.kind == lsan_kind(expected), (name, got, expected)
+        assert got.interior_only == (expected == "possibly lost"), (name, got)
+        assert got.own_block, name
+
+
+def test_scan_names_one_root_per_reachable_object(programs):
+    objects, result = scan_stopped(programs[0])
+    by_name = {objects[a][0]: k for a, k in result.kinds.items()}
+    assert by_name["global_cache"].root == "global cache (reach)"
+    assert by_name["big_kept"].root == "global big_cache (reach)"
+    assert by_name["arena_global"].root == "global arena_cache (reach)"
+    assert by_name["interior"].root == "global mid_ptr (reach)"
+    assert by_name["stack_held"].root == f"the stack of thread {result.pid} (reach)"
+    assert by_name["thread_stack"].root.startswith("the stack of thread ")
+    assert by_name["thread_stack"].root != by_name["stack_held"].root
+    lost = [n for n, k in by_name.items() if k.kind != "still reachable"]
+    assert all(not by_name[n].root for n in lost)
+
+
+def test_scan_leaves_out_freed_chunks(programs):
+    """stale_lost is pointed to only from chunks sitting in the tcache and a fastbin:
+    counted as blocks they would make it reachable (their memory is reachable from
+    the tcache itself)."""
+    objects, result = scan_stopped(programs[0])
+    stale = next(a for a, (n, _) in objects.items() if n == "stale_lost")
+    assert result.kinds[stale].kind == "definitely lost"
