@@ -14,7 +14,7 @@
  *   unwind.h     the CFI stack walk                sites.h    per-site live counts
  *   history.h    get/put history                   objects.h  the object table
  *   anomaly.h    misuse reports                    hold.h     holding for call sites
- *   ldso.h       ld.so's loaded objects
+ *   ldso.h       ld.so's loaded objects             exithold.h holding at _exit for a scan
  * The layouts they share with user space are in refcntd.h, the ABI.
  *
  * Built by refcntd/kernel/program.py: one compiled object for every option
@@ -107,6 +107,7 @@ static __always_inline void capture_stacks(struct pt_regs *ctx, struct probe_cfg
 #include "anomaly.h"  /* pasted in by kernel/program.py */
 #include "hold.h"  /* pasted in by kernel/program.py */
 #include "ldso.h"  /* pasted in by kernel/program.py */
+#include "exithold.h"  /* pasted in by kernel/program.py */
 
 /* ---- the roles ---------------------------------------------------------- */
 static __always_inline int do_init_entry(struct pt_regs *ctx, struct probe_cfg *cfg)

@@ -63,6 +63,8 @@ class LeakedObject:
     leak: str = ""  # with --history: "direct", "indirect" or "cycle"
     held_by: tuple[Holder, ...] = ()  # leaked objects holding its outstanding references
     cycle: tuple[int, ...] = ()  # the objects of its cycle (leak == "cycle")
+    kind: str = ""  # --leak-kinds: "definitely lost", "indirectly lost", "still reachable"
+    root: str = ""  # still reachable: what it is reachable from ("global cache (prog)")
 
 
 @dataclass
@@ -76,6 +78,7 @@ class LeakGroup:
     culprits: list[Culprit] = field(default_factory=list)
     unwind: StackUnwind = field(default_factory=StackUnwind)
     verdict: Verdict | None = None  # with --history: culprit, tie, unknown, indirect, cycle
+    kind: str = ""  # --leak-kinds: the kind of all its objects; "" when not scanned
 
     def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))

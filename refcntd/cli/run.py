@@ -11,6 +11,7 @@ from pathlib import Path
 from refcntd.cli import argtypes
 from refcntd.cli.options import (
     ci_arguments,
+    leak_kind_arguments,
     output_arguments,
     progress_arguments,
     spec_arguments,
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run CMD as this user (and group), without privileges, while "
                              "refcntd keeps its own (like strace -u); the environment is kept")
     ci_arguments(parser)
+    leak_kind_arguments(parser)
     parser.add_argument("--pprof", metavar="FILE", type=argtypes.output_path,
                         help="also write the leaked objects as a gzip'd pprof profile")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -48,8 +50,12 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.session.options import TraceOptions
     opts = TraceOptions(max_objects=args.max_objects, descendant_grace_s=args.wait_descendants,
                         max_stacks=args.max_stacks, run_as=args.user, scan_execs=True,
+                        leak_kinds=args.leak_kinds,
                         **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
+    policy.lsan = args.leak_kinds
+    policy.fail_on_reachable = "reachable" in args.fail_on
+    policy.judge_killed = args.judge_killed
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
     spec = load_spec(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers

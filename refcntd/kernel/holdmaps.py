@@ -12,6 +12,8 @@ from refcntd.kernel import abi
 from refcntd.kernel.maps import take_all
 from refcntd.kernel.program import KernelOptions, Program
 
+EXIT_HOLD = (1 << 64) - 1  # hold_key.offset of a process held at _exit (bpf/exithold.h)
+
 
 class BpfHoldMaps:
     """Does nothing unless the program was compiled to stop processes (`enabled`)."""

@@ -106,6 +106,11 @@ class BpfProbes:
         return self._attach_helper("on_dlsym_return", path, offsets, [0] * len(offsets),
                                    retprobe=True)
 
+    def attach_exit_hold(self, path: str, offsets: list[int]) -> str | None:
+        """Probes on libc's _exit (file offsets in `path`) stopping a traced process for
+        its exit scan (bpf/exithold.h); why not, if not."""
+        return self._attach_helper("on_exit_hold", path, offsets, [0] * len(offsets))
+
     def _attach_helper(self, func: str, path: str, offsets: list[int], cookies: list[int],
                        retprobe: bool = False) -> str | None:
         """Attach program `func` (not on_probe's chain) at `offsets` of `path`."""

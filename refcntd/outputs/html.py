@@ -226,6 +226,7 @@ def _stack(frames: Sequence[Frame], unwind: StackUnwind | None = None) -> str:
 def _group(g: LeakGroup, v: Values, word: str, where: str, opened: bool) -> Iterator[str]:
     kind = "Indirectly leaked" if g.verdict and g.verdict.status == "indirect" else \
         word.capitalize()
+    kind = f"{kind} ({g.kind})" if g.kind else kind  # --leak-kinds
     yield (f"<details class=\"group\"{' open' if opened else ''}><summary><b>{kind} {v[0]} "
            f"object(s) of type <code>{_e(g.type_name)}</code></b>, {v[1]} reference(s)"
            f"{' at ' + _e(where) if where else ''}</summary>")
@@ -247,7 +248,9 @@ def _objects(shown: Sequence[LeakedObject], total: int) -> Iterator[str]:
                          for h in o.held_by)
         yield (f"<tr><td><code>0x{o.address:x}</code></td><td class=\"n\">{o.count}</td>"
                f"<td class=\"n\">{o.gets}</td><td class=\"n\">{o.puts}</td>"
-               f"<td class=\"n\">{_age(o.age_ns)}</td><td>{_e(o.leak)}</td>"
+               f"<td class=\"n\">{_age(o.age_ns)}</td>"
+               f"<td>{_e(' '.join(filter(None, (o.kind, o.leak))))}"
+               f"{_e(', from ' + o.root) if o.root else ''}</td>"
                f"<td>{_e(held)}</td></tr>")
     yield "</table>"
     if total > len(shown):

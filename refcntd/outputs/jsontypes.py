@@ -75,6 +75,8 @@ class InstanceJson(TypedDict):
     history_total: NotRequired[int]
     history_dropped: NotRequired[int]
     history: NotRequired[list[HistoryStepJson]]
+    kind: NotRequired[str]  # --leak-kinds: definitely lost, indirectly lost, still reachable
+    root: NotRequired[str]  # still reachable: from what ("global cache (prog)")
 
 
 class UnwindJson(TypedDict):
@@ -94,6 +96,7 @@ class GroupJson(TypedDict):
     unwind: NotRequired[UnwindJson]
     instances: NotRequired[list[InstanceJson]]  # absent only inside stream_json
     verdict: NotRequired[VerdictJson]  # --history only
+    kind: NotRequired[str]  # --leak-kinds: its objects' kind
 
 
 class AnomalyJson(TypedDict):

@@ -41,6 +41,7 @@ VALGRIND = "valgrind"  # a .supp file's Memcheck:Leak entry
 FindingKey = tuple[str, str, tuple[str, ...]]  # (kind, type name, stack without addresses)
 FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in baseline", \
     "under threshold"
+REACHABLE, NOT_JUDGED = "still reachable", "not judged"  # --leak-kinds (LeakSanitizer's)
 
 
 @dataclass
@@ -136,18 +137,18 @@ def parse_thresholds(items: list[str]) -> dict[str, int]:
 
 def collect_findings(result: RunResult) -> list[Finding]:
     """Leak groups and anomalies of every exited process, folded by their stable key."""
-    found: dict[FindingKey, Finding] = {}
+    found: dict[tuple[FindingKey, bool], Finding] = {}
     for p in result.processes:
         if p.state == "live at detach":
             continue
-        for g in p.groups:
-            f = found.setdefault(_key("leak", g.type_name, g.frames),
+        for g in p.groups:  # still reachable objects apart (--leak-kinds)
+            f = found.setdefault((_key("leak", g.type_name, g.frames), g.kind == REACHABLE),
                                  Finding("leak", g.type_name, g.frames))
             f.objects += len(g.objects)
             f.groups.append(g)
             f.pids.append(p.pid)
         for a in p.misuse:
-            f = found.setdefault(_key(a.kind, a.type_name, a.frames),
+            f = found.setdefault((_key(a.kind, a.type_name, a.frames), False),
                                  Finding(a.kind, a.type_name, a.frames, anomaly=a))
             f.objects += a.occurrences
             f.pids.append(p.pid)
@@ -166,6 +167,9 @@ class Policy:
     thresholds: dict[str, int] = field(default_factory=dict)
     old: list[RunResult] = field(default_factory=list)  # the --baseline runs, which
     # culprits are found against
+    lsan: bool = False  # --leak-kinds: LeakSanitizer's policy (reachable, killed)
+    fail_on_reachable: bool = False
+    judge_killed: bool = False
 
     @classmethod
     def build(cls, suppressions: str | None, baselines: list[str],
@@ -181,8 +185,11 @@ class Policy:
             if rule.kind == VALGRIND:
                 rule.stack = StackPattern.from_lines(rule.frames, constructors)
         findings = collect_findings(result)
+        killed = {p.pid for p in result.processes if p.exit_status.startswith("killed")}
         for f in findings:
             self._classify(f)
+            if self.lsan and f.status == FAILING:
+                self._lsan(f, killed)
         self._apply_thresholds(findings)
         return Verdict(findings, _unused(self.rules))
 
@@ -194,6 +201,19 @@ class Policy:
                 return
         if f.key in self.baseline:
             f.status, f.reason = BASELINE, "present in the baseline"
+
+    def _lsan(self, f: Finding, killed: set[int]) -> None:
+        """Not failing, as LeakSanitizer: leaks of killed processes only, or objects
+        all still reachable (unless --judge-killed, --fail-on reachable)."""
+        if f.kind != "leak":
+            return
+        if not self.judge_killed and f.pids and all(p in killed for p in f.pids):
+            f.status, f.reason = NOT_JUDGED, "its processes were killed by a signal " \
+                "(--judge-killed judges them)"
+        elif not self.fail_on_reachable and f.groups and \
+                all(g.kind == REACHABLE for g in f.groups):
+            f.status, f.reason = REACHABLE, "still reachable at exit (--fail-on reachable " \
+                "fails it)"
 
     def _apply_thresholds(self, findings: list[Finding]) -> None:
         if not self.thresholds:

@@ -75,8 +75,9 @@ def run_samples(result: RunResult, types: frozenset[str] | None = None,
         for g in p.groups:
             if types is not None and g.type_name not in types:
                 continue
+            kind = (("kind", g.kind),) if g.kind else ()  # --leak-kinds
             yield Sample(alloc_frames(g.frames, probed), group_values(g),
-                         (*base, ("type", g.type_name), *state))
+                         (*base, ("type", g.type_name), *state, *kind))
 
 
 def alloc_frames(frames: tuple[Frame, ...], probed: frozenset[str]) -> tuple[Frame, ...]:

@@ -144,6 +144,7 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     count_text = ", ".join(str(c) for c in counts)
     kind = "Indirectly leaked" if g.verdict and g.verdict.status == "indirect" else \
         word.capitalize()
+    kind = f"{kind} ({g.kind})" if g.kind else kind  # --leak-kinds
     counted = "count now" if word == "live" else "final count"  # live at detach: not final
     lines = [f"{kind} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
              f"({counted} {count_text}) allocated at:"]
@@ -154,7 +155,8 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     lines += render_culprits(g, word)
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
-                     f"{obj.puts} puts, age {_age(obj.age_ns)}")
+                     f"{obj.puts} puts, age {_age(obj.age_ns)}"
+                     + (f", reachable from {obj.root}" if obj.root else ""))
         lines += render_history(obj)
     if len(g.objects) > MAX_LISTED_OBJECTS:
         lines.append(f"  ... and {len(g.objects) - MAX_LISTED_OBJECTS} more objects")

@@ -80,6 +80,8 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
     }
     if instances:
         out["instances"] = [instance_json(o) for o in g.objects]
+    if g.kind:
+        out["kind"] = g.kind
     if g.verdict is not None:
         out["verdict"] = {"status": g.verdict.status, "reason": g.verdict.reason,
                           "notes": list(g.verdict.notes)}
@@ -127,6 +129,10 @@ def instance_json(o: LeakedObject) -> InstanceJson:
                            "references": h.references, "stack": [frame_json(f) for f in h.frames]}
                           for h in o.held_by]
         out["cycle"] = [f"0x{a:x}" for a in o.cycle]
+    if o.kind:
+        out["kind"] = o.kind
+    if o.root:
+        out["root"] = o.root
     if o.history_total:
         out["history_total"] = o.history_total
         out["history_dropped"] = o.history_total - len(o.history)
@@ -220,7 +226,7 @@ def _instances_text(objects: Sequence[LeakedObject], chunk: int) -> Iterator[str
 
 def _instance_line(o: LeakedObject) -> str:
     """instance_json(o) as JSON text; the common case (no history) without a dict."""
-    if o.history_total:
+    if o.history_total or o.kind:
         return json.dumps(instance_json(o))
     return (f'{{"address": "0x{o.address:x}", "count": {o.count}, "gets": {o.gets}, '
             f'"puts": {o.puts}, "age_ns": {o.age_ns}}}')

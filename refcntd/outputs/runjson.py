@@ -147,7 +147,8 @@ def _group(g: GroupJson, objects: Objects) -> LeakGroup:
     cut = objects(items)
     return LeakGroup(g["type"], _frames(g["stack"]),
                      [_object(i) for i in items] if cut is None else cut,  # type: ignore[arg-type]
-                     g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")), verdict)
+                     g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")), verdict,
+                     g.get("kind", ""))
 
 
 def _unwind(u: UnwindJson | None) -> StackUnwind:
@@ -165,7 +166,8 @@ def _object(i: InstanceJson) -> LeakedObject:
                  for h in i.get("held_by", []))
     return LeakedObject(int(i["address"], 16), i["count"], i["gets"], i["puts"], i["age_ns"],
                         history, i.get("history_total", 0), i.get("leak", ""), held,
-                        tuple(int(a, 16) for a in i.get("cycle", [])))
+                        tuple(int(a, 16) for a in i.get("cycle", [])), i.get("kind", ""),
+                        i.get("root", ""))
 
 
 def _anomaly(a: AnomalyJson) -> AnomalyFinding:

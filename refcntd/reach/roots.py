@@ -82,8 +82,7 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
         if m is not None:
             low = max(m.start, (t.sp - RED_ZONE) & ~7)  # type: ignore[operator]
             on_stack[m.start] = Root(low, m.end, "stack", f"{t.tid} ({t.comm})")
-    roots = [Root(0, 0, "registers", f"{t.tid} ({t.comm})", values=t.registers)
-             for t in threads if t.registers]
+    roots: list[Root] = []
     module, base, last_end = "", 0, 0
     for m in maps:
         if m.path and not m.path.startswith("["):
@@ -103,6 +102,10 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
             roots.append(Root(m.start, m.end, "module", module, base))
         else:
             roots.append(Root(m.start, m.end, "mapping", f"{m.start:#x}-{m.end:#x}"))
+    # last: a block reached from several roots is named after the first, and a global or
+    # a stack says more than a blocked system call's argument
+    roots += [Root(0, 0, "registers", f"{t.tid} ({t.comm})", values=t.registers)
+              for t in threads if t.registers]
     return roots, notes
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from refcntd.reach import glibc, graph
 from refcntd.reach.memory import ProcessMemory, read_maps
-from refcntd.reach.roots import describe, find_roots, read_threads
+from refcntd.reach.roots import Root, describe, find_roots, read_threads
 
 REACHABLE = "still reachable"
 DEFINITELY = "definitely lost"
@@ -38,26 +38,55 @@ class ObjectKind:
 
 @dataclass
 class ReachScan:
-    """`kinds` by object address; `complete` false: no kinds, `notes` say why."""
+    """Every heap block's kind; `complete` false: no kinds, `notes` say why.  Kept until
+    the process's report (its objects are read from the kernel after it is gone)."""
 
     pid: int
-    kinds: dict[int, ObjectKind] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     complete: bool = True
-    blocks: int = 0
+    heap: glibc.Heap = field(default_factory=glibc.Heap)
+    kinds: graph.Kinds | None = None
+    roots: list[Root] = field(default_factory=list)
     heap_bytes: int = 0
     bytes_read: int = 0
     seconds: float = 0.0
     lost_blocks: int = 0  # every unreachable block, tracked or not
 
+    @property
+    def blocks(self) -> int:
+        return len(self.heap.starts)
 
-def scan_process(pid: int, objects: Iterable[int], proc: Path = Path("/proc")) -> ReachScan:
-    """Scan `pid` (stopped by the caller) and give each of `objects` its kind."""
+    def kinds_of(self, objects: Iterable[int]) -> dict[int, ObjectKind]:
+        """The kind of each object inside a heap block (others have none)."""
+        if self.kinds is None or not self.blocks:
+            return {}
+        addresses = sorted(set(objects))
+        where = np.array(addresses, np.uint64)
+        index = np.searchsorted(self.heap.starts, where, "right").astype(np.int64) - 1
+        out = {}
+        for address, b in zip(addresses, index.tolist(), strict=True):
+            if b >= 0 and address < int(self.heap.ends[b]):
+                out[address] = self._kind(address, b)
+        return out
+
+    def _kind(self, address: int, block: int) -> ObjectKind:
+        assert self.kinds is not None
+        state = int(self.kinds.state[block])
+        root = ""
+        if state in (graph.REACHABLE, graph.POSSIBLE):
+            root = describe(self.roots[int(self.kinds.root[block])],
+                            int(self.kinds.root_word[block]))
+        return ObjectKind(KIND_OF_STATE[state], root, state == graph.POSSIBLE,
+                          address == int(self.heap.starts[block]))
+
+
+def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
+    """Scan `pid` (stopped by the caller): the kind of every heap block."""
     began = time.monotonic()
     out = ReachScan(pid)
     mem = ProcessMemory(pid, proc)
     try:
-        _scan(mem, out, sorted(set(objects)), proc)
+        _scan(mem, out, proc)
     finally:
         mem.close()
     out.bytes_read = mem.bytes_read
@@ -65,35 +94,23 @@ def scan_process(pid: int, objects: Iterable[int], proc: Path = Path("/proc")) -
     return out
 
 
-def _scan(mem: ProcessMemory, out: ReachScan, objects: list[int], proc: Path) -> None:
+def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
     maps = read_maps(out.pid, proc)
     if not maps:
         out.complete = False
         out.notes.append(f"process {out.pid} gone before its memory was scanned")
         return
-    heap = glibc.find_heap(mem, maps)
-    out.notes += heap.notes
-    if not heap.recognised:
+    out.heap = glibc.find_heap(mem, maps)
+    out.notes += out.heap.notes
+    if not out.heap.recognised:
         out.complete = False
         return
     threads = read_threads(out.pid, proc)
-    roots, notes = find_roots(maps, threads, out.pid, heap.regions)
+    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions)
     out.notes += notes
-    edges = graph.scan_words(mem, heap.starts, heap.ends, roots, heap.regions)
-    kinds = graph.classify(len(heap.starts), edges)
-    out.blocks = len(heap.starts)
-    out.heap_bytes = int((heap.ends - heap.starts).sum()) if out.blocks else 0
-    out.lost_blocks = int(np.count_nonzero((kinds.state == graph.UNREACHED)
-                                           | (kinds.state == graph.INDIRECT)))
-    where = np.array(objects, np.uint64)
-    block = np.searchsorted(heap.starts, where, "right").astype(np.int64) - 1
-    for address, b in zip(objects, block.tolist(), strict=True):
-        if b < 0 or address >= int(heap.ends[b]):
-            continue
-        state = int(kinds.state[b])
-        root = ""
-        if state in (graph.REACHABLE, graph.POSSIBLE):
-            r = roots[int(kinds.root[b])]
-            root = describe(r, int(kinds.root_word[b]))
-        out.kinds[address] = ObjectKind(KIND_OF_STATE[state], root, state == graph.POSSIBLE,
-                                        address == int(heap.starts[b]))
+    starts, ends = out.heap.starts, out.heap.ends
+    edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions)
+    out.kinds = graph.classify(len(starts), edges)
+    out.heap_bytes = int((ends - starts).sum()) if len(starts) else 0
+    out.lost_blocks = int(np.count_nonzero((out.kinds.state == graph.UNREACHED)
+                                           | (out.kinds.state == graph.INDIRECT)))

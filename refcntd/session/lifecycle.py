@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from refcntd.analysis.kinds import apply_kinds
 from refcntd.analysis.leaks import (
     HistoryContext,
     ProcessModules,
@@ -43,6 +44,7 @@ from refcntd.kernel.records import (
     Totals,
     add_totals,
 )
+from refcntd.reach.scan import ReachScan
 from refcntd.symbolize.symbolizer import Symbolizer
 
 PENDING_ARGV_LIMIT = 4096
@@ -80,6 +82,8 @@ class SessionTracker:
         self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
         self.wait_status: Callable[[int], int | None] = lambda tgid: None
         self.stub_names: frozenset[str] | None = None  # set when history is on
+        # --leak-kinds: the scan made when the process was held at _exit (exitscan.py)
+        self.take_scan: Callable[[int], ReachScan | None] | None = None
         self._built = 0  # reports built (on the worker)
 
     # ---- events ------------------------------------------------------------
@@ -181,9 +185,11 @@ class SessionTracker:
         self.reported.add((session.tgid, session.gen))
         released = (tuple(self.objects.released_sites(session.tgid))
                     if self.stub_names is not None else None)
+        scan = self.take_scan(session.tgid) if self.take_scan and state == STATE_EXITED \
+            else None
         return ReportJob(replace(session, command=list(session.command)), state, records,
                          now, status, code, tuple(self._anomalies.pop(session.tgid, [])),
-                         released)
+                         released, scan)
 
     def _build(self, job: ReportJob) -> None:
         """Worker side: symbolize and attribute, then free the stacks the report read."""
@@ -196,6 +202,13 @@ class SessionTracker:
             groups = group_columns(records, self.stacks, self.sym, job.now, mods)
         else:
             groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
+        notes = self.sym.take_notes(s.tgid)
+        if job.scan is not None:
+            groups = apply_kinds(groups, job.scan)
+            notes += job.scan.notes
+        elif self.take_scan is not None and groups and job.state == STATE_EXITED:
+            notes.append("leak kinds not scanned: the process left without libc's _exit "
+                         "(killed, or a raw exit_group): every object alive is a leak")
         anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
         operations = operation_paths(self.stacks, self.sym, mods, history) if history else {}
         unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen), self.stacks,
@@ -211,7 +224,7 @@ class SessionTracker:
             self.objects.prune_process_stats(self._may_be_reported)
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
                                      job.code, groups, anomalies, kernel_stats=own,
-                                     notes=self.sym.take_notes(s.tgid),
+                                     notes=notes,
                                      operations=operations))
 
     def _may_be_reported(self, tgid: int) -> bool:
@@ -231,6 +244,7 @@ class ReportJob:
     code: int | None
     anomalies: tuple[AnomalyRecord, ...]
     released: tuple[ReleasedSite, ...] | None  # None: history is off
+    scan: ReachScan | None = None  # --leak-kinds: taken at its _exit
 
 
 def _given(records: Records) -> Callable[[], Records]:

@@ -35,6 +35,7 @@ class TraceOptions:
     sites: bool = False  # per-site live counts in the kernel (serve: scrapes and diffs)
     run_as: Credentials | None = None  # run --user
     scan_execs: bool = False  # run: probe the programs the tree execs that have the functions
+    leak_kinds: bool = False  # hold each traced process at _exit for a reachability scan
 
 
 def kernel_options(spec: Spec, has_ldso: bool, filtered: bool, opts: TraceOptions

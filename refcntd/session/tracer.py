@@ -32,13 +32,14 @@ from refcntd.kernel.records import (
 )
 from refcntd.kernel.typetable import TYPE_NAME_MAX
 from refcntd.session.execscan import ExecScanner
+from refcntd.session.exitscan import ExitScans
 from refcntd.session.guardian import Guardian
 from refcntd.session.lifecycle import SessionTracker
 from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.status import LOST_REASONS, NOTE_REASONS, probe_statuses, silent_roles
 from refcntd.session.typekeeper import TypeKeeper
 from refcntd.session.unwind import UnwindTables, exec_mappings, prefetch
-from refcntd.session.vetting import Vetting, continue_orphans, with_holds
+from refcntd.session.vetting import Vetting, continue_blocker, continue_orphans, with_holds
 from refcntd.session.worker import ReportWorker
 from refcntd.symbolize.symbolizer import (
     BuildIdIndex,
@@ -142,6 +143,7 @@ class Tracer:
         self.tracker = SessionTracker(self.kernel.objects, self.kernel.site_maps, stacks, sym,
                                       self._report,
                                       submit=self.worker.submit)
+        self.exit_scans = self._exit_scans(opts.leak_kinds)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
         if opts.history is not None:
@@ -149,6 +151,24 @@ class Tracer:
                 f for role in plan.spec.entries for f in role.functions)
             if opts.history != ("all",):
                 self.kernel.set_history_types([type_id(n) for n in opts.history])
+
+    def _exit_scans(self, wanted: bool) -> ExitScans | None:
+        """--leak-kinds: processes held at _exit (run and --pid only: system-wide it
+        would stop every process on the host); a note when it cannot be."""
+        if not wanted:
+            return None
+        why = "" if self.filtered else "only for a command (run) or --pid, not system-wide"
+        why = why or ("" if self.kernel.holds.enabled else
+                      continue_blocker() or "the kernel side cannot hold processes here "
+                      "(no BTF offsets for the unwinder, or REFCNTD_UNWIND=fp)")
+        scans = ExitScans(self.kernel.probes, self.plan.binary)
+        if why:
+            scans.problem = why
+            self.plan.notes += scans.notes()
+            return None
+        self.vetting.exit_hold = scans.held
+        self.tracker.take_scan = scans.take
+        return scans
 
     def __enter__(self) -> Tracer:
         return self
@@ -173,6 +193,8 @@ class Tracer:
             self.kernel.probes.attach_all()
             self.attached_at = time.time()
             self.vetting.start()
+            if self.exit_scans is not None:
+                self.exit_scans.attach()
             why = self.plan.ldso and self.kernel.probes.attach_ldso(self.plan.ldso.path,
                                                                     self.plan.ldso.sites)
         if why:
@@ -285,6 +307,7 @@ class Tracer:
         notes += silent_roles(self.plan, hits)
         notes += self.kernel.probes.notes()
         notes += self.vetting.notes()
+        notes += self.exit_scans.notes() if self.exit_scans is not None else []
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
         notes += [f"unwind table not loaded (table space full): {p}"

@@ -36,6 +36,7 @@ from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
 from refcntd.kernel.abi import FileKey, HoldKey
 from refcntd.kernel.decode import file_key, names_file
+from refcntd.kernel.holdmaps import EXIT_HOLD
 from refcntd.kernel.parts import HoldMaps, Probes
 from refcntd.kernel.program import KernelOptions
 from refcntd.paths import RUN_DIR
@@ -80,6 +81,7 @@ class Vetting:
         self._functions: dict[tuple[int, int, int], tuple[CrossModule, HoldKey]] = {}
         # processes SIGCONT failed for (pid -> why), retried at every poll and at detach
         self.stuck: dict[int, str] = {}
+        self.exit_hold: Callable[[int], None] | None = None  # scans a process held at _exit
 
     @property
     def active(self) -> bool:
@@ -90,7 +92,8 @@ class Vetting:
     def holding(self) -> bool:
         """The BPF side may stop a process: for a scan, or for unwind tables."""
         return self.holds.enabled and (bool(self.plan.cross) or self.load_tables is not None
-                                       or self.scan_exec is not None)
+                                       or self.scan_exec is not None
+                                       or self.exit_hold is not None)
 
     def start(self) -> None:
         """The defining modules and the load set the plan scanned: accounted for.  Where
@@ -155,6 +158,12 @@ class Vetting:
         for tgid, why in self.holds.take_held().items():
             t0 = time.monotonic()
             marker = mark_held(tgid)
+            if why.offset == EXIT_HOLD and self.exit_hold is not None:
+                try:
+                    self.exit_hold(tgid)  # session/exitscan.py: the scan at its _exit
+                finally:
+                    self._resume(tgid, marker)
+                continue
             load = None if why.offset else self.load_tables  # dlsym: no new mapping
             tables = load is not None
             scanned, execd = len(self.stats.modules), False

@@ -46,30 +46,30 @@ def scan_stopped(exe):
     objects = fixture_objects("".join(lines))
     try:
         wait_stopped(proc.pid)
-        result = scan_process(proc.pid, objects)
+        result = scan_process(proc.pid)
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.wait(timeout=10)
-    return objects, result
+    return objects, result, result.kinds_of(objects)
 
 
 def test_scan_kinds_equal_valgrinds(programs):
     exe, vg = programs
     truth = valgrind_kinds([str(vg), "exit"])
-    objects, result = scan_stopped(exe)
+    objects, result, kinds = scan_stopped(exe)
     assert result.complete, result.notes
     assert len(objects) == OBJECTS
     for address, (name, size) in objects.items():
         (expected,) = truth[size]
-        got = result.kinds[address]
+        got = kinds[address]
         assert got.kind == lsan_kind(expected), (name, got, expected)
         assert got.interior_only == (expected == "possibly lost"), (name, got)
         assert got.own_block, name
 
 
 def test_scan_names_one_root_per_reachable_object(programs):
-    objects, result = scan_stopped(programs[0])
-    by_name = {objects[a][0]: k for a, k in result.kinds.items()}
+    objects, result, kinds = scan_stopped(programs[0])
+    by_name = {objects[a][0]: k for a, k in kinds.items()}
     assert by_name["global_cache"].root == "global cache (reach)"
     assert by_name["big_kept"].root == "global big_cache (reach)"
     assert by_name["arena_global"].root == "global arena_cache (reach)"
@@ -85,6 +85,7 @@ def test_scan_leaves_out_freed_chunks(programs):
     """stale_lost is pointed to only from chunks sitting in the tcache and a fastbin:
     counted as blocks they would make it reachable (their memory is reachable from
     the tcache itself)."""
-    objects, result = scan_stopped(programs[0])
+    objects, result, kinds = scan_stopped(programs[0])
     stale = next(a for a, (n, _) in objects.items() if n == "stale_lost")
-    assert result.kinds[stale].kind == "definitely lost"
+    assert kinds[stale].kind == "definitely lost"
+    assert result.heap.free_chunks >= 9  # 7 in the tcache, 2 in a fastbin

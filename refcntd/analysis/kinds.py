@@ -1,0 +1,41 @@
+"""Leak kinds on a process's leak groups, from its reachability scan (refcntd/reach/).
+
+A group's objects can differ in kind (one cached, the others lost): the group is
+split, one group per kind, so that a report, a policy and a baseline see each kind
+apart.  Objects the scan gave no kind (not inside a malloc block) keep none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from refcntd.analysis.model import LeakedObject, LeakGroup
+from refcntd.reach.scan import INDIRECTLY, ReachScan
+
+ORDER = {"definitely lost": 0, INDIRECTLY: 1, "still reachable": 2, "": 3}
+
+
+def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
+    """The groups with each object's kind and root, split by kind; a note on `scan` for
+    objects that share their block (a pool allocator's slab: GSlice in GLib < 2.76)."""
+    if not scan.complete:
+        return groups
+    kinds = scan.kinds_of(o.address for g in groups for o in g.objects)
+    shared = sum(1 for k in kinds.values() if not k.own_block)
+    if shared:
+        scan.notes.append(f"{shared} object(s) inside a larger malloc block (a pool "
+                          "allocator's slab): their kind is their block's; "
+                          "G_SLICE=always-malloc gives each GObject a block of its own")
+    out = []
+    for group in groups:
+        parts: dict[str, list[LeakedObject]] = {}
+        for obj in group.objects:
+            k = kinds.get(obj.address)
+            root = k.root + (" (only through a pointer into it: valgrind's possibly lost)"
+                             if k and k.interior_only else "") if k else ""
+            parts.setdefault(k.kind if k else "", []).append(
+                replace(obj, kind=k.kind, root=root) if k else obj)
+        for kind in sorted(parts, key=ORDER.__getitem__):
+            out.append(replace(group, objects=parts[kind], kind=kind, culprits=list(
+                group.culprits)))
+    return sorted(out, key=LeakGroup.order)

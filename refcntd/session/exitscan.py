@@ -1,0 +1,95 @@
+"""Scans of traced processes held at their exit (bpf/exithold.h), kept until their report.
+
+The uprobe on libc's _exit stops the process after its atexit handlers and
+destructors and before its memory goes; the capture thread scans it here (it only
+reads) and continues it, as it does for the other holds (session/vetting.py), so
+its exit event, and the report that takes the scan, come after.  A process that
+leaves without _exit (a signal, a raw exit_group) gets no scan: its report keeps
+today's verdicts and says why.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from refcntd.binary.elf import ElfImage
+from refcntd.binary.libpaths import resolve_library
+from refcntd.errors import BinaryError
+from refcntd.kernel.parts import Probes
+from refcntd.reach.scan import ReachScan, scan_process
+
+STOP_WAIT_S = 2.0  # every thread must have taken the SIGSTOP before memory is read
+KEPT_LIMIT = 4096  # scans of processes whose exit event is still to come
+
+
+class ExitScans:
+    """Holding at _exit: attach, scan each held process, hand the scan to its report."""
+
+    def __init__(self, probes: Probes, binary: str) -> None:
+        self.probes, self.binary = probes, binary
+        self.results: dict[int, ReachScan] = {}
+        self.problem = ""  # why processes are not held at exit, if they are not
+        self.scanned = 0
+        self.seconds = 0.0  # held, in total
+        self.heap_bytes = 0
+
+    def attach(self) -> None:
+        """The probe on _exit of the libc the command would load."""
+        try:
+            libc = ElfImage(resolve_library("libc.so.6", ElfImage(self.binary)))
+        except BinaryError as err:
+            self.problem = f"libc not found ({err})"
+            return
+        offsets = [off for sym in libc.symbols.get("_exit", [])
+                   if (off := libc.vaddr_to_offset(sym.vaddr)) is not None]
+        why = self.probes.attach_exit_hold(str(libc.path), offsets) if offsets else \
+            f"no _exit in {libc.path}"
+        self.problem = f"the probe on _exit failed: {why}" if why else ""
+
+    def held(self, tgid: int) -> None:
+        """A process stopped at _exit: scan it (the caller continues it, always)."""
+        began = time.monotonic()
+        stopped = wait_stopped(tgid)
+        scan = scan_process(tgid)
+        if not stopped:
+            scan.notes.append(f"not every thread had stopped after {STOP_WAIT_S} s: "
+                              "scanned while some ran")
+        self.seconds += time.monotonic() - began
+        self.scanned += 1
+        self.heap_bytes += scan.heap_bytes
+        self.results[tgid] = scan
+        while len(self.results) > KEPT_LIMIT:
+            self.results.pop(next(iter(self.results)))
+
+    def take(self, tgid: int) -> ReachScan | None:
+        return self.results.pop(tgid, None)
+
+    def notes(self) -> list[str]:
+        if self.problem:
+            return [f"leak kinds not scanned at exit: {self.problem}; every object alive at "
+                    "exit is a leak, as without --leak-kinds"]
+        if not self.scanned:
+            return []
+        return [f"{self.scanned} process(es) scanned at exit for leak kinds: "
+                f"{self.heap_bytes / 2**20:.1f} MiB of heap, held {self.seconds:.3f} s "
+                "in total"]
+
+
+def wait_stopped(pid: int, proc: Path = Path("/proc"), timeout_s: float = STOP_WAIT_S) -> bool:
+    """Whether every thread of `pid` is stopped (state T) before `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(_state(task) in ("T", "t", "X", "Z", "")
+               for task in (proc / str(pid) / "task").glob("*")):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def _state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""

@@ -1,0 +1,91 @@
+"""`refcntd run --leak-kinds`: each traced process held at libc's _exit by a real
+uprobe (bpf/exithold.h), its memory scanned, and every leaked object's kind compared
+with valgrind memcheck's on the same program; LeakSanitizer's policy on top."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import EXAMPLES, FIXTURES, cc, refcntd
+from reachtruth import fixture_objects, lsan_kind, private_loader, valgrind_kinds
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """The fixture at -O2 without frame pointers, and its twin for valgrind."""
+    out = tmp_path_factory.mktemp("kinds")
+    flags = ["-O2", "-fomit-frame-pointer", "-pthread"]
+    sources = [FIXTURES / "reach.c", EXAMPLES / "refcnt.c"]
+    return cc(out / "reach", sources, flags), \
+        cc(out / "reach-vg", sources, [*flags, *private_loader(out)])
+
+
+def kinds_run(bpf, exe, tmp_path, mode, *options):
+    result = refcntd(["run", "--leak-kinds", *options, "--", str(exe), mode],
+                     tmp_path / "r.json")
+    assert result.report is not None, result.stderr
+    (process,) = result.report["processes"]
+    return result, process
+
+
+def instances(process):
+    return {int(i["address"], 16): (g, i) for g in process["groups"] for i in g["instances"]}
+
+
+def test_kinds_at_exit_equal_valgrinds(bpf, programs, tmp_path):
+    exe, vg = programs
+    truth = valgrind_kinds([str(vg), "exit"])
+    result, process = kinds_run(bpf, exe, tmp_path, "exit")
+    objects = fixture_objects(result.stdout)
+    found = instances(process)
+    assert len(objects) == 14 and set(found) == set(objects), result.stderr
+    for address, (name, size) in objects.items():
+        group, inst = found[address]
+        (expected,) = truth[size]
+        assert inst["kind"] == group["kind"] == lsan_kind(expected), (name, inst, expected)
+        assert ("possibly lost" in inst.get("root", "")) == (expected == "possibly lost")
+    roots = {objects[a][0]: i.get("root", "") for a, (_, i) in found.items()}
+    assert roots["global_cache"] == "global cache (reach)"
+    assert roots["stack_held"] == f"the stack of thread {process['pid']} (reach)"
+    assert roots["thread_stack"].startswith("the stack of thread ")
+    assert "1 process(es) scanned at exit for leak kinds" in " ".join(
+        result.report["tracing"]["notes"])
+
+
+def test_only_lost_objects_fail(bpf, programs, tmp_path):
+    """8 lost objects fail the run; the 6 still reachable are listed, not failing."""
+    result, _ = kinds_run(bpf, programs[0], tmp_path, "exit")
+    assert result.returncode == 23, result.stderr
+    assert "8 failing finding(s)" in result.stderr
+    assert result.stderr.count("refcntd: still reachable: 1 leaked") == 6
+
+
+def test_reachable_only_passes_unless_asked(bpf, programs, tmp_path):
+    result, process = kinds_run(bpf, programs[0], tmp_path, "kept")
+    assert result.returncode == 0, result.stderr
+    assert [g["kind"] for g in process["groups"]] == ["still reachable"]
+    result, _ = kinds_run(bpf, programs[0], tmp_path, "kept", "--fail-on", "reachable")
+    assert result.returncode == 23, result.stderr
+
+
+def test_killed_process_is_reported_not_judged(bpf, programs, tmp_path):
+    result, process = kinds_run(bpf, programs[0], tmp_path, "kill")
+    assert process["exit_status"] == "killed by SIGKILL"
+    assert len(instances(process)) == 14  # reported
+    assert result.returncode == 137, result.stderr  # the command's status, nothing failing
+    assert "not scanned" in " ".join(process["notes"])
+    result, _ = kinds_run(bpf, programs[0], tmp_path, "kill", "--judge-killed")
+    assert result.returncode == 23, result.stderr
+
+
+def test_exit_without_libc_keeps_todays_verdicts(bpf, programs, tmp_path):
+    result, process = kinds_run(bpf, programs[0], tmp_path, "raw")
+    assert result.returncode == 23, result.stderr
+    assert all("kind" not in g for g in process["groups"])
+    assert any("without libc's _exit" in n for n in process["notes"])
+
+
+def test_saved_report_keeps_kinds(bpf, programs, tmp_path):
+    kinds_run(bpf, programs[0], tmp_path, "exit")
+    shown = refcntd(["report", str(tmp_path / "r.json")])
+    assert "Leaked (indirectly lost) 1 object of type 'owned'" in shown.stdout, shown.stderr
+    assert "reachable from global cache (reach)" in shown.stdout
