@@ -13,6 +13,17 @@ HELP = "mark the objects live now in a running `serve` or `attach --listen`"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the running daemon listens; --scan (GET /leaks) instead of a mark."""
+    listen_arguments(parser)
+    parser.add_argument("--scan", action="store_true",
+                        help="instead: stop each traced process briefly, scan its memory and "
+                             "print the objects definitely or indirectly lost now (GET /leaks)")
+    parser.add_argument("--budget-ms", type=float, default=1000.0, metavar="MS",
+                        help="with --scan: the longest stop; a process whose scan would take "
+                             "longer is not stopped (default 1000)")
+
+
+def listen_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the running daemon listens (diff takes these too)."""
     parser.add_argument("--config", default=str(DEFAULT_CONFIG),
                         help=f"serve's config, for its listen address (default {DEFAULT_CONFIG})")
@@ -44,6 +55,25 @@ def call(url: str, method: str = "GET") -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scan:
+        return _scan(args)
     answer = json.loads(call(f"{serve_url(args)}/checkpoint", "POST"))
     print(f"refcntd: checkpoint set at {answer['checkpoint']:.3f} (unix time)")
+    return 0
+
+
+def _scan(args: argparse.Namespace) -> int:
+    """GET /leaks, printed as the text report of each target's lost objects."""
+    from refcntd.outputs.report import render_process
+    from refcntd.outputs.runjson import run_from_json
+    answer = json.loads(call(f"{serve_url(args)}/leaks?budget_ms={args.budget_ms:g}"))
+    lost = 0
+    for name, target in sorted(answer["targets"].items()):
+        for scan in target["scans"]:
+            print(f"refcntd: target {name}: process {scan['pid']}: " + (
+                scan["skipped"] or f"stopped {scan['stopped_s'] * 1000:.1f} ms"))
+        for process in run_from_json(target["run"]).processes:
+            lost += process.leaked_objects
+            print(render_process(process))
+    print(f"refcntd: {lost} object(s) definitely or indirectly lost now")
     return 0

@@ -13,7 +13,7 @@ HELP = ("objects created since the checkpoint and still live, per process and al
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    checkpoint.add_arguments(parser)
+    checkpoint.listen_arguments(parser)
     parser.add_argument("--json", action="store_true", help="JSON instead of text")
 
 

@@ -76,6 +76,11 @@ def _parse(path: str, what: str, text: str, objects: Objects) -> RunResult:
         raise UsageError(f"{path}: malformed refcntd report ({err!r})") from None
 
 
+def run_from_json(d: RunJson) -> RunResult:
+    """A run received as a JSON document (GET /leaks), objects and all."""
+    return _run(d, lambda _items: None)
+
+
 def _run(d: RunJson, objects: Objects) -> RunResult:
     tracing = TracingStatus([ProbeStatus(**p) for p in d["tracing"]["probes"]],
                             dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]),

@@ -66,17 +66,18 @@ class _Words:
 
     def __init__(self, mem: ProcessMemory, end: int) -> None:
         self.mem, self.end = mem, end
-        self.base, self.data = 0, b""
+        self.base, self.words = 0, memoryview(b"").cast("Q")
 
     def at(self, address: int) -> int | None:
-        off = address - self.base
-        if not (0 <= off <= len(self.data) - 8):
-            self.base = address
-            self.data = self.mem.read(address, max(8, min(WINDOW, self.end - address)))
-            off = 0
-            if len(self.data) < 8:
+        """The aligned word at `address`."""
+        index = (address - self.base) >> 3
+        if not 0 <= index < len(self.words):
+            data = self.mem.read(address, max(8, min(WINDOW, self.end - address)))
+            if len(data) < 8:
                 return None
-        return int.from_bytes(self.data[off:off + 8], "little")
+            self.base, index = address, 0
+            self.words = memoryview(data[: len(data) & ~7]).cast("Q")
+        return int(self.words[index])
 
 
 def walk(mem: ProcessMemory, start: int, end: int) -> _Chunks | None:

@@ -25,6 +25,8 @@ from refcntd.reach.roots import Root
 WINDOW = 1 << 22
 UNREACHED, REACHABLE, POSSIBLE, INDIRECT = 0, 1, 2, 3
 NO_ROOT = -1
+NARROW = 256  # a frontier narrower than this is walked in Python ...
+WALK_STEPS = 1 << 16  # ... for this many blocks before numpy takes over again
 
 
 @dataclass
@@ -43,23 +45,16 @@ def scan_words(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray,
     parts = []
     for index, root in enumerate(roots):
         if root.values:
-            words = np.array(root.values, np.uint64)
-            parts.append(_hits(words, np.zeros(len(words), np.uint64), starts, ends,
-                               np.int64(-1 - index)))
+            parts.append(_hits(0, np.array(root.values, np.uint64), starts, ends,
+                               np.int64(-1 - index), registers=True))
         for base, words in _windows(mem, root.start, root.end):
-            parts.append(_hits(words, _addresses(base, len(words)), starts, ends,
-                               np.int64(-1 - index)))
+            parts.append(_hits(base, words, starts, ends, np.int64(-1 - index)))
     for start, end in regions:
         for base, words in _windows(mem, start, end):
-            parts.append(_hits(words, _addresses(base, len(words)), starts, ends, None))
+            parts.append(_hits(base, words, starts, ends, None))
     if not parts:
-        empty = np.zeros(0, np.int64)
-        return Edges(empty, empty, np.zeros(0, bool), np.zeros(0, np.uint64))
+        return Edges(*_nothing())
     return Edges(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
-
-
-def _addresses(base: int, count: int) -> np.ndarray:
-    return np.uint64(base) + np.arange(count, dtype=np.uint64) * np.uint64(8)
 
 
 def _windows(mem: ProcessMemory, start: int, end: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -67,30 +62,32 @@ def _windows(mem: ProcessMemory, start: int, end: int) -> Iterator[tuple[int, np
     address = (start + 7) & ~7
     while address + 8 <= end:
         size = min(WINDOW, (end - address) & ~7)
-        data = mem.read(address, size)
-        if len(data) < 8:
+        words = mem.words_at(address, size)
+        if not len(words):
             return
-        yield address, np.frombuffer(data[: len(data) & ~7], np.uint64)
+        yield address, words
         address += size
 
 
-def _hits(words: np.ndarray, where: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-          root: np.int64 | None) -> tuple[np.ndarray, ...]:
-    """The words pointing into a block; `root` None: the words are inside blocks."""
+def _hits(base: int, words: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+          root: np.int64 | None, registers: bool = False) -> tuple[np.ndarray, ...]:
+    """The words pointing into a block (the word at `base` first); `root` None: the
+    words are inside blocks, and count only inside an in-use one."""
     if len(starts) == 0:
         return _nothing()
-    keep = (words >= starts[0]) & (words < ends[-1])
-    if root is None:
-        src = np.searchsorted(starts, where, "right").astype(np.int64) - 1
-        keep &= (src >= 0) & (where < ends[np.maximum(src, 0)])
-    words, where = words[keep], where[keep]
+    kept = np.flatnonzero((words >= starts[0]) & (words < ends[-1]))  # most: cheap to drop
+    words = words[kept]
+    where = np.zeros(len(kept), np.uint64) if registers else \
+        np.uint64(base) + kept.astype(np.uint64) * np.uint64(8)
     dst = np.searchsorted(starts, words, "right").astype(np.int64) - 1
     inside = (dst >= 0) & (words < ends[np.maximum(dst, 0)])
-    dst, words, where = dst[inside], words[inside], where[inside]
     if root is None:
-        src = src[keep][inside]
+        src = np.searchsorted(starts, where, "right").astype(np.int64) - 1
+        inside &= (src >= 0) & (where < ends[np.maximum(src, 0)])
+        src = src[inside]
     else:
-        src = np.full(len(dst), root, np.int64)
+        src = np.full(int(np.count_nonzero(inside)), root, np.int64)
+    dst, words, where = dst[inside], words[inside], where[inside]
     return src, dst, words != starts[dst], where
 
 
@@ -128,7 +125,9 @@ def classify(count: int, edges: Edges) -> Kinds:
 
 def _reach(count: int, edges: Edges, seeds: np.ndarray, indptr: np.ndarray, dst: np.ndarray,
            usable: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Breadth-first from the roots' pointers; each block keeps its first root."""
+    """Breadth-first from the roots' pointers, each block keeping its first root: numpy
+    steps while the frontier is wide, a depth-first walk in Python while it is narrow
+    (a linked list would otherwise take one numpy step per element)."""
     root = np.full(count, NO_ROOT, np.int64)
     word = np.zeros(count, np.uint64)
     targets, first = np.unique(edges.dst[seeds], return_index=True)
@@ -136,6 +135,9 @@ def _reach(count: int, edges: Edges, seeds: np.ndarray, indptr: np.ndarray, dst:
     word[targets] = edges.where[seeds][first]
     frontier = targets
     while len(frontier):
+        if len(frontier) < NARROW:
+            frontier = _walk(frontier, root, word, indptr, dst, usable)
+            continue
         lo, counts = indptr[frontier], indptr[frontier + 1] - indptr[frontier]
         total = int(counts.sum())
         if total == 0:
@@ -151,6 +153,26 @@ def _reach(count: int, edges: Edges, seeds: np.ndarray, indptr: np.ndarray, dst:
         root[frontier] = root[parents[first]]
         word[frontier] = word[parents[first]]
     return root, word
+
+
+def _walk(frontier: np.ndarray, root: np.ndarray, word: np.ndarray, indptr: np.ndarray,
+          dst: np.ndarray, usable: np.ndarray | None) -> np.ndarray:
+    """Depth-first from a narrow frontier for up to WALK_STEPS blocks; the blocks found
+    but not yet followed (the next frontier).  Through memoryviews: an element is a
+    Python int without a numpy scalar in between."""
+    stack = frontier.tolist()
+    ptr, to, roots, words = (memoryview(a.data) for a in (indptr, dst, root, word))
+    ok = memoryview(usable.view(np.uint8).data) if usable is not None else None
+    for _ in range(WALK_STEPS):
+        if not stack:
+            break
+        block = stack.pop()
+        for i in range(ptr[block], ptr[block + 1]):
+            target = to[i]
+            if roots[target] == NO_ROOT and (ok is None or ok[i]):
+                roots[target], words[target] = roots[block], words[block]
+                stack.append(target)
+    return np.unique(np.array(stack, np.int64))
 
 
 def _cliques(state: np.ndarray, indptr: np.ndarray, dst: np.ndarray) -> None:

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 CHUNK = 1 << 22  # bytes per read: the scan holds a few of these at a time, never a heap
 
 
@@ -82,6 +84,22 @@ class ProcessMemory:
             data = self._read_mem(address, size)
         self.bytes_read += len(data)
         return data
+
+    def words_at(self, address: int, size: int) -> np.ndarray:
+        """The aligned words of up to `size` bytes at `address`, read straight into a
+        numpy array (no copy): what the pointer scan reads."""
+        out = np.empty(size // 8, np.uint64)
+        got = -1
+        if self._vm_readv is not None:
+            local = _IoVec(out.ctypes.data, out.nbytes)
+            remote = _IoVec(address, out.nbytes)
+            got = self._vm_readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got < 0:
+            data = self._read_mem(address, out.nbytes)
+            got = len(data)
+            out[: got // 8] = np.frombuffer(data[: got & ~7], np.uint64)
+        self.bytes_read += max(got, 0)
+        return out[: max(got, 0) // 8]
 
     def _readv(self, address: int, size: int) -> bytes | None:
         if self._vm_readv is None:

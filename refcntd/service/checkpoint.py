@@ -120,8 +120,10 @@ class Views:
                 body = json.dumps(self.json(since), indent=2).encode()
                 return "200 OK", "application/json", body
             return answer
+        from refcntd.service import leakscan  # GET /leaks
         from refcntd.service.liveviews import routes  # GET /debug/pprof/refcount, /report.html
-        return {"/checkpoint": mark, "/diff": view(True), "/live": view(False), **routes(self)}
+        return {"/checkpoint": mark, "/diff": view(True), "/live": view(False), **routes(self),
+                **leakscan.routes(self, enable_checkpoint)}
 
     def _read(self, since: bool) -> dict[str, list[tuple[Tracer, list[ProcessSites]]]]:
         with self.lock:

@@ -1,0 +1,191 @@
+"""`GET /leaks` on `serve` and `attach --listen` (`refcntd checkpoint --scan`): the
+objects definitely or indirectly lost now, in processes that never exit.
+
+Each traced process with live objects is stopped (SIGSTOP), its memory scanned
+(refcntd/reach/, read-only), and continued; its live objects are read from the
+kernel while it is stopped, so the scan and the objects describe one moment.  The
+stop is bounded: a process whose writable memory would take longer to read than the
+budget (`?budget_ms=`, default DEFAULT_BUDGET_S, from the rate measured in
+benchmarks/results/leak-kinds.md) is not stopped at all, and the answer says so in
+one line.  It stops processes, so like POST /checkpoint it is off unless
+web.enable_checkpoint (serve) or --web-enable-checkpoint (attach) is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
+
+from refcntd.analysis.kinds import apply_kinds
+from refcntd.analysis.leaks import ProcessModules, group_leaks
+from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.kernel.records import ObjectRecord
+from refcntd.outputs.reportjson import run_json
+from refcntd.reach.glibc import find_heap
+from refcntd.reach.memory import ProcessMemory, read_maps
+from refcntd.reach.scan import INDIRECTLY, ReachScan, scan_process
+from refcntd.session.exitscan import wait_stopped
+from refcntd.session.lifecycle import read_cmdline
+from refcntd.session.tracer import Tracer
+from refcntd.session.vetting import continue_blocker, mark_held
+from refcntd.symbolize.perfmap import load_perf_map
+
+if TYPE_CHECKING:
+    from refcntd.service.checkpoint import Route, Views
+
+DEFAULT_BUDGET_S = 1.0
+# the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py's
+# figures (benchmarks/results/leak-kinds.md), rounded up
+SECONDS_PER_GIB = 4.0
+SECONDS_PER_BLOCK = 5e-6
+LOST = ("definitely lost", INDIRECTLY)
+
+
+@dataclass
+class LiveScan:
+    """One process's scan: the stop it cost, or why it was not scanned."""
+
+    pid: int
+    stopped_s: float = 0.0
+    skipped: str = ""
+    scan: ReachScan | None = None
+    objects: list[ObjectRecord] = field(default_factory=list)
+
+
+def routes(views: Views, enabled: bool) -> dict[str, Route]:
+    def answer(method: str, query: str) -> tuple[str, str, bytes]:
+        if not enabled:
+            return ("403 Forbidden", "text/plain", b"GET /leaks stops processes: set "
+                    b"web.enable_checkpoint (serve) or --web-enable-checkpoint (attach)\n")
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain", b"GET only\n"
+        budget = _budget(query)
+        if budget is None:
+            return "400 Bad Request", "text/plain", b"budget_ms: a number of milliseconds\n"
+        body = json.dumps(leaks_json(views, budget), indent=2).encode()
+        return "200 OK", "application/json", body
+    return {"/leaks": answer}
+
+
+def _budget(query: str) -> float | None:
+    raw = parse_qs(query).get("budget_ms", [str(DEFAULT_BUDGET_S * 1000)])[-1]
+    try:
+        value = float(raw) / 1000
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
+    """Per target, a run of the processes scanned: their lost objects only, plus each
+    process's stop time and the processes not scanned."""
+    why = continue_blocker()
+    targets: dict[str, object] = {}
+    with views.lock:
+        for name, tracers in sorted(views.tracers().items()):
+            result, stops = RunResult("live", "", name), list[dict[str, object]]()
+            for tracer in tracers:
+                result.spec = tracer.plan.spec.name
+                for live in scan_tracer(tracer, budget_s, why):
+                    stops.append({"pid": live.pid, "stopped_s": round(live.stopped_s, 6),
+                                  "skipped": live.skipped})
+                    if live.scan is not None:
+                        result.processes.append(tracer.worker.call(
+                            partial(lost_report, tracer, live, views.show_cmdline)))
+            targets[name] = {"run": run_json(result), "scans": stops}
+    return {"budget_s": budget_s, "targets": targets}
+
+
+def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None) -> list[LiveScan]:
+    """Every process of the tracer with live objects, scanned in turn."""
+    by_pid: dict[int, list[ObjectRecord]] = {}
+    for rec in tracer.kernel.objects.live_objects():
+        by_pid.setdefault(rec.tgid, []).append(rec)
+    out = []
+    for pid in sorted(by_pid):
+        if blocker and os.geteuid() != 0:
+            out.append(LiveScan(pid, skipped=f"not stopped: {blocker}"))
+            continue
+        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid)))
+    return out
+
+
+def _objects_of(tracer: Tracer, pid: int) -> list[ObjectRecord]:
+    """Read while the process is stopped: the objects of the scan's moment."""
+    return [r for r in tracer.kernel.objects.live_objects() if r.tgid == pid]
+
+
+def estimate_s(pid: int) -> tuple[float, int, int]:
+    """The expected stop, from the writable bytes a scan may read and the malloc blocks
+    it will follow, counted by walking the heap while the process runs (read-only; a
+    heap changing under the walk counts as one block per 64 bytes, the worst case)."""
+    maps = read_maps(pid)
+    size = sum(m.size for m in maps if m.writable)
+    mem = ProcessMemory(pid)
+    try:
+        heap = find_heap(mem, maps)
+    finally:
+        mem.close()
+    blocks = len(heap.starts) if heap.recognised else size // 64
+    return size / 2**30 * SECONDS_PER_GIB + blocks * SECONDS_PER_BLOCK, size, blocks
+
+
+def scan_live(pid: int, budget_s: float,
+              objects: Callable[[], list[ObjectRecord]] = list) -> LiveScan:
+    """Stop `pid`, read its objects and scan it, continue it: unless over the budget.
+    A process that was already stopped (by a hold, by its user) stays stopped."""
+    expected, size, blocks = estimate_s(pid)
+    if expected > budget_s:
+        return LiveScan(pid, skipped=f"scan not started: {size / 2**30:.2f} GiB of writable "
+                                     f"memory and {blocks:,} malloc blocks would stop it "
+                                     f"about {expected:.2f} s, over the budget of "
+                                     f"{budget_s:.3f} s")
+    was_stopped = wait_stopped(pid, timeout_s=0)
+    began = time.monotonic()
+    marker = None if was_stopped else mark_held(pid)
+    try:
+        if not was_stopped:
+            os.kill(pid, signal.SIGSTOP)
+            wait_stopped(pid)
+        live = LiveScan(pid, objects=objects())
+        live.scan = scan_process(pid)
+    except ProcessLookupError:
+        return LiveScan(pid, skipped="gone")
+    finally:
+        if not was_stopped:
+            _continue(pid, marker)
+    live.stopped_s = time.monotonic() - began
+    return live
+
+
+def _continue(pid: int, marker: Path | None) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+    if marker is not None:
+        with contextlib.suppress(OSError):
+            marker.unlink()
+
+
+def lost_report(tracer: Tracer, live: LiveScan, show_cmdline: bool) -> ProcessReport:
+    """On the tracer's report worker: the lost objects by type and allocation stack."""
+    assert live.scan is not None
+    tracker, now_ns = tracer.tracker, time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    groups = group_leaks(live.objects, tracker.stacks, tracker.sym, now_ns,
+                         ProcessModules(perf_map=load_perf_map(live.pid)))
+    groups = [g for g in apply_kinds(groups, live.scan) if g.kind in LOST]
+    command = read_cmdline(live.pid)
+    session = tracker.sessions.get(live.pid)
+    comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")
+    notes = list(live.scan.notes) + [f"stopped {live.stopped_s:.3f} s for a scan of "
+                                     f"{live.scan.bytes_read / 2**20:.1f} MiB"]
+    return ProcessReport(live.pid, comm, command if show_cmdline else [], "live",
+                         groups=groups, notes=notes)
