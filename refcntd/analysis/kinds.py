@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from refcntd.analysis.model import LeakedObject, LeakGroup
-from refcntd.reach.scan import INDIRECTLY, ReachScan
+from refcntd.reach.scan import INDIRECTLY, ObjectKind, ReachScan
 
 ORDER = {"definitely lost": 0, INDIRECTLY: 1, "still reachable": 2, "": 3}
 
@@ -21,6 +21,7 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
     if not scan.complete:
         return groups
     kinds = scan.kinds_of(o.address for g in groups for o in g.objects)
+    types = {o.address: g.type_name for g in groups for o in g.objects}
     shared = sum(1 for k in kinds.values() if not k.own_block)
     if shared:
         scan.notes.append(f"{shared} object(s) inside a larger malloc block (a pool "
@@ -31,11 +32,21 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
         parts: dict[str, list[LeakedObject]] = {}
         for obj in group.objects:
             k = kinds.get(obj.address)
-            root = k.root + (" (only through a pointer into it: valgrind's possibly lost)"
-                             if k and k.interior_only else "") if k else ""
+            root = _root(k, types) if k else ""
             parts.setdefault(k.kind if k else "", []).append(
                 replace(obj, kind=k.kind, root=root) if k else obj)
         for kind in sorted(parts, key=ORDER.__getitem__):
             out.append(replace(group, objects=parts[kind], kind=kind, culprits=list(
                 group.culprits)))
     return sorted(out, key=LeakGroup.order)
+
+
+def _root(k: ObjectKind, types: dict[int, str]) -> str:
+    """Where a reachable object is reached from; what an indirectly lost one is lost
+    with (the definitely lost block whose pointers hold it: the real pointer graph,
+    also without --history)."""
+    if k.lost_with:
+        name = types.get(k.lost_with)
+        return f"lost with 0x{k.lost_with:x}" + (f" ({name})" if name else "")
+    return k.root + (" (only through a pointer into it: valgrind's possibly lost)"
+                     if k.interior_only else "")

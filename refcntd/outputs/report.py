@@ -156,11 +156,16 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
     for obj in g.objects[:MAX_LISTED_OBJECTS]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
                      f"{obj.puts} puts, age {_age(obj.age_ns)}"
-                     + (f", reachable from {obj.root}" if obj.root else ""))
+                     + (f", {_root_text(obj.root)}" if obj.root else ""))
         lines += render_history(obj)
     if len(g.objects) > MAX_LISTED_OBJECTS:
         lines.append(f"  ... and {len(g.objects) - MAX_LISTED_OBJECTS} more objects")
     return lines
+
+
+def _root_text(root: str) -> str:
+    """--leak-kinds: `reachable from global x (prog)`, or `lost with 0x.. (type)`."""
+    return root if root.startswith("lost with") else f"reachable from {root}"
 
 
 def short_path(frames: tuple[Frame, ...], limit: int = 4) -> str:

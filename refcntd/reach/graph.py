@@ -104,6 +104,7 @@ class Kinds:
     state: np.ndarray
     root: np.ndarray  # root index, NO_ROOT
     root_word: np.ndarray  # address of the root word that starts its chain
+    leader: np.ndarray  # an indirectly lost block: the definitely lost one it is lost with
 
 
 def classify(count: int, edges: Edges) -> Kinds:
@@ -119,8 +120,8 @@ def classify(count: int, edges: Edges) -> Kinds:
     state = np.full(count, UNREACHED, np.int8)
     state[root != NO_ROOT] = POSSIBLE
     state[strict != NO_ROOT] = REACHABLE
-    _cliques(state, indptr, dst)
-    return Kinds(state, root, word)
+    leader = _cliques(state, indptr, dst)
+    return Kinds(state, root, word, leader)
 
 
 def _reach(count: int, edges: Edges, seeds: np.ndarray, indptr: np.ndarray, dst: np.ndarray,
@@ -175,8 +176,10 @@ def _walk(frontier: np.ndarray, root: np.ndarray, word: np.ndarray, indptr: np.n
     return np.unique(np.array(stack, np.int64))
 
 
-def _cliques(state: np.ndarray, indptr: np.ndarray, dst: np.ndarray) -> None:
-    """valgrind's clique pass over the unreached blocks, in address order."""
+def _cliques(state: np.ndarray, indptr: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """valgrind's clique pass over the unreached blocks, in address order; each
+    indirectly lost block's leader (the last clique to reach it, as valgrind's)."""
+    leaders = np.full(len(state), -1, np.int64)
     for leader in np.flatnonzero(state == UNREACHED).tolist():
         if state[leader] != UNREACHED:
             continue
@@ -186,4 +189,9 @@ def _cliques(state: np.ndarray, indptr: np.ndarray, dst: np.ndarray) -> None:
             for target in dst[indptr[block]:indptr[block + 1]].tolist():
                 if target != leader and state[target] == UNREACHED:
                     state[target] = INDIRECT
+                    leaders[target] = leader
                     stack.append(target)
+    for block in np.flatnonzero(leaders >= 0).tolist():  # a leader reached later: its own
+        while leaders[leaders[block]] >= 0:
+            leaders[block] = leaders[leaders[block]]
+    return leaders

@@ -34,6 +34,7 @@ class ObjectKind:
     interior_only: bool = False  # reached only through a pointer inside a block: valgrind
     #                              says "possibly lost" (LeakSanitizer: reachable)
     own_block: bool = True  # the object is its heap block (not inside a larger one)
+    lost_with: int = 0  # indirectly lost: the definitely lost block holding it (its start)
 
 
 @dataclass
@@ -76,8 +77,10 @@ class ReachScan:
         if state in (graph.REACHABLE, graph.POSSIBLE):
             root = describe(self.roots[int(self.kinds.root[block])],
                             int(self.kinds.root_word[block]))
+        leader = int(self.kinds.leader[block])
         return ObjectKind(KIND_OF_STATE[state], root, state == graph.POSSIBLE,
-                          address == int(self.heap.starts[block]))
+                          address == int(self.heap.starts[block]),
+                          int(self.heap.starts[leader]) if leader >= 0 else 0)
 
 
 def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
