@@ -65,9 +65,12 @@ class Outcome:
     error: str = ""
 
 
+LEAK_KINDS: list[str] = []  # --leak-kinds: run and judge as LeakSanitizer (docs/leak-kinds.md)
+
+
 def run_refcntd(p: cp.Program, env: dict[str, str], json_path: Path) -> tuple[int, str, float]:
     cmd = [*REFCNTD, "run", "--quiet", "--spec", p.spec, "--json", str(json_path),
-           "--wait-descendants", "5", "--", *p.argv]
+           "--wait-descendants", "5", *LEAK_KINDS, "--", *p.argv]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env={**os.environ, **env, **p.env}, cwd=env["TMPDIR"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -109,6 +112,9 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
             o.kept[reason] = o.kept.get(reason, 0) + n
         if proc.state == "live at detach":
             continue
+        if LEAK_KINDS and proc.exit_status.startswith("killed"):
+            proc.groups = []  # reported, not judged
+        proc.groups = [g for g in proc.groups if not (LEAK_KINDS and g.kind == "still reachable")]
         o.leaked += proc.leaked_objects
         who = proc.comm + ("" if proc.exit_status == "exit 0" else f", {proc.exit_status}")
         for g in proc.groups:
@@ -183,12 +189,19 @@ def programs(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[
     names = cp.glib_test_names()
     if args.smoke:
         names = SMOKE["glib-tests"]
+    wanted = None
+    if args.false_of:
+        runs = json.loads(args.false_of.read_text())["runs"]
+        wanted = {(r["family"], r["name"]) for r in runs if r["false"]}
+        names = [n for n in names if ("glib-tests", n) in wanted]
     if args.only and "glib-tests" not in args.only:
         names = []
     progs = [*cp.glib_tests(passing_glib_tests(env, names)), *cp.gio_tools(work),
              *cp.gstreamer(work), *cp.virsh(), *cp.openssl(work), *cp.cairo(work)]
     if args.smoke:
         progs = [p for p in progs if p.name in SMOKE.get(p.family, ())]
+    if wanted is not None:
+        progs = [p for p in progs if (p.family, p.name) in wanted]
     return [p for p in progs if not args.only or p.family in args.only]
 
 
@@ -242,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", type=Path, help="an earlier results JSON: before/after tables")
     ap.add_argument("--as", dest="as_name", help="with --reevaluate: results file stem "
                     "(default NAME-reevaluated)")
+    ap.add_argument("--leak-kinds", action="store_true", help="run with --leak-kinds and judge "
+                    "as LeakSanitizer: still reachable objects and killed processes do not count")
+    ap.add_argument("--false-of", type=Path, metavar="OLD.json",
+                    help="only the runs that were false findings in this results file")
     args = ap.parse_args(argv)
+    if args.leak_kinds:
+        LEAK_KINDS.append("--leak-kinds")
     if os.geteuid() != 0:
         print("corpus.py: run as root (refcntd needs it)", file=sys.stderr)
         return 2

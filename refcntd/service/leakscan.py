@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 DEFAULT_BUDGET_S = 1.0
 # the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py's
 # figures (benchmarks/results/leak-kinds.md), rounded up
-SECONDS_PER_GIB = 4.0
-SECONDS_PER_BLOCK = 5e-6
+SECONDS_PER_GIB = 6.0
+SECONDS_PER_BLOCK = 8e-6
 LOST = ("definitely lost", INDIRECTLY)
 
 
