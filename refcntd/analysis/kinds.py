@@ -2,7 +2,9 @@
 
 A group's objects can differ in kind (one cached, the others lost): the group is
 split, one group per kind, so that a report, a policy and a baseline see each kind
-apart.  Objects the scan gave no kind (not inside a malloc block) keep none.
+apart.  Objects the scan gave no kind (not inside a malloc block) keep none, and so
+does an object inside a larger block (a pool allocator's slab, GSlice's): the slab
+is reachable while one of its objects is, which says nothing of this one.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
         return groups
     kinds = scan.kinds_of(o.address for g in groups for o in g.objects)
     types = {o.address: g.type_name for g in groups for o in g.objects}
-    shared = sum(1 for k in kinds.values() if not k.own_block)
+    shared = [a for a, k in kinds.items() if not k.own_block]
+    for address in shared:
+        del kinds[address]
     if shared:
-        scan.notes.append(f"{shared} object(s) inside a larger malloc block (a pool "
-                          "allocator's slab): their kind is their block's; "
-                          "G_SLICE=always-malloc gives each GObject a block of its own")
+        scan.notes.append(f"{len(shared)} object(s) inside a larger malloc block (a pool "
+                          "allocator's slab): no kind, every one a leak as without "
+                          "--leak-kinds (G_SLICE=always-malloc gives each GObject a block "
+                          "of its own)")
     out = []
     for group in groups:
         parts: dict[str, list[LeakedObject]] = {}

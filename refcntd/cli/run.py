@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
                         **history_options(args))
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
     policy.lsan = args.leak_kinds
+    if args.leak_kinds:  # GLib < 2.76's slabs hold many objects per block: no kinds there
+        os.environ.setdefault("G_SLICE", "always-malloc")
     policy.fail_on_reachable = "reachable" in args.fail_on
     policy.judge_killed = args.judge_killed
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd

@@ -41,3 +41,26 @@ def test_a_finding_seen_lost_in_one_process_fails():
     result = run(proc(1, "exit 0", group("still reachable")),
                  proc(2, "exit 0", group("indirectly lost")))
     assert sorted(statuses(Policy(lsan=True), result)) == [FAILING, REACHABLE]
+
+
+def test_object_inside_a_larger_block_gets_no_kind():
+    """A slab (GSlice) is reachable while any object in it is: no kind for the others."""
+    import numpy as np
+
+    from refcntd.analysis.kinds import apply_kinds
+    from refcntd.reach import glibc, graph
+    from refcntd.reach.roots import Root
+    from refcntd.reach.scan import ReachScan
+
+    scan = ReachScan(1, heap=glibc.Heap(np.array([0x1000], np.uint64),
+                                       np.array([0x1100], np.uint64)),
+                     kinds=graph.Kinds(np.array([graph.REACHABLE], np.int8),
+                                       np.array([0]), np.array([0x10], np.uint64),
+                                       np.array([-1])),
+                     roots=[Root(0, 0x100, "mapping", "0x0-0x100")])
+    g = LeakGroup("obj", (), [LeakedObject(0x1000, 1, 0, 0, 0), LeakedObject(0x1040, 1, 0, 0, 0)])
+    out = apply_kinds([g], scan)
+    assert [(x.kind, [o.address for o in x.objects]) for x in out] == \
+        [("still reachable", [0x1000]), ("", [0x1040])]
+    assert out[0].objects[0].root == "the mapping 0x0-0x100"
+    assert "1 object(s) inside a larger malloc block" in scan.notes[0]
