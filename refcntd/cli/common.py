@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
-from refcntd.inputs.safefs import atomic_write
+from refcntd.inputs.outputfile import STDOUT, write_output
 from refcntd.outputs import formats, report, reportjson
 
 # CI formats, policies and saved runs are imported where used: `attach` must
@@ -38,23 +38,20 @@ def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EX
 
 
 def emit(text: str | bytes, path: str | None) -> None:
-    """To `path` (a link planted there is replaced, not followed), or standard output;
-    bytes (a pprof profile) never to a terminal, like gzip."""
-    if path is None:
-        if isinstance(text, str):
-            sys.stdout.write(text)
-            return
-        if sys.stdout.isatty():
-            raise UsageError("a pprof profile is binary: not written to a terminal",
-                             "give --output FILE.pb.gz, or redirect standard output")
+    """To `path` (inputs/outputfile.py: a regular file replaced, never through a planted
+    link; a device, FIFO or /dev/stdout written in place), or standard output (None or
+    `-`); bytes (a pprof profile) never to a terminal, like gzip."""
+    if isinstance(text, bytes):
+        from refcntd.outputs.pprof import write_bytes
+        write_bytes(text, path)
+    elif path is None or path == STDOUT:
+        sys.stdout.write(text)
         sys.stdout.flush()
-        sys.stdout.buffer.write(text)
-        sys.stdout.buffer.flush()
-        return
-    try:
-        atomic_write(path, text.encode() if isinstance(text, str) else text)
-    except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}") from None
+    else:
+        try:
+            write_output(path, text.encode())
+        except OSError as err:
+            raise UsageError(f"cannot write {path}: {err.strerror}") from None
 
 
 def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,

@@ -11,7 +11,7 @@ from refcntd import __version__
 from refcntd.analysis.culpritlines import last_use_line, put_line
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.errors import UsageError
-from refcntd.inputs.safefs import UntrustedFileError, atomic_write, open_untrusted
+from refcntd.inputs.outputfile import output_file
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
 from refcntd.outputs.report import named, short_path
 from refcntd.symbolize.symbolizer import Frame
@@ -261,19 +261,13 @@ def write_github(result: RunResult, verdict: Verdict, root: Path, stream: TextIO
         append_summary(summary, github_summary(result, verdict))
 
 
-SUMMARY_LIMIT = 64 << 20  # GitHub itself caps a step summary at 1 MiB
-
-
 def append_summary(path: str, text: str) -> None:
-    """Append to the step summary as a new file renamed into place: the traced command
-    may have planted a link there, which must be neither followed nor read through."""
+    """Append to the step summary.  A regular file is rewritten as a new file renamed into
+    place (the traced command may have planted a link there, which must be neither
+    followed nor read through); a FIFO or /dev/stdout is appended to in place."""
     try:
-        with open_untrusted(path, SUMMARY_LIMIT, what="step summary") as old:
-            before = old.read_all()
-    except UntrustedFileError:  # missing, a link, a FIFO ...: start it anew
-        before = b""
-    try:
-        atomic_write(path, before + text.encode())
+        with output_file(path, append=True) as f:
+            f.write(text.encode())
     except OSError as err:
         raise UsageError(f"cannot write GITHUB_STEP_SUMMARY {path}: {err.strerror}") from None
 
