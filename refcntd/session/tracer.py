@@ -35,7 +35,13 @@ from refcntd.session.execscan import ExecScanner
 from refcntd.session.guardian import Guardian
 from refcntd.session.lifecycle import SessionTracker
 from refcntd.session.options import TraceOptions, kernel_options
-from refcntd.session.status import LOST_REASONS, NOTE_REASONS, probe_statuses, silent_roles
+from refcntd.session.status import (
+    LOST_REASONS,
+    NOTE_REASONS,
+    probe_statuses,
+    silent_roles,
+    unprobed_copies,
+)
 from refcntd.session.typekeeper import TypeKeeper
 from refcntd.session.unwind import UnwindTables, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting, continue_orphans, with_holds
@@ -99,6 +105,7 @@ class Tracer:
         self.plan = plan
         self.filtered = filtered
         self.reports: list[ProcessReport] = []
+        self.loaded: set[str] = set()  # libraries ld.so reported loaded in traced processes
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         # stopping a process is only safe when refcntd can continue it (CAP_KILL)
@@ -210,6 +217,7 @@ class Tracer:
             self.vetting.handle_held()
             return
         if ev.kind == EventKind.LIBRARY:
+            self.loaded.add(ev.path)
             self.index.add_library(ev.path, ev.tgid)
             self.unwind.add([ev.path])
             return
@@ -283,6 +291,8 @@ class Tracer:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
+        if own is None:
+            lost.update(unprobed_copies(self.plan, hits, self.loaded))
         notes += self.kernel.probes.notes()
         notes += self.vetting.notes()
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
