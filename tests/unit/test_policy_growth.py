@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult
+from refcntd.analysis.model import (
+    AnomalyFinding,
+    LeakedObject,
+    LeakGroup,
+    ProcessReport,
+    RunResult,
+)
 from refcntd.cli.main import main
 from refcntd.outputs import ciformats, reportjson
 from refcntd.outputs.policy import BASELINE, FAILING, UNDER_THRESHOLD, Policy
@@ -82,3 +88,16 @@ def test_report_says_it_once_on_stderr(tmp_path: Path,
     out, err = capsys.readouterr()
     assert err.count("is a run of d (spec s), this one of c (spec s)") == 1, err
     assert "1 -> 6 objects (+5)" in out
+
+
+def test_an_anomaly_that_occurs_more_often_fails(tmp_path: Path) -> None:
+    def run(occurrences: int) -> RunResult:
+        put = AnomalyFinding("double-put", "map", 0x100, 0, STACK, (), occurrences)
+        return RunResult("run", "s", "c", [ProcessReport(1, "c", ["c"], "exited",
+                                                         anomalies=[put])])
+    policy = Policy.build(None, [_save(tmp_path, "one.json", run(1))], [])
+    (more,) = policy.evaluate(run(3)).findings
+    assert more.status == FAILING and more.growth() == "1 -> 3 occurrences (+2)"
+    assert "double-put on map at map__new < machine__init < main: 1 -> 3 occurrences (+2)" \
+        in ciformats.verdict_text(run(3), policy.evaluate(run(3)))
+    assert policy.evaluate(run(1)).findings[0].status == BASELINE
