@@ -14,8 +14,10 @@ import json
 import os
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import FIXTURES, ROOT, Build, Result, refcntd
+from test_ci import SARIF_SCHEMA
 
 SITE = "entry at entry_new < cache_fill < main < ..."
 
@@ -60,7 +62,9 @@ def test_growth_at_a_known_site_fails_with_the_numbers(cache: Path, tmp_path: Pa
         in grown.stderr
     assert "is a run of" not in grown.stderr  # the same program: no warning
 
-    (result,) = json.loads(sarif.read_text())["runs"][0]["results"]
+    document = json.loads(sarif.read_text())
+    jsonschema.Draft4Validator(SARIF_SCHEMA).validate(document)
+    (result,) = document["runs"][0]["results"]
     assert result["baselineState"] == "updated" and "suppressions" not in result, result
     assert f"grown since the baseline ({numbers})" in result["message"]["text"]
     assert f"grew since the baseline: {numbers}" in junit.read_text().replace("&gt;", ">")
