@@ -17,6 +17,7 @@ from refcntd.outputs import formats, report, reportjson
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
 if TYPE_CHECKING:
+    from refcntd.analysis.baseline import Against
     from refcntd.outputs.policy import Policy, Verdict
 
 
@@ -66,7 +67,7 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
     if args.junit:
         emit(formats.junit(result, verdict, root), args.junit)
     if annotate:
-        print(ciformats.verdict_text(verdict), file=stream, end="")
+        print(ciformats.verdict_text(result, verdict), file=stream, end="")
         if os.environ.get("GITHUB_ACTIONS") == "true":
             ciformats.write_github(result, verdict, root, sys.stdout)
 
@@ -84,14 +85,43 @@ def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     return show
 
 
-def judge_against_baseline(result: RunResult, policy: Policy, names: list[str],
-                           stream: TextIO) -> None:
+def baseline_judge(policy: Policy) -> Against | None:
+    """What judges each process against the --baseline runs as it exits (`run`)."""
+    if not policy.old:
+        return None
+    from refcntd.analysis.baseline import Against
+    return Against(policy.old, " and ".join(policy.names))
+
+
+def judged(show: Callable[[ProcessReport], None], judge: Against | None, stream: TextIO
+           ) -> Callable[[ProcessReport], None]:
+    """`show` each process's report once judged against the baselines: the culprit the
+    text names is the one the JSON, SARIF and annotations carry."""
+    if judge is None:
+        return show
+
+    def judge_then_show(p: ProcessReport) -> None:
+        notes = judge.judge(p)
+        show(p)
+        for note in notes:
+            print(f"refcntd: {note}", file=stream, flush=True)
+    return judge_then_show
+
+
+def judge_against_baseline(result: RunResult, policy: Policy, stream: TextIO,
+                           judge: Against | None = None) -> None:
     """--baseline OLD.json: the culprits of this run's new leaks, found against those
-    runs of the same workload (analysis.regression); what kept it from it, a line each."""
+    runs of the same workload (analysis.baseline), unless `judge` judged each process
+    as it exited; what kept it from it, and a baseline of another program, a line each."""
     if not policy.old:
         return
-    from refcntd.analysis.regression import against
-    for note in against(result, policy.old, " and ".join(names)):
+    notes = [*policy.other_programs(result)]
+    if judge is None:
+        from refcntd.analysis.baseline import against
+        notes += against(result, policy.old, " and ".join(policy.names))
+    else:
+        notes += judge.notes
+    for note in notes:
         print(f"refcntd: {note}", file=stream)
 
 

@@ -39,7 +39,7 @@ def test_control_characters_escaped_everywhere(tmp_path: Path) -> None:
     result = evil_result(tmp_path)
     verdict = Policy.build(None, [], []).evaluate(result)
     texts = {"terminal": "".join(report.render_process(p) for p in result.processes)
-             + report.render_run(result) + ciformats.verdict_text(verdict),
+             + report.render_run(result) + ciformats.verdict_text(result, verdict),
              "junit": ciformats.junit(result, verdict),
              "github": "\n".join(ciformats.github_annotations(result, verdict, tmp_path)),
              "summary": ciformats.github_summary(result, verdict)}
