@@ -30,6 +30,8 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           libdw1
           # debuginfod: the separate-debug-file tests serve a directory on loopback
           debuginfod
+          # Debian's own -O2 libc with its DWARF: the inlined-copy scan is tested on it
+          libc6-dbg
           # Debian's untyped pyelftools 0.29, pulled in on many machines: installed
           # so every run proves the venv does not pick it up (test_environment.py)
           python3-pyelftools

@@ -11,10 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from otheruser import OtherUserPython
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -125,6 +127,18 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     return Build(tmp_path_factory.mktemp("fixtures"))
 
 
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[OtherUserPython]:
+    """This checkout's refcntd where `nobody` can run it (tests/otheruser.py), or a
+    failure that says why not: never a test that passes or fails for the clone's place."""
+    try:
+        laid_out = OtherUserPython()
+    except (OSError, RuntimeError) as err:
+        pytest.fail(f"cannot lay refcntd out for another user: {err}")
+    yield laid_out
+    laid_out.close()
+
+
 @pytest.fixture(params=["entry", "callsites"])
 def probe_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with every function probe forced to one placement (the CLI reads
@@ -160,6 +174,21 @@ def refcntd(args: list[str], json_path: Path | None = None, timeout: float = 120
                           cwd=ROOT, env=env)
     report = json.loads(json_path.read_text()) if json_path and json_path.exists() else None
     return Result(proc.returncode, proc.stdout, proc.stderr, report)
+
+
+LIBRARY_SPEC = """version: 1
+name: {type}
+library: {library}
+roles:
+  init:
+    - functions: [{new}]
+      object: return
+      type: {{name: {type}}}
+  get:
+    - {{functions: [{ref}], object: arg1}}
+  put:
+    - {{functions: [{unref}], object: arg1}}
+"""  # a library's new/ref/unref API, as `spec draft` proposes it and a user confirms it
 
 
 def leak_summary(process: dict) -> dict[str, list[int]]:

@@ -26,8 +26,8 @@ import report
 import runner
 import score
 
+from refcntd.analysis.baseline import against
 from refcntd.analysis.model import RunResult
-from refcntd.analysis.regression import against
 from refcntd.outputs.runjson import load_run
 
 RUNS = ("repeat0.json", "r0.json")  # the newest of them is judged (see _run_json)

@@ -83,6 +83,12 @@ class LeakGroup:
     def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))
 
+    def references(self) -> int:
+        """The references its objects still hold (objects drained or saved as columns
+        sum them without building an object each)."""
+        sums = getattr(self.objects, "sums", None)
+        return int(sums()[0]) if sums is not None else sum(o.count for o in self.objects)
+
     def order(self) -> tuple[int, LeakKey]:
         """The report's order of groups: most objects first, then type name, then the
         allocation stack's (module, function, offset) frames: the same from run to run."""

@@ -23,7 +23,7 @@ from refcntd.binary.hints import spec_key
 from refcntd.inputs.spec import Spec
 from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
-FORMAT = 1
+FORMAT = 2  # 2: an inlined copy nested in its own function is not a call site
 FORK_SCAN_BYTES = 1 << 20  # of .debug_info: a smaller scan is not worth a fork
 
 

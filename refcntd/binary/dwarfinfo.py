@@ -102,10 +102,51 @@ def _summarise(dies: list[DIE], names: set[str]) -> tuple[InlinedCopies, ...]:
     found: dict[str, list[str]] = {}
     for die in sorted(dies, key=lambda d: d.offset):
         name = _name(_origin(die))
-        if name in names:
+        if name in names and not self_nested(die):
             line = die.attributes.get("DW_AT_call_line")
             found.setdefault(name, []).append(f"line {line.value}" if line else "?")
     return tuple(InlinedCopies(n, len(s), tuple(s[:5])) for n, s in sorted(found.items()))
+
+
+# where a DIE says it is called, and where its function is declared
+_CALL_AT = ("DW_AT_call_file", "DW_AT_call_line", "DW_AT_call_column")
+_DECL_AT = ("DW_AT_decl_file", "DW_AT_decl_line", "DW_AT_decl_column")
+
+
+def self_nested(die: DIE) -> bool:
+    """An inlined copy of a function inside that function's own body, "called" at the
+    function's own declaration: gcc 12 at -O2 emits one when it splits a function and
+    folds the split part back (no caller inlined it; the caller calls through the PLT).
+    A real inlined call sits at a call in some body: another line, or another function
+    around it (a recursive call inlined into itself is at the call's line, not here)."""
+    origin = _root(die)
+    if origin is None or not _at_declaration(die, origin):
+        return False
+    parent = die.get_parent()
+    while parent is not None and parent.tag == "DW_TAG_lexical_block":
+        parent = parent.get_parent()
+    if parent is None or parent.tag not in ("DW_TAG_subprogram", "DW_TAG_inlined_subroutine"):
+        return False
+    around = _root(parent) or parent
+    return around.offset == origin.offset
+
+
+def _root(die: DIE) -> DIE | None:
+    """The abstract DIE at the end of `die`'s abstract-origin chain (None: it has none)."""
+    origin = _origin(die)
+    while origin is not None and (further := _origin(origin)) is not None:
+        origin = further
+    return origin
+
+
+def _at_declaration(die: DIE, origin: DIE) -> bool:
+    """Whether `die`'s call file and line are `origin`'s declaration (and the column,
+    where both give one)."""
+    call = [die.attributes[a].value if a in die.attributes else None for a in _CALL_AT]
+    decl = [origin.attributes[a].value if a in origin.attributes else None for a in _DECL_AT]
+    if None in call[:2] or call[:2] != decl[:2]:
+        return False
+    return call[2] is None or decl[2] is None or call[2] == decl[2]
 
 
 def _walk_inlined(image: ElfImage, names: set[str], units: Iterator[CompileUnit],

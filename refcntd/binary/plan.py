@@ -19,6 +19,7 @@ from refcntd.binary.callsiteplan import try_call_sites
 from refcntd.binary.clones import remap_for_clone
 from refcntd.binary.elf import CLONE_RE, ElfImage, Symbol
 from refcntd.binary.ldso import LdsoProbe, find_ldso_probe
+from refcntd.binary.libcopies import loaded_copy
 from refcntd.binary.libpaths import resolve_spec_library
 from refcntd.binary.probesite import CrossModule, ProbeSite, entry_sites, needed_args
 from refcntd.binary.usdtplan import plan_usdt
@@ -61,6 +62,8 @@ class Plan:
     # run: the command has none of the functions of these roles; the programs it execs
     # are scanned for them instead (session/execscan.py)
     deferred: list[str] = field(default_factory=list)
+    # traced module -> the file the spec's `library:` names (another copy, same build)
+    named: dict[str, str] = field(default_factory=dict)
 
     def require_complete(self) -> None:
         if self.problems:
@@ -95,6 +98,8 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     main = ElfImage(binary)
     images: dict[str, ElfImage] = {str(main.path.resolve()): main}
     facts: dict[str, DwarfFacts] = {}
+    libraries = {name: _traced_library(plan, name, main, images)
+                 for name in dict.fromkeys(r.library for r in spec.entries if r.library)}
     if execs_later and not any(defines(main, r.functions) for r in spec.entries
                                if not r.library and not r.usdt):
         plan.deferred = sorted({r.role for r in spec.entries if not r.library and not r.usdt})
@@ -104,9 +109,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
                 continue
             module = str(main.path.resolve())
             if role.library:
-                module = resolve_spec_library(role.library, main)
-                if module not in images:
-                    images[module] = ElfImage(module)
+                module = libraries[role.library]
             if role.usdt:
                 plan_usdt(plan, role, images[module], module)
             else:
@@ -122,10 +125,8 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     if plan.missing:  # every name at once, as a compiler reports its errors
         raise plan.missing[0] if len(plan.missing) == 1 else ConfigErrors(plan.missing)
     plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}
-    libraries: dict[str, str | None] = {
-        role.library or "": (resolve_spec_library(role.library, main) if role.library
-                             else str(main.path.resolve())) for role in spec.entries}
-    plan.problems += specchecks.double_counts(spec, libraries, images)
+    modules: dict[str, str | None] = {"": str(main.path.resolve()), **libraries}
+    plan.problems += specchecks.double_counts(spec, modules, images)
     plan.ldso = find_ldso_probe(main)
     if plan.ldso is None:
         plan.notes.append("no ld.so probe: frames in libraries unloaded before exit are "
@@ -137,6 +138,31 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
             plan.notes.append(f"{path} has no build-id: stacks through it are resolved only "
                               "while the process lives")
     return plan
+
+
+def _traced_library(plan: Plan, library: str, main: ElfImage, images: dict[str, ElfImage]
+                    ) -> str:
+    """The file traced for a spec's `library:`: the copy `main` loads when it is the same
+    build as the one the spec names (uprobes are per file: the named copy would never
+    fire), else the named one; either way the copy `main` loads is said."""
+    module = resolve_spec_library(library, main)
+    if module not in images:
+        images[module] = ElfImage(module)
+    image = images[module]
+    copy = loaded_copy(image, main)
+    if copy is None:
+        return module
+    if not copy.same_build:
+        plan.notes.append(f"the spec names {module}; {main.path.name} loads {copy.path}, "
+                          "another build: only processes that load the named file are counted, "
+                          "and a run whose roles never fire is incomplete")
+        return module
+    plan.notes.append(f"the spec names {module}; {main.path.name} loads {copy.path}, the same "
+                      f"build (build-id {image.build_id or 'none, same contents'}): traced there")
+    plan.named[copy.path] = module
+    if copy.path not in images:
+        images[copy.path] = ElfImage(copy.path)
+    return copy.path
 
 
 def defines(image: ElfImage, functions: tuple[str, ...]) -> bool:

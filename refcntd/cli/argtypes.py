@@ -64,7 +64,10 @@ WAIT_SECONDS = Ranged(0, 86400, real=True)
 
 def output_path(text: str) -> str:
     """An argparse `type=` for files refcntd writes: checked at parse time, so that a typo
-    in a path fails in a second instead of after CMD ran for an hour."""
+    in a path fails in a second instead of after CMD ran for an hour.  `-` is standard
+    output."""
+    if text == "-":
+        return text
     path = Path(text)
     if not text or path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: is a directory, not a file to write")

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.errors import EXIT_FINDINGS, EXIT_INCOMPLETE, UsageError
-from refcntd.inputs.safefs import atomic_write
+from refcntd.inputs.outputfile import STDOUT, write_output
 from refcntd.outputs import formats, report, reportjson
 
 # CI formats, policies and saved runs are imported where used: `attach` must
 # reach its probes fast (attach time is a benchmark goal).
 if TYPE_CHECKING:
+    from refcntd.analysis.baseline import Against
     from refcntd.outputs.policy import Policy, Verdict
 
 
@@ -38,23 +39,20 @@ def run_exit_status(result: RunResult, verdict: Verdict, findings_code: int = EX
 
 
 def emit(text: str | bytes, path: str | None) -> None:
-    """To `path` (a link planted there is replaced, not followed), or standard output;
-    bytes (a pprof profile) never to a terminal, like gzip."""
-    if path is None:
-        if isinstance(text, str):
-            sys.stdout.write(text)
-            return
-        if sys.stdout.isatty():
-            raise UsageError("a pprof profile is binary: not written to a terminal",
-                             "give --output FILE.pb.gz, or redirect standard output")
+    """To `path` (inputs/outputfile.py: a regular file replaced, never through a planted
+    link; a device, FIFO or /dev/stdout written in place), or standard output (None or
+    `-`); bytes (a pprof profile) never to a terminal, like gzip."""
+    if isinstance(text, bytes):
+        from refcntd.outputs.pprof import write_bytes
+        write_bytes(text, path)
+    elif path is None or path == STDOUT:
+        sys.stdout.write(text)
         sys.stdout.flush()
-        sys.stdout.buffer.write(text)
-        sys.stdout.buffer.flush()
-        return
-    try:
-        atomic_write(path, text.encode() if isinstance(text, str) else text)
-    except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}") from None
+    else:
+        try:
+            write_output(path, text.encode())
+        except OSError as err:
+            raise UsageError(f"cannot write {path}: {err.strerror}") from None
 
 
 def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
@@ -69,7 +67,7 @@ def ci_outputs(result: RunResult, verdict: Verdict, args: argparse.Namespace,
     if args.junit:
         emit(formats.junit(result, verdict, root), args.junit)
     if annotate:
-        print(ciformats.verdict_text(verdict), file=stream, end="")
+        print(ciformats.verdict_text(result, verdict), file=stream, end="")
         if os.environ.get("GITHUB_ACTIONS") == "true":
             ciformats.write_github(result, verdict, root, sys.stdout)
 
@@ -87,14 +85,43 @@ def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     return show
 
 
-def judge_against_baseline(result: RunResult, policy: Policy, names: list[str],
-                           stream: TextIO) -> None:
+def baseline_judge(policy: Policy) -> Against | None:
+    """What judges each process against the --baseline runs as it exits (`run`)."""
+    if not policy.old:
+        return None
+    from refcntd.analysis.baseline import Against
+    return Against(policy.old, " and ".join(policy.names))
+
+
+def judged(show: Callable[[ProcessReport], None], judge: Against | None, stream: TextIO
+           ) -> Callable[[ProcessReport], None]:
+    """`show` each process's report once judged against the baselines: the culprit the
+    text names is the one the JSON, SARIF and annotations carry."""
+    if judge is None:
+        return show
+
+    def judge_then_show(p: ProcessReport) -> None:
+        notes = judge.judge(p)
+        show(p)
+        for note in notes:
+            print(f"refcntd: {note}", file=stream, flush=True)
+    return judge_then_show
+
+
+def judge_against_baseline(result: RunResult, policy: Policy, stream: TextIO,
+                           judge: Against | None = None) -> None:
     """--baseline OLD.json: the culprits of this run's new leaks, found against those
-    runs of the same workload (analysis.regression); what kept it from it, a line each."""
+    runs of the same workload (analysis.baseline), unless `judge` judged each process
+    as it exited; what kept it from it, and a baseline of another program, a line each."""
     if not policy.old:
         return
-    from refcntd.analysis.regression import against
-    for note in against(result, policy.old, " and ".join(names)):
+    notes = [*policy.other_programs(result)]
+    if judge is None:
+        from refcntd.analysis.baseline import against
+        notes += against(result, policy.old, " and ".join(policy.names))
+    else:
+        notes += judge.notes
+    for note in notes:
         print(f"refcntd: {note}", file=stream)
 
 

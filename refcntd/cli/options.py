@@ -41,11 +41,13 @@ def ci_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suppressions", metavar="FILE",
                    help="rules (leak:, type:, anomaly:) for findings that must not fail")
     p.add_argument("--baseline", metavar="OLD.json", action="append", default=[],
-                   help="fail only on findings absent from this earlier run; with "
-                        "--history in both runs, name the culprits of new leaks against "
-                        "it (again for more good runs: what differs between them is noise)")
+                   help="fail only on findings absent from this earlier run or grown "
+                        "since (more objects or references); with --history in both runs, "
+                        "name the culprits of new leaks against it (again for more good "
+                        "runs: growth is beyond the larger, what differs between them noise)")
     p.add_argument("--max-leaks", action="append", default=[], metavar="TYPE=N",
-                   help="fail only above N leaked objects of TYPE (* for any type)")
+                   help="fail only above N leaked objects of TYPE (* for any type; with "
+                        "--baseline, the objects beyond it)")
     p.add_argument("--exitcode", type=argtypes.EXIT_STATUS, default=EXIT_FINDINGS, metavar="N",
                    help=f"exit status when findings fail the run, 0..255 (default {EXIT_FINDINGS})")
     p.add_argument("--strict", action="store_true",

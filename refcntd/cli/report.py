@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.outputs.runjson import load_run
     result = load_run(args.run_json)
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
-    judge_against_baseline(result, policy, args.baseline, sys.stderr)
+    judge_against_baseline(result, policy, sys.stderr)
     verdict = policy.evaluate(result)
     root = Path(args.source_root)
     if args.format in LOCATED and not args.sarif:  # else ci_outputs warns

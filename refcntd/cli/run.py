@@ -65,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
     # the analysis and tracing modules load while the compile runs
     from refcntd.binary.sitemode import parse_modes
     from refcntd.cli.common import (
+        baseline_judge,
         ci_outputs,
         finish_output,
         judge_against_baseline,
+        judged,
         printer,
         run_exit_status,
     )
@@ -81,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
         plan.notes.append(f"{exe}{stripped} has none of the spec's functions "
                           f"({', '.join(plan.deferred)}): each program the command runs is "
                           "probed at its exec if it has them")
-    result = run_command(plan, command, opts, printer(sys.stderr), early)
-    judge_against_baseline(result, policy, args.baseline, sys.stderr)
+    judge = baseline_judge(policy)  # each report printed judged, as the JSON has it
+    result = run_command(plan, command, opts, judged(printer(sys.stderr), judge, sys.stderr),
+                         early)
+    judge_against_baseline(result, policy, sys.stderr, judge)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     if args.pprof:

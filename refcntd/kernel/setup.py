@@ -10,6 +10,7 @@ so `refcntd check` can show them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -32,10 +33,13 @@ class TracingEnvironment:
     tracefs_mounted_here: bool  # prepare() mounted it
     kernel_headers: Path | None  # what BCC_KERNEL_SOURCE is (or would be) set to
     headers_problem: str = ""  # why kernel_headers is None
+    tracefs_unreadable: Path | None = None  # a place this user may not look into
 
     def lines(self) -> list[str]:
         """For `refcntd check`: one line per fact."""
         tracefs = (f"mounted at {self.tracefs}" if self.tracefs else
+                   f"not readable as this user ({self.tracefs_unreadable}; tracing runs as "
+                   "root)" if self.tracefs_unreadable else
                    f"not mounted (tracing would mount it at {TRACEFS})")
         headers = (str(self.kernel_headers) if self.kernel_headers
                    else f"none: {self.headers_problem}")
@@ -50,7 +54,9 @@ def describe() -> TracingEnvironment:
         headers, problem = find_kernel_source(create=False), ""
     except EnvironmentProblem as err:
         headers, problem = None, err.message
-    return TracingEnvironment(privileges(), mounted_tracefs(), False, headers, problem)
+    tracefs = mounted_tracefs()
+    return TracingEnvironment(privileges(), tracefs, False, headers, problem,
+                              None if tracefs else unreadable_tracefs())
 
 
 def prepare() -> TracingEnvironment:
@@ -87,9 +93,22 @@ def _effective_caps() -> int:
 
 
 def mounted_tracefs() -> Path | None:
-    """bcc finds tracepoints through tracefs, at one of the places systems use."""
+    """bcc finds tracepoints through tracefs, at one of the places systems use.  A
+    place this user may not enter (root's 0700 /sys/kernel/tracing, for `check` run
+    by another user) is not found."""
     for place in TRACEFS_PLACES:
-        if (place / "events").is_dir():
+        with contextlib.suppress(PermissionError):
+            if (place / "events").is_dir():
+                return place
+    return None
+
+
+def unreadable_tracefs() -> Path | None:
+    """The first place of tracefs this user may not look into, if one is."""
+    for place in TRACEFS_PLACES:
+        try:
+            (place / "events").is_dir()
+        except PermissionError:
             return place
     return None
 

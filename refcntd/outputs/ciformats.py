@@ -11,7 +11,7 @@ from refcntd import __version__
 from refcntd.analysis.culpritlines import last_use_line, put_line
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.errors import UsageError
-from refcntd.inputs.safefs import UntrustedFileError, atomic_write, open_untrusted
+from refcntd.inputs.outputfile import output_file
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
 from refcntd.outputs.report import named, short_path
 from refcntd.symbolize.symbolizer import Frame
@@ -25,24 +25,45 @@ LEAK_RULE = "refcount-leak"
 
 def title(f: Finding) -> str:
     if f.kind == "leak":
-        culprit = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
-        blame = f" ({culprit.kind} in {culprit.function.function})" if culprit else ""
-        return f"{f.objects} leaked {f.type_name} object(s){blame}"
+        return f"{f.objects} leaked {f.type_name} object(s){_blame(f)}"
     return f"{f.kind}: {ANOMALY_TEXT[f.kind]} ({f.type_name})"
+
+
+def _blame(f: Finding) -> str:
+    """` (missing put in f)`: a leak's culprit, when one is named."""
+    culprit = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
+    return f" ({culprit.kind} in {culprit.function.function})" if culprit else ""
 
 
 def case_name(f: Finding) -> str:
     """A JUnit case name that follows a leak site across runs: kind, type and allocating
     function chain (innermost first), no counts; the fingerprint tells apart sites whose
     first frames agree."""
-    chain = " < ".join(fr.function or Path(fr.module).name or "??" for fr in f.frames[:6])
-    more = " < ..." if len(f.frames) > 6 else ""
-    return f"{f.kind} {f.type_name} at {chain or '??'}{more} [{f.fingerprint[:12]}]"
+    return f"{f.kind} {f.type_name} at {_chain(f.frames, 6)} [{f.fingerprint[:12]}]"
+
+
+def _chain(frames: tuple[Frame, ...], limit: int) -> str:
+    """`f1 < f2 < ...`: function names, innermost first."""
+    chain = " < ".join(fr.function or Path(fr.module).name or "??" for fr in frames[:limit])
+    return (chain or "??") + (" < ..." if len(frames) > limit else "")
+
+
+def _site_frames(f: Finding, probed: frozenset[str]) -> tuple[Frame, ...]:
+    """Its stack without the probed function itself (an entry probe's frame #0; a
+    return probe's stack starts at the caller already)."""
+    return f.frames[1:] if len(f.frames) > 1 and f.frames[0].function in probed else f.frames
+
+
+def growth_line(f: Finding, probed: frozenset[str]) -> str:
+    """`map at map__new < ...: 1 -> 6 objects (+5), 3 -> 1 032 references (+1 029)`."""
+    what = f.type_name if f.kind == "leak" else f"{f.kind} on {f.type_name}"
+    return f"{what} at {_chain(_site_frames(f, probed), 3)}: {f.growth()}"
 
 
 def message(f: Finding) -> str:
     where = "allocated at" if f.kind == "leak" else "at"
-    lines = [f"{title(f)}, in {len(set(f.pids))} process(es), {where}:"]
+    grown = f", grown since the baseline ({f.growth()})" if f.grown else ""
+    lines = [f"{title(f)}{grown}, in {len(set(f.pids))} process(es), {where}:"]
     lines += [f"  #{i} {frame.describe()}" for i, frame in enumerate(f.frames)]
     for g in f.groups[:1]:
         for c in g.culprits[:3]:
@@ -119,13 +140,14 @@ def sarif(result: RunResult, verdict: Verdict, root: Path) -> dict[str, object]:
                          "toolExecutionNotifications": [
                              {"level": "warning", "message": {"text": f"{n} x {reason}"}}
                              for reason, n in result.tracing.lost.items()]}],
-        "results": [_sarif_result(f, root, probed_functions(result))
+        "results": [_sarif_result(f, root, probed_functions(result), verdict.baseline)
                     for f in verdict.findings],
     }
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
-def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict[str, object]:
+def _sarif_result(f: Finding, root: Path, probed: frozenset[str], baseline: bool
+                  ) -> dict[str, object]:
     out: dict[str, object] = {"ruleId": LEAK_RULE if f.kind == "leak" else f.kind, "level": "error",
                  "message": {"text": message(f)},
                  "partialFingerprints": {"refcntdFinding/v1": f.fingerprint},
@@ -141,6 +163,9 @@ def _sarif_result(f: Finding, root: Path, probed: frozenset[str]) -> dict[str, o
     if f.status != FAILING:
         out["suppressions"] = [{"kind": "external", "status": "accepted",
                                 "justification": f.reason}]
+    if baseline:
+        out["baselineState"] = "new" if f.before is None else \
+            "unchanged" if f.before == f.size else "updated"
     return out
 
 
@@ -186,7 +211,8 @@ def junit(result: RunResult, verdict: Verdict) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"refcntd.{f.kind}",
                              name=case_name(f))
         if f.status == FAILING:
-            ET.SubElement(case, "failure", message=title(f), type=f.kind).text = message(f)
+            brief = title(f) + (f"; {f.reason}" if f.grown else "")
+            ET.SubElement(case, "failure", message=brief, type=f.kind).text = message(f)
         else:
             ET.SubElement(case, "skipped", message=f.reason)
     if not verdict.findings:
@@ -246,9 +272,9 @@ def github_summary(result: RunResult, verdict: Verdict) -> str:
         for f in verdict.findings:
             # the probed function itself is not "where"; a return probe's stack starts
             # at the caller already, which stays
-            frames = f.frames[1:] if f.frames and f.frames[0].function in probed else f.frames
-            where = short_path(frames or f.frames, 3).replace("|", "\\|")
-            lines.append(f"| {f.status} | {title(f)} | {len(set(f.pids))} | `{where}` |")
+            where = short_path(_site_frames(f, probed), 3).replace("|", "\\|")
+            status = f"{f.status} (grew: {f.growth()})" if f.grown else f.status
+            lines.append(f"| {status} | {title(f)} | {len(set(f.pids))} | `{where}` |")
     lines += [f"- unused suppression: `{r}` (line {r.line})" for r in verdict.unused_rules]
     return "\n".join(visible(line) for line in lines) + "\n"
 
@@ -261,32 +287,30 @@ def write_github(result: RunResult, verdict: Verdict, root: Path, stream: TextIO
         append_summary(summary, github_summary(result, verdict))
 
 
-SUMMARY_LIMIT = 64 << 20  # GitHub itself caps a step summary at 1 MiB
-
-
 def append_summary(path: str, text: str) -> None:
-    """Append to the step summary as a new file renamed into place: the traced command
-    may have planted a link there, which must be neither followed nor read through."""
+    """Append to the step summary.  A regular file is rewritten as a new file renamed into
+    place (the traced command may have planted a link there, which must be neither
+    followed nor read through); a FIFO or /dev/stdout is appended to in place."""
     try:
-        with open_untrusted(path, SUMMARY_LIMIT, what="step summary") as old:
-            before = old.read_all()
-    except UntrustedFileError:  # missing, a link, a FIFO ...: start it anew
-        before = b""
-    try:
-        atomic_write(path, before + text.encode())
+        with output_file(path, append=True) as f:
+            f.write(text.encode())
     except OSError as err:
         raise UsageError(f"cannot write GITHUB_STEP_SUMMARY {path}: {err.strerror}") from None
 
 
-def verdict_text(verdict: Verdict) -> str:
-    """Closing lines of the text output about suppressions, baseline and thresholds."""
-    lines = []
+def verdict_text(result: RunResult, verdict: Verdict) -> str:
+    """Closing lines of the text output about suppressions, baseline and thresholds;
+    a finding the baseline has that grew, with by how much."""
+    probed = probed_functions(result)
+    lines = [f"refcntd: grew since the baseline: {growth_line(f, probed)}{_blame(f)}"
+             for f in verdict.grown()]
     for f in verdict.findings:
         if f.status != FAILING:
             lines.append(f"refcntd: {f.status}: {title(f)} ({f.reason})")
     lines += [f"refcntd: unused suppression: {r} (line {r.line})" for r in verdict.unused_rules]
     n = len(verdict.failing())
-    lines.append(f"refcntd: {n} failing finding(s), {verdict.count(SUPPRESSED)} suppressed, "
-                 f"{len(verdict.findings) - n - verdict.count(SUPPRESSED)} in baseline or "
-                 "under thresholds")
+    grown = f" ({len(verdict.grown())} grown since the baseline)" if verdict.grown() else ""
+    lines.append(f"refcntd: {n} failing finding(s){grown}, {verdict.count(SUPPRESSED)} "
+                 f"suppressed, {len(verdict.findings) - n - verdict.count(SUPPRESSED)} in "
+                 "baseline or under thresholds")
     return "\n".join(visible(line) for line in lines) + "\n"

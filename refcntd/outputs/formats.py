@@ -24,7 +24,7 @@ Renderer = Callable[["RunResult", "Verdict", Path], "str | bytes"]  # bytes: ppr
 def text(result: RunResult, verdict: Verdict, _root: Path) -> str:
     from refcntd.outputs import ciformats, report
     out = "".join(report.render_process(p) + "\n" for p in result.processes)
-    return out + report.render_run(result) + ciformats.verdict_text(verdict)
+    return out + report.render_run(result) + ciformats.verdict_text(result, verdict)
 
 
 def sarif(result: RunResult, verdict: Verdict, root: Path) -> str:

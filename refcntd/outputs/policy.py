@@ -39,6 +39,7 @@ from refcntd.symbolize.symbolizer import Frame
 RULE_KINDS = ("leak", "type", "anomaly")
 VALGRIND = "valgrind"  # a .supp file's Memcheck:Leak entry
 FindingKey = tuple[str, str, tuple[str, ...]]  # (kind, type name, stack without addresses)
+Size = tuple[int, int]  # a finding's (objects or occurrences, references)
 FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in baseline", \
     "under threshold"
 REACHABLE, NOT_JUDGED = "still reachable", "not judged"  # --leak-kinds (LeakSanitizer's)
@@ -68,11 +69,13 @@ class Finding:
     type_name: str
     frames: tuple[Frame, ...]  # allocation stack (leak) or offending stack (anomaly)
     objects: int = 0  # leaked objects, or anomaly occurrences
+    references: int = 0  # held by the leaked objects (0 for an anomaly)
     pids: list[int] = field(default_factory=list)
     groups: list[LeakGroup] = field(default_factory=list)
     anomaly: AnomalyFinding | None = None
     status: str = FAILING
     reason: str = ""  # the suppression rule, baseline or threshold that applied
+    before: Size | None = None  # its size in the baseline (the larger of the good runs)
 
     @property
     def key(self) -> FindingKey:
@@ -82,6 +85,25 @@ class Finding:
     @property
     def fingerprint(self) -> str:
         return hashlib.sha256(repr(self.key).encode()).hexdigest()[:32]
+
+    @property
+    def size(self) -> Size:
+        return self.objects, self.references
+
+    @property
+    def grown(self) -> bool:
+        """More objects, or more references, than in every good run."""
+        return self.before is not None and (self.objects > self.before[0]
+                                            or self.references > self.before[1])
+
+    def growth(self) -> str:
+        """`1 -> 6 objects (+5), 3 -> 1 032 references (+1 029)`: against the baseline."""
+        assert self.before is not None
+        unit = "objects" if self.kind == "leak" else "occurrences"
+        parts = [_change(self.before[0], self.objects, unit)]
+        if self.kind == "leak":
+            parts.append(_change(self.before[1], self.references, "references"))
+        return ", ".join(parts)
 
     def texts(self) -> list[str]:
         stacks = [self.frames, *(c.frames for g in self.groups for c in g.culprits)]
@@ -93,12 +115,23 @@ class Finding:
 class Verdict:
     findings: list[Finding]
     unused_rules: list[Rule]
+    baseline: bool = False  # judged against --baseline runs
+
 
     def failing(self) -> list[Finding]:
         return [f for f in self.findings if f.status == FAILING]
 
     def count(self, status: str) -> int:
         return sum(1 for f in self.findings if f.status == status)
+
+    def grown(self) -> list[Finding]:
+        """Failing findings the baseline has, that grew."""
+        return [f for f in self.failing() if f.grown]
+
+
+def _change(old: int, new: int, unit: str) -> str:
+    delta = f" ({new - old:+,d})".replace(",", " ") if new != old else ""
+    return f"{old:,d} -> {new:,d} {unit}".replace(",", " ") + delta
 
 
 def _frame_name(f: Frame) -> str:
@@ -145,6 +178,7 @@ def collect_findings(result: RunResult) -> list[Finding]:
             f = found.setdefault((_key("leak", g.type_name, g.frames), g.kind == REACHABLE),
                                  Finding("leak", g.type_name, g.frames))
             f.objects += len(g.objects)
+            f.references += g.references()
             f.groups.append(g)
             f.pids.append(p.pid)
         for a in p.misuse:
@@ -163,10 +197,12 @@ def _key(kind: str, type_name: str, frames: tuple[Frame, ...]) -> FindingKey:
 @dataclass
 class Policy:
     rules: list[Rule] = field(default_factory=list)
-    baseline: set[FindingKey] = field(default_factory=set)
+    # each finding of the --baseline runs, with its size (the larger in any of them)
+    baseline: dict[FindingKey, Size] = field(default_factory=dict)
     thresholds: dict[str, int] = field(default_factory=dict)
     old: list[RunResult] = field(default_factory=list)  # the --baseline runs, which
     # culprits are found against
+    names: list[str] = field(default_factory=list)  # their files
     lsan: bool = False  # --leak-kinds: LeakSanitizer's policy (reachable, killed)
     fail_on_reachable: bool = False
     judge_killed: bool = False
@@ -175,9 +211,26 @@ class Policy:
     def build(cls, suppressions: str | None, baselines: list[str],
               max_leaks: list[str]) -> Policy:
         old = [load_run(path, "baseline") for path in baselines]
-        keys = {f.key for run in old for f in collect_findings(run)}
+        sizes: dict[FindingKey, Size] = {}
+        for f in (f for run in old for f in collect_findings(run)):
+            known = sizes.get(f.key, (0, 0))
+            sizes[f.key] = (max(known[0], f.objects), max(known[1], f.references))
         rules = load_suppressions(suppressions) if suppressions else []
-        return cls(rules, keys, parse_thresholds(max_leaks), old)
+        return cls(rules, sizes, parse_thresholds(max_leaks), old, list(baselines))
+
+    def other_programs(self, result: RunResult) -> list[str]:
+        """A line for each baseline run of another program or spec than `result`:
+        its findings are compared all the same (by type and stack), which a user
+        who passed the wrong file must hear.  A program is known by its file name:
+        the build before the change may sit at another path."""
+        def program(run: RunResult) -> str:
+            return f"{Path(run.target).name or '?'} (spec {run.spec})"
+        this = program(result)
+        return [f"warning: --baseline {name} is a run of {program(old)}, this one of "
+                f"{this}: findings and culprits are compared with it all the same (give "
+                "a run of this program on the code before the change)"
+                for name, old in zip(self.names, self.old, strict=True)
+                if program(old) != this]
 
     def evaluate(self, result: RunResult) -> Verdict:
         constructors = _return_constructors(result.spec)
@@ -191,7 +244,7 @@ class Policy:
             if self.lsan and f.status == FAILING:
                 self._lsan(f, killed)
         self._apply_thresholds(findings)
-        return Verdict(findings, _unused(self.rules))
+        return Verdict(findings, _unused(self.rules), bool(self.old))
 
     def _classify(self, f: Finding) -> None:
         for rule in self.rules:
@@ -199,7 +252,12 @@ class Policy:
                 rule.used += 1
                 f.status, f.reason = SUPPRESSED, f"suppressed by {rule} (line {rule.line})"
                 return
-        if f.key in self.baseline:
+        f.before = self.baseline.get(f.key)
+        if f.grown:
+            f.reason = f"grew since the baseline: {f.growth()}"
+        elif f.before is not None and f.size != f.before:
+            f.status, f.reason = BASELINE, f"present in the baseline, smaller now: {f.growth()}"
+        elif f.before is not None:
             f.status, f.reason = BASELINE, "present in the baseline"
 
     def _lsan(self, f: Finding, killed: set[int]) -> None:
@@ -216,18 +274,28 @@ class Policy:
                 "fails it)"
 
     def _apply_thresholds(self, findings: list[Finding]) -> None:
+        """Failing leaks of a type pass while their objects beyond the baseline (all of
+        a new finding's, what a grown one has more) are at most the type's limit.  A
+        finding that grew in references alone is not excused by a limit on objects."""
         if not self.thresholds:
             return
         per_type: dict[str, int] = {}
         for f in findings:
             if f.kind == "leak" and f.status == FAILING:
-                per_type[f.type_name] = per_type.get(f.type_name, 0) + f.objects
+                per_type[f.type_name] = per_type.get(f.type_name, 0) + _new_objects(f)
         for f in findings:
             limit = self.thresholds.get(f.type_name, self.thresholds.get("*"))
             if f.kind == "leak" and f.status == FAILING and limit is not None and \
-                    per_type[f.type_name] <= limit:
+                    per_type[f.type_name] <= limit and _new_objects(f) > 0:
+                beyond = " beyond the baseline" if self.old else ""
                 f.status = UNDER_THRESHOLD
-                f.reason = f"{per_type[f.type_name]} leaked {f.type_name} objects <= {limit}"
+                f.reason = (f"{per_type[f.type_name]} leaked {f.type_name} objects{beyond} "
+                            f"<= {limit}" + (f" ({f.reason})" if f.reason else ""))
+
+
+def _new_objects(f: Finding) -> int:
+    """Its objects beyond the baseline's: a threshold counts those."""
+    return f.objects - (f.before[0] if f.before is not None else 0)
 
 
 def _unused(rules: list[Rule]) -> list[Rule]:

@@ -31,7 +31,7 @@ from refcntd import __version__
 from refcntd.analysis.model import LeakedObject, LeakGroup, RunResult
 from refcntd.binary.elf import read_build_id
 from refcntd.errors import UsageError
-from refcntd.inputs.safefs import atomic_write
+from refcntd.inputs.outputfile import STDOUT, write_output
 from refcntd.outputs.ciformats import probed_functions
 from refcntd.outputs.profileproto import message
 from refcntd.symbolize.symbolizer import Frame
@@ -112,8 +112,9 @@ def write_profile(result: RunResult, path: str) -> None:
 
 
 def write_bytes(data: bytes, path: str | None) -> None:
-    """To `path`, or to standard output unless it is a terminal (like gzip)."""
-    if path is None:
+    """To `path` (outputfile: a file replaced, a device, FIFO or /dev/stdout written in
+    place), or to standard output (None or `-`) unless it is a terminal (like gzip)."""
+    if path is None or path == STDOUT:
         if sys.stdout.isatty():
             raise UsageError("a pprof profile is binary: not written to a terminal",
                              "give --output FILE.pb.gz, or redirect standard output")
@@ -122,7 +123,7 @@ def write_bytes(data: bytes, path: str | None) -> None:
         sys.stdout.buffer.flush()
         return
     try:
-        atomic_write(path, data)  # a link planted at `path` is replaced, not followed
+        write_output(path, data)
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror}") from None
 

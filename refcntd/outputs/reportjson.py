@@ -24,7 +24,7 @@ from refcntd.analysis.model import (
     StackUnwind,
     TracingStatus,
 )
-from refcntd.inputs.safefs import atomic_file
+from refcntd.inputs.outputfile import output_file
 from refcntd.outputs.jsontypes import (
     AnomalyJson,
     CulpritJson,
@@ -186,9 +186,10 @@ def run_json(result: RunResult, instances: bool = True) -> RunJson:
 
 
 def write_json(result: RunResult, path: str) -> None:
-    """Through a new file renamed into place: a link planted at `path` (by the traced
-    command, say) is replaced, never followed."""
-    with atomic_file(path) as f:
+    """Through inputs/outputfile.py: a regular file is a new file renamed into place (a
+    link planted at `path` by the traced command is replaced, never followed); `-`, a
+    device, a FIFO or /dev/stdout are written in place."""
+    with output_file(path) as f:
         for chunk in iter_json(result):
             f.write(chunk.encode())
 

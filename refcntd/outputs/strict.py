@@ -17,6 +17,9 @@ UNREAD_TYPE = "<type name at 0x"
 def strict_problems(result: RunResult) -> list[str]:
     """What keeps the run from being exact and fully symbolized, one phrase each."""
     out = [] if result.tracing.complete else ["tracing incomplete"]
+    probes = result.tracing.probes
+    if not probes or all(p.hits == 0 for p in probes):  # (-1: not known, an older run)
+        out.append("no probe fired")
     groups = [g for p in result.processes for g in p.groups]
     stacks = [g.frames for g in groups] + [a.frames for p in result.processes
                                           for a in p.anomalies]

@@ -37,7 +37,19 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
         with _forward_signals(child):
             _trace_until_done(tracer, child, opts.descendant_grace_s)
         result.command_status = _shell_status(child.wait(30.0))
-        return tracer.finish(result)
+        return _nothing_fired(tracer.finish(result))
+
+
+NOTHING_FIRED = ("no probe fired in this run: nothing the spec describes was counted (the "
+                 "notes say which roles never fired)")
+
+
+def _nothing_fired(result: RunResult) -> RunResult:
+    """A run whose probes never fired audited nothing: incomplete, never clean (a spec
+    naming a copy of the library the command does not load, a test that never ran)."""
+    if result.tracing.probes and not any(p.hits > 0 for p in result.tracing.probes):
+        result.tracing.lost[NOTHING_FIRED] = 1
+    return result
 
 
 class Child:

@@ -8,7 +8,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from refcntd.analysis.model import ProbeStatus
+from refcntd.binary.elf import ElfImage
+from refcntd.binary.libcopies import copy_of
 from refcntd.binary.plan import Plan
+from refcntd.errors import BinaryError
 from refcntd.inputs.spec import RoleSpec
 from refcntd.kernel.abi import STAT_TEXT
 from refcntd.kernel.records import ProbeFailure
@@ -24,14 +27,48 @@ NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.it
 def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
     """Spec entries none of whose probes fired: wrong functions, or callers that
     bypass them (inlined, a private alias) - or a run that never needed them."""
-    def key(entry: RoleSpec) -> tuple[str, tuple[str, ...], str | None]:
-        return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
-    fired: dict[tuple[str, tuple[str, ...], str | None], int] = {}
-    for site, n in zip(plan.sites, hits, strict=True):
-        fired[key(site.spec_role)] = fired.get(key(site.spec_role), 0) + n
     return [f"{entry.role} role never fired in this run: "
             f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
-            for entry in plan.spec.entries if fired.get(key(entry)) == 0]
+            for entry in _silent(plan, hits)]
+
+
+def unprobed_copies(plan: Plan, hits: list[int], loaded: Iterable[str]) -> dict[str, int]:
+    """Library roles that never fired while a traced process loaded another copy of
+    their library than the one probed (uprobes are per file): the run did not count
+    what it was asked to, so it is incomplete; one line per copy, saying which copy
+    was loaded and which the spec names, with the number of silent roles."""
+    silent: dict[str, dict[str, None]] = {}  # module -> its silent roles, in spec order
+    for entry in _silent(plan, hits):
+        module = next((s.callee_module or s.module for s in plan.sites
+                       if _key(s.spec_role) == _key(entry)), None)  # (a call site's callee)
+        if entry.library and module:
+            silent.setdefault(module, {})[entry.role] = None
+    out: dict[str, int] = {}
+    for module, roles in silent.items():
+        try:
+            image = ElfImage(module)
+        except BinaryError:
+            continue
+        for copy in filter(None, (copy_of(p, image) for p in sorted(set(loaded)))):
+            out[f"spec role(s) never fired ({', '.join(roles)}) while a traced process "
+                f"loaded {copy.path}, {copy.relation} the library the spec names "
+                f"({plan.named.get(module, module)}): name the loaded copy in the spec's "
+                "`library:`"] = len(roles)
+    return out
+
+
+Key = tuple[str, tuple[str, ...], str | None]
+
+
+def _key(entry: RoleSpec) -> Key:
+    return entry.role, entry.functions, entry.usdt  # a gcc clone's entry is remapped
+
+
+def _silent(plan: Plan, hits: list[int]) -> list[RoleSpec]:
+    fired: dict[Key, int] = {}
+    for site, n in zip(plan.sites, hits, strict=True):
+        fired[_key(site.spec_role)] = fired.get(_key(site.spec_role), 0) + n
+    return [entry for entry in plan.spec.entries if fired.get(_key(entry)) == 0]
 
 
 def probe_statuses(plan: Plan, failures: Iterable[ProbeFailure],

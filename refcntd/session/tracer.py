@@ -36,7 +36,13 @@ from refcntd.session.exitscan import ExitScans
 from refcntd.session.guardian import Guardian
 from refcntd.session.lifecycle import SessionTracker
 from refcntd.session.options import TraceOptions, kernel_options
-from refcntd.session.status import LOST_REASONS, NOTE_REASONS, probe_statuses, silent_roles
+from refcntd.session.status import (
+    LOST_REASONS,
+    NOTE_REASONS,
+    probe_statuses,
+    silent_roles,
+    unprobed_copies,
+)
 from refcntd.session.typekeeper import TypeKeeper
 from refcntd.session.unwind import UnwindTables, exec_mappings, prefetch
 from refcntd.session.vetting import Vetting, continue_blocker, continue_orphans, with_holds
@@ -100,6 +106,7 @@ class Tracer:
         self.plan = plan
         self.filtered = filtered
         self.reports: list[ProcessReport] = []
+        self.loaded: set[str] = set()  # libraries ld.so reported loaded in traced processes
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         # stopping a process is only safe when refcntd can continue it (CAP_KILL)
@@ -232,6 +239,7 @@ class Tracer:
             self.vetting.handle_held()
             return
         if ev.kind == EventKind.LIBRARY:
+            self.loaded.add(ev.path)
             self.index.add_library(ev.path, ev.tgid)
             self.unwind.add([ev.path])
             return
@@ -305,6 +313,8 @@ class Tracer:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
+        if own is None:
+            lost.update(unprobed_copies(self.plan, hits, self.loaded))
         notes += self.kernel.probes.notes()
         notes += self.vetting.notes()
         notes += self.exit_scans.notes() if self.exit_scans is not None else []

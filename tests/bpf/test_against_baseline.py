@@ -8,11 +8,13 @@ map__new2: alone, the run cannot say where the put went (unknown).  Against
 the good run, the put at the line marked PUT is gone, and map__exit is named
 with that line (and against two good runs).  A build with an extra get in the
 inlined dso__load is named at the line marked GET.  `refcntd report` does the
-same from the saved runs.
+same from the saved runs, and `run` prints each report once judged: its text
+names the culprit its JSON and SARIF name (issue 39).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from conftest import FIXTURES, Build, leak_summary, refcntd
@@ -27,7 +29,7 @@ def _line(marker: str) -> int:
 
 
 def _run(build: Build, tmp_path: Path, variant: str, *args: str) -> tuple[int, dict, str]:
-    exe = build.program(f"regress-{variant}", [SOURCE], "O2",
+    exe = build.program(f"{variant}/regress", [SOURCE], "O2",
                         flags=[*FLAGS, *([f"-D{variant}"] if variant != "good" else [])])
     out = tmp_path / f"{variant}.json"
     result = refcntd(["run", "--history", *args, "--", str(exe)], out, timeout=180)
@@ -55,7 +57,9 @@ def test_a_put_dropped_from_an_inlined_destructor_is_found_against_the_good_run(
     assert _dso_group(alone)["verdict"]["status"] == "unknown", _dso_group(alone)["verdict"]
 
     baseline = str(tmp_path / "good.json")
-    code, bad, _ = _run(build, tmp_path, "DROP_PUT", "--baseline", baseline)
+    sarif = tmp_path / "bad.sarif"
+    code, bad, err = _run(build, tmp_path, "DROP_PUT", "--baseline", baseline,
+                          "--sarif", str(sarif))
     assert code == 23
     group = _dso_group(bad)
     assert group["verdict"]["status"] == "culprit", group["verdict"]
@@ -63,6 +67,14 @@ def test_a_put_dropped_from_an_inlined_destructor_is_found_against_the_good_run(
     assert (top["kind"], top["function"], top["baseline"]) == \
         ("missing put", "map__exit", baseline), top
     assert (Path(top["file"]).name, top["line"]) == ("regress.c", _line("PUT")), top
+    # the report printed as the process exited says what the JSON and SARIF say
+    culprit = f"missing put in map__exit (regress.c:{_line('PUT')}), found against {baseline}"
+    assert f"Likely culprit: {culprit}" in err and "Culprit unknown" not in err, err
+    assert err.index("Likely culprit") < err.index("SUMMARY: refcntd: 4 objects")
+    (result,) = [r for r in json.loads(sarif.read_text())["runs"][0]["results"]
+                 if "leaked dso" in r["message"]["text"]]
+    assert "culprit: missing put in map__exit" in result["message"]["text"], result
+    assert "is a run of" not in err  # the same program: no warning
     assert "4 puts fewer" in top["why"] and "all 4 references" in top["why"], top["why"]
     assert any(n.startswith(f"without {baseline}: unknown") for n in group["verdict"]["notes"])
 
@@ -93,7 +105,7 @@ def test_a_baseline_without_operation_counts_is_said_and_changes_nothing(
         bpf: None, build: Build, tmp_path: Path) -> None:
     """A baseline run without --history has no per-path counts: one line says so, and
     the run's own verdicts stand."""
-    exe = build.program("regress-good", [SOURCE], "O2", flags=FLAGS)
+    exe = build.program("good/regress", [SOURCE], "O2", flags=FLAGS)
     plain = refcntd(["run", "--", str(exe)], tmp_path / "plain.json", timeout=180)
     assert plain.returncode == 0, plain.stderr
     code, bad, err = _run(build, tmp_path, "DROP_PUT", "--baseline", str(tmp_path / "plain.json"))

@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, leak_summary
+from conftest import leak_summary
 from test_attach import Attached
 from test_callsites import TRUTH, build_fixture
 from unit_sandbox import UNIT, confined, unit_caps
@@ -81,18 +80,19 @@ def test_without_cap_kill_no_process_is_ever_stopped(bpf, build, shared_dir, tmp
     assert "lacks CAP_KILL" in notes, notes
 
 
-def test_a_refused_sigcont_is_reported_not_raised(shared_dir):
+def test_a_refused_sigcont_is_reported_not_raised(other_user):
     """What refcntd does when SIGCONT is refused (EPERM): resume() says why, the caller
     keeps the pid, retries it and reports it; here proven by a resume() run as nobody
     against a root process."""
     # another session: the kernel lets SIGCONT through within one session, whoever sends it
     victim = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); from refcntd.session.vetting "
-                "import resume; print(resume(int(sys.argv[2])))")
+        code = "import sys; from refcntd.session.vetting import resume; " \
+            "print(resume(int(sys.argv[1])))"  # refcntd as nobody reaches it (otheruser.py)
         out = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                              sys.executable, "-c", code, str(ROOT), str(victim.pid)],
-                             capture_output=True, text=True, cwd="/", timeout=60)
+                              other_user.python, "-c", code, str(victim.pid)],
+                             capture_output=True, text=True, cwd="/", env=other_user.env,
+                             timeout=60)
     finally:
         victim.kill()
         victim.wait()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, assert_one_line_error, bad_binaries, cc, refcntd
+from otheruser import NOBODY
 
 
 @pytest.mark.parametrize("variant,expect", [
@@ -128,21 +131,42 @@ def test_bad_option_is_one_line():
     assert result.returncode == 2
 
 
-def test_not_root_gets_one_line(build):
+def as_nobody(other_user, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """refcntd run by `nobody`, from a copy it can reach (tests/otheruser.py): the
+    checkout may sit where nobody cannot enter (/root is 0700)."""
+    return subprocess.run([*NOBODY, *other_user.argv, *args], capture_output=True, text=True,
+                          cwd=other_user.root, env=other_user.env, timeout=120)
+
+
+@pytest.fixture
+def reachable(build, other_user) -> Path:
+    """perflike -O2 copied where nobody can read and run it."""
     if os.geteuid() != 0:
         pytest.skip("needs root to drop privileges")
-    exe = build.perflike("O2")
-    os.chmod(build.root, 0o755)
-    for parent in [build.root, *build.root.parents]:
-        if parent != Path("/"):
-            os.chmod(parent, os.stat(parent).st_mode | 0o055)
-    env = dict(os.environ, HOME="/tmp")
-    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-           "--inh-caps=-all", "--bounding-set=-all"]
-    from conftest import REFCNTD, ROOT
-    proc = subprocess.run([*cmd, *REFCNTD, "run", "--", str(exe)], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=60)
+    where = Path(tempfile.mkdtemp(prefix="check-", dir=other_user.root))
+    where.chmod(0o755)
+    return Path(shutil.copy2(build.perflike("O2"), where / "perflike"))
+
+
+def test_not_root_gets_one_line(reachable, other_user):
+    proc = as_nobody(other_user, ["run", "--", str(reachable)])
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 24, proc.stderr
     assert lines == ["refcntd: tracing needs root, or CAP_BPF and CAP_PERFMON "
                      "(run as root, e.g. with sudo)"]
+
+
+def test_check_needs_no_root(reachable, other_user):
+    """issue 39: `check` as nobody printed the analysis, then a PermissionError traceback
+    from the tracefs check (/sys/kernel/tracing is root's 0700); now the tracefs row says
+    it cannot be read as this user, and check exits as documented (0: probeable)."""
+    proc = as_nobody(other_user, ["check", "--binary", str(reachable)])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: every role can be probed" in proc.stdout
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("tracing tracefs:")]
+    tracefs = Path("/sys/kernel/tracing")
+    if not os.stat(tracefs).st_mode & stat.S_IXOTH:
+        assert row == f"tracing tracefs: not readable as this user ({tracefs}; tracing runs " \
+            "as root)", row
+    assert "tracing privileges: insufficient" in proc.stdout

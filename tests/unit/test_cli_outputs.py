@@ -39,7 +39,7 @@ def test_control_characters_escaped_everywhere(tmp_path: Path) -> None:
     result = evil_result(tmp_path)
     verdict = Policy.build(None, [], []).evaluate(result)
     texts = {"terminal": "".join(report.render_process(p) for p in result.processes)
-             + report.render_run(result) + ciformats.verdict_text(verdict),
+             + report.render_run(result) + ciformats.verdict_text(result, verdict),
              "junit": ciformats.junit(result, verdict),
              "github": "\n".join(ciformats.github_annotations(result, verdict, tmp_path)),
              "summary": ciformats.github_summary(result, verdict)}
@@ -103,17 +103,21 @@ def test_strict_fails_a_degraded_report(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     frames = (Frame("", 0x7f00, raw="ip 0x7f00"), Frame("/bin/x", 0x2000, "main", 8))
     group = LeakGroup("<type name at 0x4010>", frames, [LeakedObject(0x1000, 1, 1, 0, 7)])
+    fired = TracingStatus([ProbeStatus("get", "__refcnt__get", "x", 0, "", "", True, hits=3)])
     clean = RunResult("run", "perf-stubs", "x",
-                      [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [])])
+                      [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [])], fired)
     degraded = RunResult("run", "perf-stubs", "x",
-                         [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [group])])
-    saved = {name: tmp_path / f"{name}.json" for name in ("clean", "degraded")}
-    reportjson.write_json(clean, str(saved["clean"]))
-    reportjson.write_json(degraded, str(saved["degraded"]))
+                         [ProcessReport(42, "x", ["x"], "exited", "exit 0", 0, [group])], fired)
+    silent = RunResult("run", "perf-stubs", "x", clean.processes, TracingStatus())
+    saved = {name: tmp_path / f"{name}.json" for name in ("clean", "degraded", "silent")}
+    for name, result in (("clean", clean), ("degraded", degraded), ("silent", silent)):
+        reportjson.write_json(result, str(saved[name]))
     limits = ["--max-leaks", "*=5"]  # the leak itself does not fail: only --strict may
     assert main(["report", str(saved["degraded"]), *limits]) == 0
     assert main(["report", str(saved["clean"]), "--strict"]) == 0
     capsys.readouterr()
+    assert main(["report", str(saved["silent"]), "--strict"]) == 24  # nothing probed: issue 39
+    assert capsys.readouterr().err.splitlines()[-1] == "refcntd: --strict: no probe fired"
     assert main(["report", str(saved["degraded"]), "--strict", *limits]) == 24
     (line,) = capsys.readouterr().err.splitlines()
     assert line == "refcntd: --strict: 1 unresolved frame(s); 1 unreadable type name(s)"

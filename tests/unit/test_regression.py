@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from refcntd.analysis.attribution import UNKNOWN, PathOp, Verdict
+from refcntd.analysis.baseline import against
 from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult, TracingStatus
-from refcntd.analysis.regression import against, call_site, changes, regression
+from refcntd.analysis.regression import call_site, changes, regression
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 

@@ -1,0 +1,119 @@
+"""Issue 39, item 2: a spec that names one copy of a library, a test that loads another.
+
+`spec draft` writes the library's path in the build tree; the test loads a copy
+of the same build from elsewhere (a second build directory, the installed copy,
+a CI cache).  Uprobes are per file, so a probe on the named copy never fires:
+the run used to exit 0, "nothing lost", for a test that leaks.  Now the copy
+the program loads is traced when it is the same build (exit 23 with the exact
+leaks), and a run whose library roles never fired while a traced process
+loaded another copy of that library is INCOMPLETE (24), never clean.
+
+Truth (tests/fixtures/bufprog.c): `bufprog 8` leaks exactly 2 buffers, each
+with final count 1.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, leak_summary, refcntd
+from test_userlib import confirmed_draft
+
+REQUESTS = "8"
+TRUTH = {"buf": [1, 1]}  # every 4th request of 8 leaks one buffer
+
+
+def two_copies(root: Path, *lib_flags: str, other_flags: tuple[str, ...] | None = None
+               ) -> tuple[Path, Path, Path]:
+    """(the spec's copy a/libbuf.so, the loaded copy b/libbuf.so, bufprog whose RUNPATH
+    is b/): b is a byte copy of a, or a build with `other_flags` when given."""
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    named, loaded = root / "a" / "libbuf.so", root / "b" / "libbuf.so"
+
+    def build_lib(out: Path, flags: tuple[str, ...]) -> None:
+        subprocess.run(["gcc", "-O2", "-g", "-fPIC", "-shared", "-Wl,-soname,libbuf.so",
+                        *flags, "-o", str(out), str(FIXTURES / "libbuf.c")], check=True)
+    build_lib(named, lib_flags)
+    if other_flags is None:
+        shutil.copy2(named, loaded)
+    else:
+        build_lib(loaded, other_flags)
+    prog = root / "bufprog"
+    subprocess.run(["gcc", "-O2", "-g", f"-I{FIXTURES}", "-o", str(prog),
+                    str(FIXTURES / "bufprog.c"), f"-L{loaded.parent}", "-lbuf",
+                    f"-Wl,-rpath,{loaded.parent}"], check=True)
+    return named, loaded, prog
+
+
+def run(spec: Path, command: list[str], json_path: Path, strict: bool) -> tuple[int, str, dict]:
+    flags = ["--strict"] if strict else []
+    result = refcntd(["run", "--spec", str(spec), *flags, "--", *command], json_path)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.report is not None, result.stderr
+    return result.returncode, result.stderr, result.report
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("build_id", [True, False])
+def test_the_copy_the_program_loads_is_traced(bpf, tmp_path, strict, build_id):
+    """Same build (the same build-id, or without one the same soname and contents),
+    another directory: the loaded copy is traced, the exact leaks, exit 23."""
+    flags = () if build_id else ("-Wl,--build-id=none",)
+    named, loaded, prog = two_copies(tmp_path / "t", *flags)
+    spec = confirmed_draft(named, tmp_path / "draft.yaml", str(named))
+    code, err, report = run(spec, [str(prog), REQUESTS], tmp_path / "r.json", strict)
+    assert code == 23, err
+    (process,) = report["processes"]
+    assert leak_summary(process) == TRUTH
+    assert f"the spec names {named}; bufprog loads {loaded}, the same build" in err
+    modules = {p["module"] for p in report["tracing"]["probes"]}
+    assert str(loaded) in modules and str(named) not in modules, modules  # (or bufprog's calls)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_copy_loaded_by_an_execd_program_is_never_clean(bpf, tmp_path, strict):
+    """The command is a shell; the test it runs loads the other copy.  Whichever way
+    the copy is handled, the run is never 0; when it is not traced, one line says
+    which copy was loaded and which the spec named."""
+    named, loaded, prog = two_copies(tmp_path / "t")
+    spec = confirmed_draft(named, tmp_path / "draft.yaml", str(named))
+    code, err, report = run(spec, ["/bin/sh", "-c", f"{prog} {REQUESTS}"],
+                            tmp_path / "r.json", strict)
+    assert code in (23, 24), err
+    if code == 23:
+        assert [leak_summary(p) for p in report["processes"] if p["groups"]] == [TRUTH]
+        return
+    lost = report["tracing"]["lost"]
+    (line,) = [k for k in lost if str(loaded) in k]
+    assert f"loaded {loaded}, the same build as the library the spec names ({named})" in line
+    assert "tracing INCOMPLETE" in err, err
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_another_build_at_the_soname_is_incomplete(bpf, tmp_path, strict):
+    """The program loads another build of libbuf.so than the spec's file: not traced
+    in its place (it is not the same library), and the run is INCOMPLETE, saying which
+    copy was loaded and which the spec named."""
+    named, loaded, prog = two_copies(tmp_path / "t", other_flags=("-O1",))
+    spec = confirmed_draft(named, tmp_path / "draft.yaml", str(named))
+    code, err, report = run(spec, [str(prog), REQUESTS], tmp_path / "r.json", strict)
+    assert code == 24, err
+    assert f"the spec names {named}; bufprog loads {loaded}, another build" in err
+    (line,) = [k for k in report["tracing"]["lost"] if str(loaded) in k]
+    assert line.startswith("spec role(s) never fired (init, get, put)"), line
+    assert f"loaded {loaded}, another build than the library the spec names ({named})" in line
+
+
+def test_a_run_where_no_probe_fired_is_incomplete(bpf, tmp_path):
+    """The spec's library is probed, the command never loads it: nothing was audited,
+    so the run is INCOMPLETE (24), not clean."""
+    named, _loaded, _prog = two_copies(tmp_path / "t")
+    spec = confirmed_draft(named, tmp_path / "draft.yaml", str(named))
+    for strict in (False, True):
+        code, err, report = run(spec, ["/bin/true"], tmp_path / "r.json", strict)
+        assert code == 24, err
+        assert any(k.startswith("no probe fired in this run") for k in report["tracing"]["lost"])
