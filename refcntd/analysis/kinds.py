@@ -3,12 +3,15 @@
 A group's objects can differ in kind (one cached, the others lost): the group is
 split, one group per kind, so that a report, a policy and a baseline see each kind
 apart.  Objects the scan gave no kind (not inside a malloc block) keep none, and so
-does an object inside a larger block (a pool allocator's slab, GSlice's): the slab
-is reachable while one of its objects is, which says nothing of this one.
+do objects sharing their block with another tracked object (a pool allocator's
+slab, GSlice's): the slab is reachable while one of its objects is, which says
+nothing of the others.  One object inside its block keeps the block's kind: GLib
+puts a GObject's private data before it, in the same allocation.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from refcntd.analysis.model import LeakedObject, LeakGroup
@@ -24,12 +27,13 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
         return groups
     kinds = scan.kinds_of(o.address for g in groups for o in g.objects)
     types = {o.address: g.type_name for g in groups for o in g.objects}
-    shared = [a for a, k in kinds.items() if not k.own_block]
+    per_block = Counter(k.block for k in kinds.values())
+    shared = [a for a, k in kinds.items() if per_block[k.block] > 1]
     for address in shared:
         del kinds[address]
     if shared:
-        scan.notes.append(f"{len(shared)} object(s) inside a larger malloc block (a pool "
-                          "allocator's slab): no kind, every one a leak as without "
+        scan.notes.append(f"{len(shared)} object(s) sharing a malloc block with another (a "
+                          "pool allocator's slab): no kind, every one a leak as without "
                           "--leak-kinds (G_SLICE=always-malloc gives each GObject a block "
                           "of its own)")
     out = []

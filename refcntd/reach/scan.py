@@ -35,6 +35,7 @@ class ObjectKind:
     #                              says "possibly lost" (LeakSanitizer: reachable)
     own_block: bool = True  # the object is its heap block (not inside a larger one)
     lost_with: int = 0  # indirectly lost: the definitely lost block holding it (its start)
+    block: int = 0  # the start of its block
 
 
 @dataclass
@@ -80,7 +81,8 @@ class ReachScan:
         leader = int(self.kinds.leader[block])
         return ObjectKind(KIND_OF_STATE[state], root, state == graph.POSSIBLE,
                           address == int(self.heap.starts[block]),
-                          int(self.heap.starts[leader]) if leader >= 0 else 0)
+                          int(self.heap.starts[leader]) if leader >= 0 else 0,
+                          int(self.heap.starts[block]))
 
 
 def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
