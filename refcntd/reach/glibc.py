@@ -159,14 +159,16 @@ def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap
                 return
             yield run, (m.start, m.end), 0
         elif not m.path and m.writable and m.start % HEAP_MAX == 0:
-            found = _thread_heap(mem, m)
+            found = _thread_heap(mem, m, heap)
             if found is not None:
                 yield found[0], (m.start, m.end), found[1]
 
 
-def _thread_heap(mem: ProcessMemory, m: Mapping) -> tuple[_Chunks, int] | None:
+def _thread_heap(mem: ProcessMemory, m: Mapping, heap: Heap) -> tuple[_Chunks, int] | None:
     """A thread arena's heap: heap_info, maybe its malloc_state, then chunks up to
-    heap_info.size; None when the mapping is something else 64 MiB-aligned."""
+    heap_info.size; None when the mapping is something else 64 MiB-aligned (a note
+    when it had a heap_info's shape but its chunks did not add up: the objects in it
+    then get no kind, never a guessed one)."""
     info = mem.words(m.start, 4)
     if info is None:
         return None
@@ -178,6 +180,8 @@ def _thread_heap(mem: ProcessMemory, m: Mapping) -> tuple[_Chunks, int] | None:
         first = (ar_ptr + ARENA_SIZE + 15) & ~15
     run = walk(mem, first, m.start + size)
     if run is None or not run.addr:
+        heap.notes.append(f"thread heap at {m.start:#x}: chunk sizes do not add up, its "
+                          "blocks not scanned (objects in it get no kind)")
         return None
     return run, ar_ptr
 
