@@ -64,7 +64,7 @@ def user_frame(f: Finding, root: Path, probed: frozenset[str] = frozenset()
     the culprit's line first (culpritlines.py), then its path outward, then the
     allocation stack, skipping the probed refcount functions."""
     top = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
-    candidates = [top.function, *top.frames[::-1]] if top is not None else []
+    candidates = [*top.exits[:1], top.function, *top.frames[::-1]] if top is not None else []
     for frame in [*candidates, *f.frames]:
         rel = _relative(frame, root)
         if rel and frame.function not in probed:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import shlex
 
 from refcntd.analysis.attribution import Culprit
-from refcntd.analysis.culpritlines import culprit_line, last_use_line, put_line, where
+from refcntd.analysis.culpritlines import (
+    culprit_line,
+    exit_lines,
+    last_use_line,
+    put_line,
+    where,
+)
 from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
@@ -204,7 +210,12 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
                      f"got at {short_path(c.frames, 8)}{handed} is never put")
         if c.why:
             lines.append(f"    why: {c.why}")
-        if put_line(c) is not None:
+        if c.exits:
+            lines.append(f"    {c.function.function} skips its put at "
+                         f"{', '.join(where(e) for e in exit_lines(c))}"
+                         + (f" (released objects put it at {where(put_line(c))})"
+                            if put_line(c) else ""))
+        elif put_line(c) is not None:
             lines.append(f"    released objects put it at {where(put_line(c))}; "
                          "this one never got there")
         elif (last := last_use_line(c)) is not None:
@@ -221,8 +232,10 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
 
 def named(c: Culprit) -> str:
     """`function (file.c:12)`: the culprit and, with DWARF, the line of the call in it
-    that the reference came through (an extra get: the call that took it)."""
-    at = where(culprit_line(c))
+    that the reference came through (an extra get: the call that took it), or for a
+    missing put the one line where its code skips the put."""
+    exits = exit_lines(c)
+    at = where(exits[0] if len(exits) == 1 else culprit_line(c))
     return f"{c.function.function or '??'}{f' ({at})' if at else ''}"
 
 
