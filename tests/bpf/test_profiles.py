@@ -44,7 +44,7 @@ def go_pprof(args: list[str], source: str, tmp: Path) -> str:
 def raw_samples(text: str) -> list[tuple[list[int], dict[str, str]]]:
     """The samples of `go tool pprof -raw`: (values, labels) each."""
     body = text.split("\nSamples:\n", 1)[1].split("\nLocations\n", 1)[0].splitlines()
-    assert body[0].split() == ["objects/count[dflt]", "references/count", "age/milliseconds"]
+    assert body[0].split() == ["objects/count[dflt]", "references/count", "age/nanoseconds"]
     out: list[tuple[list[int], dict[str, str]]] = []
     for line in body[1:]:
         if ":" in line and not LABEL.search(line):
