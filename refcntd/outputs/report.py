@@ -13,6 +13,7 @@ from refcntd.analysis.culpritlines import (
     where,
 )
 from refcntd.analysis.model import (
+    STATE_EXITED,
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
     LeakedObject,
@@ -295,11 +296,32 @@ def render_tracing(t: TracingStatus) -> str:
     return "\n".join(lines) + "\n"
 
 
+QUIET_LISTED = 8  # processes named in the one line that says they had nothing
+
+
+def quiet(p: ProcessReport) -> bool:
+    """A process that exited with nothing to report (the `sh`, `dirname` and `id` of a
+    `make check` script): not given a report of its own, only a name in quiet_summary."""
+    return p.state == STATE_EXITED and not (p.groups or p.anomalies or p.kept or p.notes)
+
+
+def quiet_summary(processes: list[ProcessReport]) -> str:
+    """One SUMMARY line for every quiet process: a script's helpers are not a report
+    each (the only process of a run keeps its own line)."""
+    calm = [p for p in processes if quiet(p)]
+    if len(calm) <= 1:
+        return "".join(summary_line(p) + "\n" for p in calm)
+    names = ", ".join(f"{p.comm} ({p.pid})" for p in calm[:QUIET_LISTED])
+    more = f" and {len(calm) - QUIET_LISTED} more" if len(calm) > QUIET_LISTED else ""
+    return visible(f"SUMMARY: refcntd: no leaks in {_plural(len(calm), 'process')}: "
+                   f"{names}{more}") + "\n"
+
+
 def render_run(result: RunResult) -> str:
     leaking = [p for p in result.processes if p.state != STATE_LIVE_AT_DETACH and p.groups]
     total = sum(p.leaked_objects for p in leaking)
     types = len({g.type_name for p in leaking for g in p.groups})
-    text = render_tracing(result.tracing)
+    text = quiet_summary(result.processes) + render_tracing(result.tracing)
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
              f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
              f"{_plural(len(leaking), 'process')}{_live_note(result)}, "
