@@ -3,11 +3,10 @@ read back with the protobuf library and with Go's own `go tool pprof`."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import gzip
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 from test_cli_outputs import EVIL, RAW_CONTROL, evil_result
