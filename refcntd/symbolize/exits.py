@@ -179,8 +179,8 @@ def own_line(mod: ModuleSymbols, function: str) -> Callable[[int], Location]:
     """The line of an address in `function`'s own code: past functions inlined into it
     (the call of the outermost one below it), else the line table's."""
     def line(addr: int) -> Location:
-        names = [name for name, _ in mod.inlined(addr)]
         chain = mod.inlined(addr)
+        names = [name for name, _ in chain]
         if function in names:
             i = names.index(function)
             return chain[i + 1][1] if i + 1 < len(chain) else mod.line(addr)
