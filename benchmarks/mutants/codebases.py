@@ -107,7 +107,12 @@ def perf(out: Path) -> Codebase:
         [Workload("perf report", report),
          Workload("perf test", (str(perf_bin), "test", "-F", *PERF_TESTS)),
          Workload("perf buildid-list", (str(perf_bin), "buildid-list", "-i", str(data),
-                                        "--with-hits"))],
+                                        "--with-hits")),
+         # issue 41: every site the three above run was mutated by earlier waves; these
+         # run callchain and sample-printing code, sites no rule was tuned on
+         Workload("perf report -g", (str(perf_bin), "report", "-i", str(data), "--stdio",
+                                     "-g", "graph,0.5,caller", "--children")),
+         Workload("perf script", (str(perf_bin), "script", "-i", str(data)))],
         REPO / "configs" / "specs" / "perf-stubs.yaml",
         build_cmd=["make", "-s", "-C", str(root), "-j2", f"O={build}", *PERF_FLAGS])
 

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run: run again the mutants whose refcntd run timed out")
     ap.add_argument("--retry-missed", action="store_true",
                     help="run: run again the mutants whose outcome was 'missed'")
+    ap.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="run: skip the mutants of this results JSON (held out: sites "
+                         "never tried before)")
     ap.add_argument("--before", type=Path, help="compare: the rescored JSON judged first")
     ap.add_argument("--after", type=Path, help="compare: the rescored JSON judged second")
     args = ap.parse_args(argv)
@@ -107,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         for cb in loaded:
             runner.executed_sites(cb, verbose=True)
         return 0
+    excluded = {m["id"] for p in args.exclude for m in json.loads(p.read_text())["mutants"]}
     return runner.run_all(loaded, args.out, args.limit, args.repeats, args.seconds,
-                          args.retry_timed_out, args.retry_missed)
+                          args.retry_timed_out, args.retry_missed, excluded)
 
 
 if __name__ == "__main__":

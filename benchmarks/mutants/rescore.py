@@ -29,6 +29,30 @@ from refcntd.analysis import evidencedump
 from refcntd.analysis.verdicts import judge_process
 
 HASH_SEEDS = ("1", "2")
+# MUTANTS_STRIP_INLINED=1: the kept runs judged without the frames of inlined functions
+# (issue 41 added them), the inference's inputs as they were before; written to
+# rescored-stripped.json / .md
+STRIP = os.environ.get("MUTANTS_STRIP_INLINED") == "1"
+INLINED = "inlined"
+
+
+def _stripped(kept: list[Any]) -> list[Any]:
+    """One process's inference inputs without inlined frames."""
+    from refcntd.analysis.attribution import PathOp
+    from refcntd.analysis.verdicts import Evidence
+
+    def op(o: PathOp) -> PathOp:
+        return PathOp(o.op, tuple(f for f in o.frames if f.raw != INLINED), o.count,
+                      o.first_ns, o.last_ns)
+    out = []
+    for groups, paths, released in kept:
+        for g in groups:
+            g.frames = tuple(f for f in g.frames if f.raw != INLINED)
+        paths = {k: [Evidence(e.address, e.type_name, e.init_ns, [op(o) for o in e.ops], e.gap)
+                     for e in v] for k, v in paths.items()}
+        released = {k: [op(o) for o in v] for k, v in released.items()}
+        out.append((groups, paths, released))
+    return out
 
 
 def judged(evidence: Path) -> list[score.Group]:
@@ -37,7 +61,8 @@ def judged(evidence: Path) -> list[score.Group]:
     out = []
     if not evidence.exists():
         return out
-    for groups, paths, released in evidencedump.load(evidence):
+    kept = evidencedump.load(evidence)
+    for groups, paths, released in _stripped(kept) if STRIP else kept:
         if paths:
             judge_process(groups, paths, released)
         out += [score.from_model(g) for g in groups]
@@ -142,8 +167,9 @@ def main(out: Path) -> int:
     doc["rescored"] = {"commit": report.machine()["refcntd_commit"],
                        "seconds": round(time.monotonic() - started, 1),
                        "runs_not_kept": missing}
-    (out / "rescored.json").write_text(json.dumps(doc, indent=1))
-    (out / "rescored.md").write_text(report.markdown(doc))
+    name = "rescored-stripped" if STRIP else "rescored"
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{name}.md").write_text(report.markdown(doc))
     scored = [r for r in rows if r["status"] == "scored"]
     tally = {k: sum(r["outcome"] == k for r in scored) for k in score.OUTCOMES}
     print(f"rescored {len(scored)} mutants in {doc['rescored']['seconds']} s: {tally}; "

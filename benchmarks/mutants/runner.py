@@ -266,11 +266,13 @@ def chosen(executed: list[Executed], limit: int) -> list[Executed]:
 
 
 def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: int,
-            retry_timed_out: bool = False, retry_missed: bool = False) -> int:
+            retry_timed_out: bool = False, retry_missed: bool = False,
+            excluded: frozenset[str] | set[str] = frozenset()) -> int:
     """Baselines first, then the codebases' mutants in turn (a run stopped early has both).
     retry_timed_out / retry_missed: mutants whose refcntd run timed out, or whose
     outcome was "missed", are run again (the rows say `rerun` with the refcntd
-    commit that made the new run)."""
+    commit that made the new run); `excluded` mutant ids are never run (held out:
+    the first `limit` sites of the seeded order not tried before)."""
     results = out / "mutants.json"
     doc = _load_or_new(results, repeats)
     names = {cb.name for cb in cbs}
@@ -291,7 +293,8 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
         base = baseline(cb, repeats, scratch)
         doc["codebases"][cb.name] = _codebase_doc(cb, base)
         done = {r["id"] for r in doc["mutants"]}
-        todo = [e for e in chosen(executed, limit) if mutant_id(cb, e) not in done
+        order = [e for e in chosen(executed, 0) if mutant_id(cb, e) not in excluded]
+        todo = [e for e in (order[:limit] if limit else order) if mutant_id(cb, e) not in done
                 and (not retry or mutant_id(cb, e) in retried)]
         queues.append((cb, base, scratch, todo))
     _save(doc, results, out)

@@ -88,6 +88,9 @@ class Culprit:
     last_use: tuple[Frame, ...] = ()
     # found against an earlier run of the same workload (--baseline): that run's name
     baseline: str = ""
+    # a missing put: where the culprit's code skips every put released objects made in
+    # it (the branch of an early return), with their lines
+    exits: tuple[Frame, ...] = ()
 
     def key(self) -> CulpritKey:
         return (self.kind, func_key(self.function), tuple(func_key(f) for f in self.frames))
@@ -832,8 +835,10 @@ def _verdict(culprits: list[Culprit], unknown: dict[str, int]) -> Verdict:
     top = culprits[0]
     rank = (top.objects, top.references, top.released_uses)
     level = [c for c in culprits if (c.objects, c.references, c.released_uses) == rank]
-    if top.tie or len(level) > 1:
-        names = sorted({_name(c.function) for c in level} | set(top.tie))
+    names = sorted({_name(c.function) for c in level} | set(top.tie))
+    if len(names) > 1:
         return Verdict(TIE, f"{len(names)} functions have the same evidence: "
                        f"{', '.join(names)}", culprits, gaps)
+    for c in level:  # one function, several paths to it: no tie of one
+        c.tie = ()
     return Verdict(FOUND, top.why, culprits, gaps)

@@ -13,9 +13,11 @@ module without DWARF keeps no line: the function alone is named.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from refcntd.analysis.attribution import EXTRA_GET, Culprit, func_key
 from refcntd.analysis.model import LeakGroup
+from refcntd.symbolize.exits import ExitWalk, own_line
 from refcntd.symbolize.lines import Location
 from refcntd.symbolize.symbolizer import Frame, Symbolizer
 
@@ -35,6 +37,27 @@ def place_lines(groups: Iterable[LeakGroup], sym: Symbolizer) -> None:
             c.frames = tuple(map(own, c.frames))
             c.expected = tuple(map(own, c.expected))
             c.last_use = tuple(map(own, c.last_use))
+            c.exits = early_exits(c, sym)
+
+
+def early_exits(c: Culprit, sym: Symbolizer) -> tuple[Frame, ...]:
+    """A missing put whose function released objects put such a reference in: where
+    its code skips those puts (symbolize/exits.py), one frame per line."""
+    f = c.function
+    mod = sym.module_of(f) if c.kind != EXTRA_GET and not c.baseline else None
+    key = func_key(f)
+    puts = {e.vaddr for e in c.expected if e.function and func_key(e) == key}
+    if mod is None or not puts or not f.offset:
+        return ()
+    found = ExitWalk(mod, f.function, puts).skipped(f.vaddr)
+    line = own_line(mod, f.function)
+    out: dict[Location, Frame] = {}
+    for addr in found or ():
+        file, number = line(addr)
+        if file and (file, number) not in out:
+            out[(file, number)] = replace(f, vaddr=addr, offset=f.offset + addr - f.vaddr,
+                                          file=file, line=number)
+    return tuple(out.values())
 
 
 def culprit_line(c: Culprit) -> Location | None:
@@ -52,6 +75,11 @@ def put_line(c: Culprit) -> Location | None:
     key = func_key(c.function)
     f = next((f for f in c.expected if f.function and func_key(f) == key), None)
     return (f.file, f.line) if f is not None and f.file and f.line else None
+
+
+def exit_lines(c: Culprit) -> list[Location]:
+    """A missing put: the lines where the culprit's function skips it."""
+    return [(f.file, f.line) for f in c.exits if f.file and f.line]
 
 
 def last_use_line(c: Culprit) -> tuple[Location, str] | None:

@@ -55,6 +55,7 @@ class ProcessModules:
 
     biases: dict[str, int] = field(default_factory=dict)
     stacks: dict[StackRef, tuple[tuple[Frame, ...], bool]] = field(default_factory=dict)
+    paths: dict[StackRef, tuple[Frame, ...]] = field(default_factory=dict)  # _op_frames
     perf_map: PerfMap | None = None  # the process's JIT symbols (/tmp/perf-PID.map)
 
 
@@ -78,7 +79,7 @@ def group_leaks(records: list[ObjectRecord], stacks: StackSource, sym: Symbolize
     for rec in records:
         ref = (rec.type_name, rec.name_ptr, _alloc_ref(rec))
         if ref not in by_ref:  # the stack first: it teaches the biases the name may need
-            frames, truncated = symbolize_stack(ref[2], stacks, sym, mods)
+            frames, truncated = shown_stack(ref[2], stacks, sym, mods)
             type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
             unwind = stack_unwind(ref[2], stacks)
             group = LeakGroup(type_name, frames, stack_truncated=truncated or
@@ -112,7 +113,7 @@ def group_sites(sites: list[SiteLive], stacks: StackSource, sym: Symbolizer, now
     mods = ProcessModules()
     groups: dict[LeakKey, SiteGroup] = {}
     for site in sites:  # two stack ids may symbolize alike (a first walk cut earlier)
-        frames, truncated = symbolize_stack(site.stack, stacks, sym, mods)
+        frames, truncated = shown_stack(site.stack, stacks, sym, mods)
         unwind = stack_unwind(site.stack, stacks)
         new = SiteGroup(_type_name(site.type_name, site.name_ptr, sym, mods), frames, unwind,
                         truncated or unwind.truncated_at is not None, 0, 0)
@@ -149,7 +150,7 @@ def group_columns(objs: ObjectColumns, stacks: StackSource, sym: Symbolizer, now
     groups: dict[tuple[object, ...], tuple[LeakGroup, list[int]]] = {}
     for (type_id, name_ptr, *ref), idx in _rows_by_key(objs).items():
         stack = StackRef(*ref)
-        frames, truncated = symbolize_stack(stack, stacks, sym, mods)
+        frames, truncated = shown_stack(stack, stacks, sym, mods)
         known = objs.type_names.get(type_id, "") if type_id else ""
         unwind = stack_unwind(stack, stacks)
         group = LeakGroup(_type_name(known, name_ptr, sym, mods), frames,
@@ -246,9 +247,14 @@ class LeakedObjects(Sequence[LeakedObject]):
 def _op_frames(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
                stubs: frozenset[str]) -> tuple[Frame, ...]:
     """An operation's path: the probed function dropped, after the frames tail calls
-    removed are back (a helper that jumped to the probed function is above its caller)."""
-    frames = with_tail_calls(symbolize_stack(ref, stacks, sym, mods)[0], sym)
-    return frames[1:] if frames and frames[0].function.split(".")[0] in stubs else frames
+    removed are back (a helper that jumped to the probed function is above its caller),
+    with the functions inlined at each frame."""
+    if ref not in mods.paths:
+        frames = with_tail_calls(symbolize_stack(ref, stacks, sym, mods)[0], sym)
+        if frames and frames[0].function.split(".")[0] in stubs:
+            frames = frames[1:]
+        mods.paths[ref] = sym.expand_inlined(frames)
+    return mods.paths[ref]
 
 
 def _history(rec: ObjectRecord, stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
@@ -319,9 +325,6 @@ def _released_paths(type_name: str, shown: list[str], stacks: StackSource, sym: 
     return out
 
 
-INLINED_FRAMES = 2  # the call's frame and its caller's, what a baseline compares
-
-
 def operation_paths(stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
                     ctx: HistoryContext) -> dict[str, list[PathOp]]:
     """Every type's operations per path, leaked and released objects alike, as the
@@ -331,11 +334,9 @@ def operation_paths(stacks: StackSource, sym: Symbolizer, mods: ProcessModules,
     for r, name in zip(ctx.released, _released_types(stacks, sym, mods, ctx), strict=True):
         if r.site.op == Role.DELETE:  # a delete adds or drops no reference
             continue
+        # with the functions inlined at each frame: -O2 folds a static helper (or the
+        # get/put itself) into its caller, and a change is the helper's
         frames = _op_frames(r.site.where, stacks, sym, mods, ctx.stub_names)
-        # the call and its wrapper with the functions inlined there: -O2 folds a static
-        # helper (or the get/put itself) into its caller, and a change is the helper's
-        frames = (*(f for frame in frames[:INLINED_FRAMES] for f in sym.with_inlined(frame)),
-                  *frames[INLINED_FRAMES:])
         out.setdefault(name, []).append(PathOp(r.site.op, frames, r.site.count))
     return out
 
@@ -350,8 +351,8 @@ def anomaly_findings(records: list[AnomalyRecord], stacks: StackSource, sym: Sym
     mods = mods or ProcessModules()
     found: dict[AnomalyKey, AnomalyFinding] = {}
     for rec in records:
-        frames, _ = symbolize_stack(rec.where, stacks, sym, mods)
-        alloc = symbolize_stack(rec.alloc, stacks, sym, mods)[0] if rec.alloc else ()
+        frames, _ = shown_stack(rec.where, stacks, sym, mods)
+        alloc = shown_stack(rec.alloc, stacks, sym, mods)[0] if rec.alloc else ()
         type_name = _type_name(rec.type_name, rec.name_ptr, sym, mods)
         finding = AnomalyFinding(rec.anomaly.name.lower().replace("_", "-"), type_name,
                                  rec.addr, rec.count_before, frames, alloc,
@@ -373,10 +374,18 @@ def _type_name(known: str, name_ptr: int, sym: Symbolizer, mods: ProcessModules)
 
 def symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
                     ) -> tuple[tuple[Frame, ...], bool]:
-    """Symbolized stack, with the caller restored when the walk skipped it."""
+    """Symbolized stack, with the caller restored when the walk skipped it: the
+    frames the stack holds (shown_stack adds the functions inlined at them)."""
     if ref not in mods.stacks:
         mods.stacks[ref] = _symbolize_stack(ref, stacks, sym, mods)
     return mods.stacks[ref]
+
+
+def shown_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer, mods: ProcessModules
+                ) -> tuple[tuple[Frame, ...], bool]:
+    """symbolize_stack with the functions inlined at each frame: what a report shows."""
+    frames, truncated = symbolize_stack(ref, stacks, sym, mods)
+    return sym.expand_inlined(frames), truncated
 
 
 def _symbolize_stack(ref: StackRef, stacks: StackSource, sym: Symbolizer,

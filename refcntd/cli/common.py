@@ -81,7 +81,8 @@ def warn_unlocated(result: RunResult, verdict: Verdict, root: Path) -> None:
 
 def printer(stream: TextIO) -> Callable[[ProcessReport], None]:
     def show(p: ProcessReport) -> None:
-        print(report.render_process(p), file=stream, flush=True)
+        if not report.quiet(p):  # said once for all of them at the end (render_run)
+            print(report.render_process(p), file=stream, flush=True)
     return show
 
 

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     leak_kind_arguments(parser)
     parser.add_argument("--pprof", metavar="FILE", type=argtypes.output_path,
                         help="also write the leaked objects as a gzip'd pprof profile")
+    parser.add_argument("--html", metavar="FILE", type=argtypes.output_path,
+                        help="also write the report as one self-contained HTML page "
+                             "(as `refcntd report --format html`)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.cli.common import (
         baseline_judge,
         ci_outputs,
+        emit,
         finish_output,
         judge_against_baseline,
         judged,
@@ -92,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if args.pprof:
         from refcntd.outputs.pprof import write_profile
         write_profile(result, args.pprof)
+    if args.html:
+        from refcntd.outputs.html import render_html
+        emit(render_html([result]), args.html)
     ci_outputs(result, verdict, args, sys.stderr)
     return run_exit_status(result, verdict, args.exitcode, args.strict)
 

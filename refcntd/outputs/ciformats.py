@@ -8,6 +8,7 @@ from typing import TextIO
 from xml.etree import ElementTree as ET
 
 from refcntd import __version__
+from refcntd.analysis.attribution import MISSING_PUT, Culprit
 from refcntd.analysis.culpritlines import last_use_line, put_line
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.errors import UsageError
@@ -66,11 +67,19 @@ def message(f: Finding) -> str:
     lines = [f"{title(f)}{grown}, in {len(set(f.pids))} process(es), {where}:"]
     lines += [f"  #{i} {frame.describe()}" for i, frame in enumerate(f.frames)]
     for g in f.groups[:1]:
-        for c in g.culprits[:3]:
-            lines.append(f"  culprit: {c.kind} in {named(c)}, got at "
-                         f"{short_path(c.frames, 8)} (unmatched in {c.objects} of "
-                         f"{len(g.objects)} leaked objects)")
+        lines += [_culprit_line(c, len(g.objects)) for c in g.culprits[:3]]
     return "\n".join(lines)
+
+
+def _culprit_line(c: Culprit, leaked: int) -> str:
+    """Found against a baseline, a culprit's path is the call that changed: for a missing
+    put the put that is gone, which was no get."""
+    if c.baseline:
+        what = "the put lost at" if c.kind == MISSING_PUT else "the extra get at"
+        return (f"  culprit: {c.kind} in {named(c)}, {what} {short_path(c.frames, 8)} "
+                f"(found against {c.baseline})")
+    return (f"  culprit: {c.kind} in {named(c)}, got at {short_path(c.frames, 8)} "
+            f"(unmatched in {c.objects} of {leaked} leaked objects)")
 
 
 def probed_functions(result: RunResult) -> frozenset[str]:
@@ -85,7 +94,7 @@ def user_frame(f: Finding, root: Path, probed: frozenset[str] = frozenset()
     the culprit's line first (culpritlines.py), then its path outward, then the
     allocation stack, skipping the probed refcount functions."""
     top = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
-    candidates = [top.function, *top.frames[::-1]] if top is not None else []
+    candidates = [*top.exits[:1], top.function, *top.frames[::-1]] if top is not None else []
     for frame in [*candidates, *f.frames]:
         rel = _relative(frame, root)
         if rel and frame.function not in probed:

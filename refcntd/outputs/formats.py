@@ -23,7 +23,8 @@ Renderer = Callable[["RunResult", "Verdict", Path], "str | bytes"]  # bytes: ppr
 
 def text(result: RunResult, verdict: Verdict, _root: Path) -> str:
     from refcntd.outputs import ciformats, report
-    out = "".join(report.render_process(p) + "\n" for p in result.processes)
+    out = "".join(report.render_process(p) + "\n" for p in result.processes
+                  if not report.quiet(p))
     return out + report.render_run(result) + ciformats.verdict_text(result, verdict)
 
 

@@ -17,6 +17,7 @@ class FrameJson(TypedDict):
     file: NotRequired[str]
     line: NotRequired[int]
     unresolved: NotRequired[str]  # the raw address text of an unknown module
+    inlined: NotRequired[bool]  # a function inlined at the frame below (same address)
 
 
 class CulpritJson(TypedDict):
@@ -35,6 +36,9 @@ class CulpritJson(TypedDict):
     last_use_line: NotRequired[int]  # the object on this path (the put is missing after
     last_use_call: NotRequired[str]  # it), and the function it called there
     last_use_stack: NotRequired[list[FrameJson]]  # that operation's path up to the culprit
+    exit_file: NotRequired[str]  # missing put: where the culprit's code skips every put
+    exit_line: NotRequired[int]  # released objects made in it (an early return's branch)
+    exits: NotRequired[list[FrameJson]]  # every such place, one frame per line
     why: NotRequired[str]  # why this function and not another
     tie: NotRequired[list[str]]  # functions with the same evidence (this one included)
     holder: NotRequired[str]  # indirect leaks: "type 0xADDR" of the leaked holder

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refcntd.analysis.model import AnomalyFinding, LeakGroup, RunResult
-from refcntd.errors import ConfigError, RefcntdError
+from refcntd.errors import ConfigError, RefcntdError, UsageError
 from refcntd.inputs.files import read_text
 from refcntd.inputs.spec import load_spec, return_constructors
 from refcntd.inputs.suppressions import (
@@ -163,7 +163,9 @@ def parse_thresholds(items: list[str]) -> dict[str, int]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.isdigit():
-            raise ConfigError("--max-leaks", 0, item, "expected TYPE=N, e.g. dso=3 or '*=0'")
+            why = "N must be a whole number" if sep and name else "no TYPE=N"
+            raise UsageError(f"--max-leaks {item!r}: {why}",
+                             "give TYPE=N, e.g. dso=3 or '*=0'")
         out[name] = int(value)
     return out
 

@@ -4,8 +4,10 @@ One sample per (process, type, allocation stack) with three values:
 
 * `objects/count`: the objects (leaked at exit; live at detach or now),
 * `references/count`: the references they still hold (the sum of their counts),
-* `age/milliseconds`: the sum of their ages (÷ objects: their mean age), which
-  weighs a flame graph by how long objects have been held.
+* `age/nanoseconds`: the sum of their ages (÷ objects: their mean age), which
+  weighs a flame graph by how long objects have been held (nanoseconds: objects a
+  test leaks are often under a millisecond old, and whole milliseconds summed
+  them to 0; pprof shows the value in the unit that suits it).
 
 `period_type` is `objects/count` with `period` 1, the same in every profile
 refcntd writes (Pyroscope keys a series by sample and period type).  Labels:
@@ -37,7 +39,7 @@ from refcntd.outputs.profileproto import message
 from refcntd.symbolize.symbolizer import Frame
 from refcntd.text import visible
 
-SAMPLE_TYPES = (("objects", "count"), ("references", "count"), ("age", "milliseconds"))
+SAMPLE_TYPES = (("objects", "count"), ("references", "count"), ("age", "nanoseconds"))
 PERIOD_TYPE = ("objects", "count")
 PERIOD = 1
 CONTENT_TYPE = "application/octet-stream"  # what Alloy's pyroscope.scrape accepts
@@ -49,7 +51,7 @@ class Sample:
     """One (process, type, allocation stack), innermost frame first."""
 
     frames: tuple[Frame, ...]
-    values: tuple[int, int, int]  # objects, references, age in ms
+    values: tuple[int, int, int]  # objects, references, sum of ages in ns
     labels: tuple[tuple[str, str], ...]
 
 
@@ -90,20 +92,20 @@ def alloc_frames(frames: tuple[Frame, ...], probed: frozenset[str]) -> tuple[Fra
 
 
 def group_values(g: LeakGroup) -> tuple[int, int, int]:
-    """(objects, references, age in ms); a group drained as columns (or any sequence with
+    """(objects, references, sum of ages in ns); a group drained as columns (or any sequence with
     `sums()`) is summed without an object each, another read a chunk at a time."""
     objects = g.objects
     n, refs, age_ns = len(objects), 0, 0
     sums = getattr(objects, "sums", None)
     if sums is not None:
         refs, age_ns = sums()
-        return n, refs, age_ns // 1_000_000
+        return n, refs, age_ns
     chunks: Iterable[Sequence[LeakedObject]] = (objects,) if isinstance(objects, list) \
         else (objects[i:i + _CHUNK] for i in range(0, n, _CHUNK))
     for chunk in chunks:
         refs += sum(o.count for o in chunk)
         age_ns += sum(o.age_ns for o in chunk)
-    return n, refs, age_ns // 1_000_000
+    return n, refs, age_ns
 
 
 def write_profile(result: RunResult, path: str) -> None:

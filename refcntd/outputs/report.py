@@ -5,8 +5,15 @@ from __future__ import annotations
 import shlex
 
 from refcntd.analysis.attribution import Culprit
-from refcntd.analysis.culpritlines import culprit_line, last_use_line, put_line, where
+from refcntd.analysis.culpritlines import (
+    culprit_line,
+    exit_lines,
+    last_use_line,
+    put_line,
+    where,
+)
 from refcntd.analysis.model import (
+    STATE_EXITED,
     STATE_LIVE_AT_DETACH,
     AnomalyFinding,
     LeakedObject,
@@ -211,7 +218,12 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
                      f"got at {short_path(c.frames, 8)}{handed} is never put")
         if c.why:
             lines.append(f"    why: {c.why}")
-        if put_line(c) is not None:
+        if c.exits:
+            lines.append(f"    {c.function.function} skips its put at "
+                         f"{', '.join(where(e) for e in exit_lines(c))}"
+                         + (f" (released objects put it at {where(put_line(c))})"
+                            if put_line(c) else ""))
+        elif put_line(c) is not None:
             lines.append(f"    released objects put it at {where(put_line(c))}; "
                          "this one never got there")
         elif (last := last_use_line(c)) is not None:
@@ -228,8 +240,10 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
 
 def named(c: Culprit) -> str:
     """`function (file.c:12)`: the culprit and, with DWARF, the line of the call in it
-    that the reference came through (an extra get: the call that took it)."""
-    at = where(culprit_line(c))
+    that the reference came through (an extra get: the call that took it), or for a
+    missing put the one line where its code skips the put."""
+    exits = exit_lines(c)
+    at = where(exits[0] if len(exits) == 1 else culprit_line(c))
     return f"{c.function.function or '??'}{f' ({at})' if at else ''}"
 
 
@@ -289,11 +303,32 @@ def render_tracing(t: TracingStatus) -> str:
     return "\n".join(lines) + "\n"
 
 
+QUIET_LISTED = 8  # processes named in the one line that says they had nothing
+
+
+def quiet(p: ProcessReport) -> bool:
+    """A process that exited with nothing to report (the `sh`, `dirname` and `id` of a
+    `make check` script): not given a report of its own, only a name in quiet_summary."""
+    return p.state == STATE_EXITED and not (p.groups or p.anomalies or p.kept or p.notes)
+
+
+def quiet_summary(processes: list[ProcessReport]) -> str:
+    """One SUMMARY line for every quiet process: a script's helpers are not a report
+    each (the only process of a run keeps its own line)."""
+    calm = [p for p in processes if quiet(p)]
+    if len(calm) <= 1:
+        return "".join(summary_line(p) + "\n" for p in calm)
+    names = ", ".join(f"{p.comm} ({p.pid})" for p in calm[:QUIET_LISTED])
+    more = f" and {len(calm) - QUIET_LISTED} more" if len(calm) > QUIET_LISTED else ""
+    return visible(f"SUMMARY: refcntd: no leaks in {_plural(len(calm), 'process')}: "
+                   f"{names}{more}") + "\n"
+
+
 def render_run(result: RunResult) -> str:
     leaking = [p for p in result.processes if p.state != STATE_LIVE_AT_DETACH and p.groups]
     total = sum(p.leaked_objects for p in leaking)
     types = len({g.type_name for p in leaking for g in p.groups})
-    text = render_tracing(result.tracing)
+    text = quiet_summary(result.processes) + render_tracing(result.tracing)
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
              f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
              f"{_plural(len(leaking), 'process')}{_live_note(result)}, "

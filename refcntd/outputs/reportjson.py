@@ -12,7 +12,7 @@ from typing import cast
 
 from refcntd import __version__
 from refcntd.analysis.attribution import Culprit, PathOp
-from refcntd.analysis.culpritlines import culprit_line, last_use_line, put_line
+from refcntd.analysis.culpritlines import culprit_line, exit_lines, last_use_line, put_line
 from refcntd.analysis.model import (
     AnomalyFinding,
     LeakedObject,
@@ -67,6 +67,8 @@ def frame_json(f: Frame) -> FrameJson:
         out.update({"file": f.file, "line": f.line})
     if not f.module:
         out["unresolved"] = f.raw
+    if f.inlined:
+        out["inlined"] = True
     return out
 
 
@@ -106,6 +108,11 @@ def culprit_json(c: Culprit) -> CulpritJson:
                     "last_use_call": last[1]})
     if c.last_use:
         out["last_use_stack"] = [frame_json(f) for f in c.last_use]
+    if c.exits:
+        exits = exit_lines(c)
+        if exits:
+            out.update({"exit_file": exits[0][0], "exit_line": exits[0][1]})
+        out["exits"] = [frame_json(f) for f in c.exits]
     if c.baseline:
         out["baseline"] = c.baseline
     return out

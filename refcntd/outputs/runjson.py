@@ -36,7 +36,7 @@ from refcntd.outputs.jsontypes import (
 )
 from refcntd.outputs.reportjson import JSON_SCHEMA, JSON_VERSION
 from refcntd.outputs.savedcolumns import CutRun
-from refcntd.symbolize.symbolizer import Frame
+from refcntd.symbolize.symbolizer import INLINED, Frame
 
 # a group's "instances" -> its objects when cut out as columns, else None (read per object)
 Objects = Callable[[object], Sequence[LeakedObject] | None]
@@ -96,7 +96,8 @@ def _frame(f: FrameJson) -> Frame:
     return Frame(_typed(f.get("module", ""), str), int(f.get("address", "0x0"), 16),
                  _typed(f.get("function", ""), str), _typed(f.get("offset", 0), int),
                  _typed(f.get("file", ""), str), _typed(f.get("line", 0), int),
-                 _typed(f.get("unresolved", ""), str))
+                 INLINED if _typed(f.get("inlined", False), bool)
+                 else _typed(f.get("unresolved", ""), str))
 
 
 T = TypeVar("T")
@@ -141,6 +142,7 @@ def _culprit(c: CulpritJson) -> Culprit:
                    c["released_uses"], expected=_frames(c.get("expected_stack", [])),
                    why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""),
                    last_use=_frames(c.get("last_use_stack", [])),
+                   exits=_frames(c.get("exits", [])),
                    baseline=c.get("baseline", ""))
 
 

@@ -51,6 +51,9 @@ class LineTable:
     _ranges: list[tuple[int, int, int]] | None = None  # low, high, unit offset
     _units: dict[int, _Unit] = field(default_factory=dict)
     _chains: dict[int, tuple[list[InlinedCall], dict[int, str]]] = field(default_factory=dict)
+    # unit offset -> its functions with one address range (low, high, DIE), by low
+    _functions: dict[int, tuple[list[int], list[tuple[int, int, DIE]]]] = field(
+        default_factory=dict)
 
     def lookup(self, vaddr: int) -> Location:
         try:
@@ -90,11 +93,32 @@ class LineTable:
                 offset = self._unit_offset(vaddr)
                 unit = self._unit(offset) if offset is not None else None
                 cu = self._info().get_CU_at(offset) if offset is not None else None
-                chain = _inline_chain(cu.get_top_DIE(), vaddr) if cu is not None else []
+                scope = self._function_at(offset, cu, vaddr) \
+                    if cu is not None and offset is not None else None
+                chain = _inline_chain(scope, vaddr) if scope is not None else []
             except _CORRUPT:
                 unit, chain = None, []
             self._chains[vaddr] = (chain, unit.names if unit is not None else {})
         return self._chains[vaddr]
+
+    def _function_at(self, offset: int, cu: CompileUnit, vaddr: int) -> DIE:
+        """The unit's function DIE whose low_pc/high_pc holds `vaddr`, found by bisection
+        (a unit of perf has thousands: walking them all per address took seconds for
+        one culprit's code); the unit's top DIE when no such function does."""
+        if offset not in self._functions:
+            spans = []
+            for die in cu.get_top_DIE().iter_children():
+                low, high = die.attributes.get("DW_AT_low_pc"), die.attributes.get("DW_AT_high_pc")
+                if die.tag == "DW_TAG_subprogram" and low is not None and high is not None:
+                    end = high.value if high.form == "DW_FORM_addr" else low.value + high.value
+                    spans.append((int(low.value), int(end), die))
+            spans.sort(key=lambda t: (t[0], t[1]))
+            self._functions[offset] = ([lo for lo, _, _ in spans], spans)
+        lows, spans = self._functions[offset]
+        i = bisect.bisect_right(lows, vaddr) - 1
+        if i >= 0 and vaddr < spans[i][1]:
+            return spans[i][2]
+        return cu.get_top_DIE()
 
     def _info(self) -> DWARFInfo:
         if self._dwarf is None:

@@ -35,6 +35,7 @@ from refcntd.symbolize.debugfiles import DebugFileFinder
 from refcntd.symbolize.modules import ModuleSymbols
 from refcntd.symbolize.perfmap import PerfMap, load_perf_map, process_uids
 
+INLINED = "inlined"  # Frame.raw of a function the compiler inlined at the frame's address
 MAX_PROCESS_NOTES = 8  # a process naming FIFO after FIFO gets no longer report
 V = TypeVar("V")
 
@@ -54,6 +55,12 @@ class Frame:
     line: int = 0
     raw: str = ""  # how the frame came from the kernel, for frames we could not place
 
+    @property
+    def inlined(self) -> bool:
+        """A function -O2 folded into the frame below it: no call of its own, the same
+        address, its line in its own code."""
+        return self.raw == INLINED
+
     def key(self) -> tuple[str, str, int]:
         """Identity for grouping and baselines: stable across runs and ASLR."""
         if self.function:
@@ -62,6 +69,8 @@ class Frame:
 
     def describe(self) -> str:
         where = f"{self.function}+0x{self.offset:x}" if self.function else f"0x{self.vaddr:x}"
+        if self.inlined:
+            where = f"{self.function} (inlined)"
         if not self.module:
             return f"?? {self.raw}"
         src = f" {self.file}:{self.line}" if self.file else ""
@@ -390,12 +399,17 @@ class Symbolizer:
         self._paths.setdefault(shown, path)
         return Frame(shown, vaddr, function, offset, file, line)
 
+    def module_of(self, frame: Frame) -> ModuleSymbols | None:
+        """The loaded module a symbolized frame is in (None for a raw frame)."""
+        path = self._paths.get(frame.module)
+        return self.module(path) if path and frame.function else None
+
     def in_own_function(self, frame: Frame) -> Frame:
         """The frame with the line of its own function, not of code inlined into it
         (lines.py): where a report names the line "in" the frame's function.  A frame
         past its function's start holds a return address: its call is at vaddr - 1."""
         path = self._paths.get(frame.module)
-        mod = self.module(path) if path and frame.function else None
+        mod = self.module(path) if path and frame.function and not frame.inlined else None
         if mod is None:
             return frame
         file, line = mod.outer_line(frame.vaddr - (1 if frame.offset else 0))
@@ -405,18 +419,28 @@ class Symbolizer:
         """The frame preceded by the functions the compiler inlined at its address,
         innermost first: a call written in `map__exit` that -O2 inlined into
         `map__put` shows as map__exit's (raw "inlined").  Each inlined frame has the
-        line in its own code; the outer frame that of the outermost inlined call."""
+        line in its own code; the outer frame that of the outermost inlined call.
+        gcc may put an inlined copy of a function inside its own DIE, called at its
+        own line: that is no caller, and is left out."""
         path = self._paths.get(frame.module)
-        mod = self.module(path) if path and frame.function else None
+        mod = self.module(path) if path and frame.function and not frame.raw else None
         chain = mod.inlined(frame.vaddr - (1 if frame.offset else 0)) if mod else []
+        own = frame.function.split(".")[0]
+        while chain and chain[0][0] == own:
+            chain = chain[1:]
         if not chain or not all(name for name, _ in chain):
             return (frame,)
         lines = [loc for _, loc in chain[1:]] + [(frame.file, frame.line)]
-        inner = [Frame(frame.module, frame.vaddr, name, frame.offset, file, line, "inlined")
+        inner = [Frame(frame.module, frame.vaddr, name, frame.offset, file, line, INLINED)
                  for (name, _), (file, line) in zip(chain, lines, strict=True)]
         file, line = chain[0][1]
         outer = replace(frame, file=file, line=line) if file else frame
         return (*reversed(inner), outer)
+
+    def expand_inlined(self, frames: Iterable[Frame]) -> tuple[Frame, ...]:
+        """Every frame with the functions inlined at it: a static helper that -O2 folded
+        into its caller is a frame of a stack like any other (its name, its line)."""
+        return tuple(f for frame in frames for f in self.with_inlined(frame))
 
     def perf_map(self, tgid: int, proc_root: Path = Path("/proc")) -> PerfMap | None:
         """The JIT map of `tgid`, checked against the uids it had while alive; a refused

@@ -76,6 +76,8 @@ def test_lines_of_extra_get_and_missing_put(bpf, build, tmp_path, probe_mode):
     assert (sess["kind"], sess["function"]) == ("missing put", "scenario_sess")
     assert (Path(sess["file"]), sess["line"]) == (SOURCE, in_at)
     assert (Path(sess["put_file"]), sess["put_line"]) == (SOURCE, put_at)
+    skip = marked("sess-skip")  # the branch that skips the put (issue 41)
+    assert (Path(sess["exit_file"]), sess["exit_line"]) == (SOURCE, skip)
     cfg, cfg_in, cfg_last = tops["cfg"], marked("cfg-in"), marked("cfg-last")
     assert (cfg["kind"], cfg["function"]) == ("missing put", "scenario_cfg")
     assert (Path(cfg["file"]), cfg["line"]) == (SOURCE, cfg_in)
@@ -85,9 +87,9 @@ def test_lines_of_extra_get_and_missing_put(bpf, build, tmp_path, probe_mode):
 
     text = result.stderr
     assert f"Likely culprit: extra get in tok_work_bad (culpritlines.c:{extra}):" in text
-    assert f"Likely culprit: missing put in scenario_sess (culpritlines.c:{in_at}):" in text
-    assert f"released objects put it at culpritlines.c:{put_at}; this one never got there" \
-        in text
+    assert f"Likely culprit: missing put in scenario_sess (culpritlines.c:{skip}):" in text
+    assert f"scenario_sess skips its put at culpritlines.c:{skip} (released objects put it " \
+        f"at culpritlines.c:{put_at})" in text
     assert f"last used at culpritlines.c:{cfg_last} (call to cfg_apply); its put is " \
         "missing after that" in text
 
@@ -95,7 +97,7 @@ def test_lines_of_extra_get_and_missing_put(bpf, build, tmp_path, probe_mode):
     tok_result, sess_result = sarif_result(sarif, "tok"), sarif_result(sarif, "sess")
     assert located(tok_result) == (URI, extra)
     assert "relatedLocations" not in tok_result
-    assert located(sess_result) == (URI, in_at)
+    assert located(sess_result) == (URI, skip)
     assert located(sess_result, "relatedLocations") == (URI, put_at)
     cfg_result = sarif_result(sarif, "cfg")
     assert located(cfg_result) == (URI, cfg_in)
@@ -121,10 +123,11 @@ def test_without_dwarf_the_function_alone(bpf, build, tmp_path):
     assert [(c["kind"], c["function"]) for c in (tops["tok"], tops["sess"], tops["cfg"])] == \
         [("extra get", "tok_work_bad"), ("missing put", "scenario_sess"),
          ("missing put", "scenario_cfg")]
-    assert not {"file", "line", "put_file", "put_line", "last_use_line"} & \
+    assert not {"file", "line", "put_file", "put_line", "last_use_line", "exit_line"} & \
         {k for c in tops.values() for k in c}
     assert "Likely culprit: extra get in tok_work_bad: the reference" in result.stderr
     assert "released objects put it at" not in result.stderr
+    assert "skips its put" not in result.stderr
     for r in sarif["runs"][0]["results"]:
         assert "locations" not in r and "relatedLocations" not in r
 

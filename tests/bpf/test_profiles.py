@@ -44,7 +44,7 @@ def go_pprof(args: list[str], source: str, tmp: Path) -> str:
 def raw_samples(text: str) -> list[tuple[list[int], dict[str, str]]]:
     """The samples of `go tool pprof -raw`: (values, labels) each."""
     body = text.split("\nSamples:\n", 1)[1].split("\nLocations\n", 1)[0].splitlines()
-    assert body[0].split() == ["objects/count[dflt]", "references/count", "age/milliseconds"]
+    assert body[0].split() == ["objects/count[dflt]", "references/count", "age/nanoseconds"]
     out: list[tuple[list[int], dict[str, str]]] = []
     for line in body[1:]:
         if ":" in line and not LABEL.search(line):
@@ -97,13 +97,17 @@ def assert_rendered(dom: str, frames: list[str]) -> None:
 
 def test_pprof_file_of_a_real_run_read_by_go_pprof(bpf, build, tmp_path):
     exe = build.perflike("O2fp")
-    saved, prof = tmp_path / "run.json", tmp_path / "run.pb.gz"
-    run = refcntd(["run", "--pprof", str(prof), "--", str(exe)], json_path=saved)
+    saved, prof, page = tmp_path / "run.json", tmp_path / "run.pb.gz", tmp_path / "run.html"
+    run = refcntd(["run", "--pprof", str(prof), "--html", str(page), "--", str(exe)],
+                  json_path=saved)
     assert run.returncode == 23, run.stderr  # the exit status is unchanged
     again = tmp_path / "again.pb.gz"
     rendered = refcntd(["report", "--format", "pprof", "--output", str(again), str(saved)])
     assert rendered.returncode == 23 and rendered.stdout == "", rendered.stderr
     assert again.read_bytes() == prof.read_bytes()  # a view of the same run JSON
+    # run --html (issue 41: it did not exist while --pprof did): the report's page
+    html = refcntd(["report", "--format", "html", str(saved)])
+    assert html.returncode == 23 and page.read_text() == html.stdout
     leaked = run.report["processes"][0]
     references = sum(i["count"] for g in leaked["groups"] for i in g["instances"])
 
@@ -111,6 +115,7 @@ def test_pprof_file_of_a_real_run_read_by_go_pprof(bpf, build, tmp_path):
     samples = raw_samples(raw)
     assert sum(v[0] for v, _ in samples) == run.report["leaked_objects"] == 8
     assert sum(v[1] for v, _ in samples) == references == 18
+    assert sum(v[2] for v, _ in samples) > 0  # ages under a millisecond are not 0 (issue 41)
     by_type = totals(samples)
     assert {t: v[0] for t, v in by_type.items()} == {t: len(c) for t, c in
                                                      PERFLIKE_LEAKS.items()}

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from test_cli_outputs import EVIL, RAW_CONTROL, evil_result
@@ -88,3 +89,15 @@ def test_hostile_names_cannot_break_out(tmp_path) -> None:
     assert any("\\x1b[31m" in n and "</script>" in n and "\\udcff" in n
                for n in data["names"])
     page.encode("utf-8")  # no lone surrogate left
+
+
+def test_mean_age_of_objects_under_a_millisecond(tmp_path) -> None:
+    """0.08-0.15 ms objects: the Types table said "mean age 0.0 ms" (whole milliseconds
+    summed before dividing; issue 41)."""
+    r = result(tmp_path)
+    g = r.processes[0].groups[0]  # two map objects
+    g.objects = [replace(o, age_ns=age) for o, age in zip(g.objects, (80_000, 150_000),
+                                                           strict=True)]
+    page = render_html([r])
+    row = re.search(r"<tr><td><code>map</code></td>(.*?)</tr>", page).group(1)
+    assert "0.1 ms" in row and "0.0 ms" not in row  # mean 0.115 ms

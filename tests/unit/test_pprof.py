@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 from test_cli_outputs import EVIL, RAW_CONTROL, evil_result
@@ -59,7 +60,8 @@ def test_samples_values_labels_and_symbols(tmp_path) -> None:
     assert (s[p.period_type.type], s[p.period_type.unit], p.period) == ("objects", "count", 1)
     assert s[p.default_sample_type] == "objects" and p.time_nanos == 0
     values = [list(x.value) for x in p.sample]
-    assert values == [[2, 11, 4], [1, 2, 4], [1, 1, 0]]  # objects, references, age ms
+    # objects, references, age in ns
+    assert values == [[2, 11, 4_500_000], [1, 2, 4_000_000], [1, 1, 0]]
     labels = [{s[label.key]: s[label.str] for label in x.label} for x in p.sample]
     assert labels[0] == {"target": "prog", "process": "prog", "type": "map", "state": "exited"}
     functions = {f.id: s[f.name] for f in p.function}
@@ -82,7 +84,7 @@ def test_same_run_same_bytes_and_type_filter(tmp_path) -> None:
     r = result(tmp_path)
     assert pprof.run_profile([r]) == pprof.run_profile([r])
     only = decode(pprof.run_profile([r], types=frozenset({"dso"})))
-    assert [list(x.value) for x in only.sample] == [[1, 2, 4]]
+    assert [list(x.value) for x in only.sample] == [[1, 2, 4_000_000]]
     live = decode(pprof.run_profile([r], time_ns=123, live=True))
     assert live.time_nanos == 123
     assert "state" not in set(live.string_table)
@@ -96,10 +98,21 @@ def test_columns_summed_without_objects_others_in_chunks(monkeypatch) -> None:
     for g in groups:
         listed = list(g.objects)
         expected = (len(listed), sum(o.count for o in listed),
-                    sum(o.age_ns for o in listed) // 1_000_000)
+                    sum(o.age_ns for o in listed))
         assert pprof.group_values(g) == expected  # LeakedObjects.sums()
         g.objects = tuple(listed)  # type: ignore[assignment]
         assert pprof.group_values(g) == expected  # a chunk at a time
+
+
+def test_ages_under_a_millisecond_are_not_summed_to_zero(tmp_path) -> None:
+    """Objects a test leaks are 0.08-0.15 ms old: whole milliseconds summed them to a
+    profile whose -sample_index=age total was 0 (issue 41)."""
+    r = result(tmp_path)
+    for g, ages in zip(r.processes[0].groups, ((80_000, 150_000), (120_000,), (0,)),
+                       strict=True):
+        g.objects = [replace(o, age_ns=a) for o, a in zip(g.objects, ages, strict=True)]
+    p = decode(pprof.run_profile([r]))
+    assert [x.value[2] for x in p.sample] == [230_000, 120_000, 0]
 
 
 def test_hostile_names_escaped_and_read_by_go_pprof(tmp_path) -> None:
