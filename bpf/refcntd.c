@@ -23,6 +23,8 @@
  * everything else is a knob (knobs.h), read at run time.
  */
 #include <uapi/linux/ptrace.h>
+/* EEXIST (stats.h, stackstore.h): Debian's 6.12 headers bring it in no other way */
+#include <uapi/asm-generic/errno-base.h>
 
 #include "refcntd.h"
 

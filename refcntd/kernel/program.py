@@ -7,7 +7,8 @@ options that pick branches are the program's run-time configuration (knobs.py),
 written into each start's maps.  `refcntd prebuild` compiles it once; with
 REFCNTD_NO_COMPILE=1 a start that would still need clang fails instead.
 
-The only module that imports bcc (loader.py, which attaches and reads, does not).
+bcc itself is called only by bcccompile.py, in a child process (loader.py, which
+attaches and reads, never touches it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from refcntd.binary import cpus
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel import abi, bpfsys, knobs, perf_uprobe, progcache
+from refcntd.kernel import abi, bcccompile, bpfsys, knobs, perf_uprobe, progcache
 from refcntd.paths import BPF_DIR, CACHE_DIR
 
 
@@ -160,62 +161,26 @@ def cache_key(text: str, cflags: list[str], bpf_dir: Path = BPF_DIR) -> str:
 def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
              opts: KernelOptions, entry: progcache.Entry | None
              ) -> tuple[progcache.Entry, progcache.Layout, frozenset[str]]:
-    """bcc's compile, kept in the cache: the whole program when there is no `entry`
-    (its instructions are kept), else the map declarations only; the maps as the
-    kernel created them either way.  bcc's own maps and programs are closed: Program
-    makes its own from these.  Also the structs compared field by field with abi.py
-    (_check_layout)."""
-    bcc = _import_bcc()
+    """bcc's compile (bcccompile.py, in a child process), kept in the cache: the whole
+    program when there is no `entry` (its instructions are kept), else the map
+    declarations only; the maps as the kernel created them either way.  Program makes
+    its own maps and programs from these.  Also the structs compared field by field
+    with abi.py."""
     source = text if entry is None else progcache.maps_only(text)
-    try:
-        with cpus.busy():  # an analysis running beside it leaves this CPU to clang
-            bpf = bcc.BPF(text=source.encode(), cflags=cflags)
-    except Exception as err:  # bcc raises bare Exception for compile/load errors
-        raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
-                                 "check kernel headers (BCC_KERNEL_SOURCE)") from None
-    try:
-        checked = frozenset(_check_layout(bpf))
-        names = _map_names(bpf)
-        fds = {name: bpf[name.encode()].map_fd for name in names}
-        infos = {name: bpfsys.map_info(fd) for name, fd in fds.items()}
-        btf_ids = {info.btf_id for info in infos.values() if info.btf_id}
-        btf = bpfsys.btf_blob(btf_ids.pop()) if len(btf_ids) == 1 else b""
-        specs = [progcache.MapSpec(name, info.type, info.key_size, info.value_size,
-                                   info.max_entries, info.map_flags,
-                                   info.btf_key_type_id if btf else 0,
-                                   info.btf_value_type_id if btf else 0)
-                 for name, info in infos.items()]
-        layout = progcache.Layout(key, tuple(specs), sizes, btf)
-        compiled = entry is None
-        if entry is None:
-            entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
-        sized = history_sized(layout, opts.history_depth)
-        if not _fits(sized, opts, entry.maps):
-            raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
-                                     "run `python -m refcntd.kernel.abigen`")
-        if compiled:
-            progcache.store(CACHE_DIR, entry)
-        progcache.store_layout(CACHE_DIR, layout)
-        return entry, sized, checked
-    finally:
-        bpf.cleanup()
-
-
-def _functions(bpf: Any, fds: dict[str, int]) -> dict[str, progcache.Function]:
-    from bcc.libbcc import lib  # the loader is the one module that may import bcc
-    names_by_fd = {fd: name for name, fd in fds.items()}
-    functions = {}
-    try:
-        for i in range(lib.bpf_num_functions(bpf.module)):
-            raw = lib.bpf_function_name(bpf.module, i)
-            code = ctypes.string_at(lib.bpf_function_start(bpf.module, raw),
-                                    lib.bpf_function_size(bpf.module, raw))
-            functions[raw.decode()] = progcache.capture(code, names_by_fd)
-    except progcache.Unrelocatable as err:
-        raise EnvironmentProblem(f"the compiled BPF program refers to something other than "
-                                 f"its maps ({err}): refcntd cannot load it",
-                                 "report this with `refcntd check --verbose`") from None
-    return functions
+    with cpus.busy():  # an analysis running beside it leaves this CPU to clang
+        done = bcccompile.compile_in_child(source, cflags, entry is None, CACHE_DIR / "bpf")
+    layout = progcache.Layout(key, done.specs, sizes, done.btf)
+    compiled = entry is None
+    if entry is None:
+        entry = progcache.Entry(key, done.names, done.functions or {})
+    sized = history_sized(layout, opts.history_depth)
+    if not _fits(sized, opts, entry.maps):
+        raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
+                                 "run `python -m refcntd.kernel.abigen`")
+    if compiled:
+        progcache.store(CACHE_DIR, entry)
+    progcache.store_layout(CACHE_DIR, layout)
+    return entry, sized, done.checked
 
 
 def resized(layout: progcache.Layout, sizes: dict[str, str]) -> progcache.Layout | None:
@@ -425,90 +390,3 @@ def _libbcc_path() -> str:
         if path.exists():
             return str(path)
     return "libbcc.so.0: not found"
-
-
-def _import_bcc() -> Any:
-    try:
-        import bcc
-    except ImportError as err:
-        raise EnvironmentProblem(f"bcc is not importable ({err})",
-                                 "install python3-bpfcc and use a venv made from /usr/bin/python3 "
-                                 "that sees it (--system-site-packages, or a link "
-                                 "to its bcc folder as scripts/setup.sh makes)") from None
-    return bcc
-
-
-def _map_names(bpf: Any) -> list[str]:
-    from bcc.libbcc import lib  # the loader is the one module that may import bcc
-    lib.bpf_num_tables.restype = ctypes.c_ulonglong  # in libbcc, not declared by bcc's Python
-    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
-    lib.bpf_table_name.restype = ctypes.c_char_p
-    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
-    return [lib.bpf_table_name(bpf.module, i).decode()
-            for i in range(lib.bpf_num_tables(bpf.module))]
-
-
-def _check_layout(bpf: Any) -> set[str]:
-    """Every map whose key or value is a struct of bpf/refcntd.h must match abi.py exactly.
-
-    Returns the structs compared, so a test can see the check really ran.
-    """
-    mirrors = dict(abi.STRUCTS)
-    mirrors["hist_val"] = abi.hist_val_type()  # as compiled: abi.HISTORY_DEPTH entries
-    checked: set[str] = set()
-    for name in _map_names(bpf):
-        table = bpf[name.encode()]
-        for what, theirs in (("key", table.Key), ("value", table.Leaf)):
-            if theirs.__name__.rsplit("_Array_", 1)[-1].isdigit():  # per-CPU values
-                theirs = theirs._type_
-            mine = mirrors.get(theirs.__name__)
-            if mine is None:
-                continue
-            checked.add(theirs.__name__)
-            if mine is not None:
-                problem = layout_difference(mine, theirs)
-                if problem:
-                    raise EnvironmentProblem(
-                        f"map {name}: {what} struct {theirs.__name__} differs between "
-                        f"bpf/refcntd.h as compiled and refcntd/kernel/abi.py: {problem}",
-                        "run `python -m refcntd.kernel.abigen` after changing the header")
-    return checked
-
-
-def layout_difference(mine: Any, theirs: Any, prefix: str = "") -> str:
-    """'' when both ctypes layouts have the same fields at the same offsets and sizes.
-
-    bcc's Python decoder keeps only the outer dimension of a 2-D array
-    (`char argv[8][128]` arrives as `char[8]`): such a field is compared by
-    offset and outer length, and the struct's total size is then not comparable.
-    """
-    if not hasattr(mine, "_fields_"):
-        if ctypes.sizeof(mine) != ctypes.sizeof(theirs):
-            return f"{prefix.rstrip('.') or 'size'}: {ctypes.sizeof(mine)} vs " \
-                   f"{ctypes.sizeof(theirs)} bytes"
-        return ""
-    ours = [f[0] for f in mine._fields_]
-    their_types = {f[0]: f[1] for f in getattr(theirs, "_fields_", [])
-                   if not f[0].startswith("__pad")}  # bcc names its own padding
-    if ours != list(their_types):
-        return f"{prefix}fields {ours} vs {list(their_types)}"
-    collapsed = False
-    for name, sub in mine._fields_:
-        a, b = getattr(mine, name), getattr(theirs, name)
-        if a.offset != b.offset:
-            return f"{prefix}{name}: offset {a.offset} vs {b.offset}"
-        if _collapsed_2d(sub, their_types[name]):
-            collapsed = True
-            continue
-        problem = layout_difference(sub, their_types[name], f"{prefix}{name}.")
-        if problem:
-            return problem
-    if not collapsed and ctypes.sizeof(mine) != ctypes.sizeof(theirs):
-        return f"{prefix or 'size: '}{ctypes.sizeof(mine)} vs {ctypes.sizeof(theirs)} bytes"
-    return ""
-
-
-def _collapsed_2d(mine: Any, theirs: Any) -> bool:
-    inner = getattr(mine, "_type_", None)
-    return (hasattr(inner, "_length_") and getattr(theirs, "_length_", None) == mine._length_
-            and not hasattr(getattr(theirs, "_type_", None), "_length_"))

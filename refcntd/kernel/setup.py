@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel.kheaders import find_kernel_source
+from refcntd.kernel.kheaders import choose_headers
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 TRACEFS = Path("/sys/kernel/tracing")
@@ -32,12 +32,14 @@ class TracingEnvironment:
     tracefs_mounted_here: bool  # prepare() mounted it
     kernel_headers: Path | None  # what BCC_KERNEL_SOURCE is (or would be) set to
     headers_problem: str = ""  # why kernel_headers is None
+    headers_why: str = ""  # which headers these are and why (kheaders.Headers.why)
+    headers_exact: bool = True  # the running kernel's own (or the user's choice)
 
     def lines(self) -> list[str]:
         """For `refcntd check`: one line per fact."""
         tracefs = (f"mounted at {self.tracefs}" if self.tracefs else
                    f"not mounted (tracing would mount it at {TRACEFS})")
-        headers = (str(self.kernel_headers) if self.kernel_headers
+        headers = (f"{self.kernel_headers} ({self.headers_why})" if self.kernel_headers
                    else f"none: {self.headers_problem}")
         held = self.privileges or "insufficient: needs root, or CAP_BPF and CAP_PERFMON"
         return [f"privileges: {held}", f"tracefs: {tracefs}",
@@ -47,10 +49,11 @@ class TracingEnvironment:
 def describe() -> TracingEnvironment:
     """What prepare() would use, changing nothing (no mount, no header tree, no env)."""
     try:
-        headers, problem = find_kernel_source(create=False), ""
+        chosen = choose_headers(create=False)
     except EnvironmentProblem as err:
-        headers, problem = None, err.message
-    return TracingEnvironment(privileges(), mounted_tracefs(), False, headers, problem)
+        return TracingEnvironment(privileges(), mounted_tracefs(), False, None, err.message)
+    return TracingEnvironment(privileges(), mounted_tracefs(), False, chosen.path, "",
+                              chosen.why, chosen.exact)
 
 
 def prepare() -> TracingEnvironment:
@@ -62,9 +65,9 @@ def prepare() -> TracingEnvironment:
     tracefs, mounted = mounted_tracefs(), False
     if tracefs is None:
         tracefs, mounted = _mount_tracefs(), True
-    headers = find_kernel_source()
-    os.environ["BCC_KERNEL_SOURCE"] = str(headers)
-    return TracingEnvironment(held, tracefs, mounted, headers)
+    chosen = choose_headers()
+    os.environ["BCC_KERNEL_SOURCE"] = str(chosen.path)
+    return TracingEnvironment(held, tracefs, mounted, chosen.path, "", chosen.why, chosen.exact)
 
 
 def privileges() -> str:
