@@ -57,7 +57,8 @@ def describe() -> TracingEnvironment:
 
 
 def prepare() -> TracingEnvironment:
-    """Check privileges, mount tracefs if needed, choose kernel headers and export them."""
+    """Check privileges, mount tracefs if needed, refuse a kernel lacking a feature with
+    no fallback, choose kernel headers and export them."""
     held = privileges()
     if not held:
         raise EnvironmentProblem("tracing needs root, or CAP_BPF and CAP_PERFMON",
@@ -65,6 +66,8 @@ def prepare() -> TracingEnvironment:
     tracefs, mounted = mounted_tracefs(), False
     if tracefs is None:
         tracefs, mounted = _mount_tracefs(), True
+    from refcntd.kernel.program import kernel_choices  # program -> features -> this module
+    kernel_choices().require()  # a kernel feature with no fallback: before any other work
     chosen = choose_headers()
     os.environ["BCC_KERNEL_SOURCE"] = str(chosen.path)
     return TracingEnvironment(held, tracefs, mounted, chosen.path, "", chosen.why, chosen.exact)

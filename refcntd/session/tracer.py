@@ -283,7 +283,7 @@ class Tracer:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
         notes += silent_roles(self.plan, hits)
-        notes += self.kernel.probes.notes()
+        notes += self.kernel.notes() + self.kernel.probes.notes()
         notes += self.vetting.notes()
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
         notes += [f"no unwind table for {f}" for f in self.unwind.failed]
