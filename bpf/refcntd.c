@@ -23,6 +23,8 @@
  * everything else is a knob (knobs.h), read at run time.
  */
 #include <uapi/linux/ptrace.h>
+/* EEXIST (stats.h, stackstore.h): Debian's 6.12 headers bring it in no other way */
+#include <uapi/asm-generic/errno-base.h>
 
 #include "refcntd.h"
 
@@ -510,6 +512,32 @@ TRACEPOINT_PROBE(syscalls, sys_enter_execve)
 	return 0;
 }
 
+#ifndef REFCNTD_GROUP_DEAD
+#define REFCNTD_GROUP_DEAD 1  /* kernel/program.py says: -DREFCNTD_GROUP_DEAD=0 or 1 */
+#endif
+
+/* The process's last thread is exiting.  sched_process_exit says so itself where it has
+ * group_dead (6.18 has it; Debian's 6.1 and 6.12 do not: bcc's struct for it then has
+ * no such member).  There, do_exit has already decremented task->signal->live when the
+ * tracepoint fires (group_dead = atomic_dec_and_test(&signal->live)), so 0 means the
+ * same; two threads exiting at once may both read 0: the first drops the process from
+ * `procs`, the second finds nothing. */
+static __always_inline int signal_live_gone(void)
+{
+	struct refcntd_config *c = knobs();
+	if (!c || c->off_task_signal < 0 || c->off_signal_live < 0)
+		return 0;
+	void *task = (void *)bpf_get_current_task();
+	void *signal = 0;
+	int live = 1;
+	if (bpf_probe_read_kernel(&signal, sizeof(signal), task + c->off_task_signal) != 0 ||
+	    !signal)
+		return 0;
+	if (bpf_probe_read_kernel(&live, sizeof(live), signal + c->off_signal_live) != 0)
+		return 0;
+	return live == 0;
+}
+
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -524,8 +552,13 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	}
 	if (tid != tgid)
 		maps_exit(tid);  /* a thread's copy made at its clone */
+#if REFCNTD_GROUP_DEAD
 	if (!args->group_dead)
 		return 0;
+#else
+	if (!signal_live_gone())
+		return 0;
+#endif
 	maps_exit(tgid);
 	struct proc_val *proc = procs.lookup(&tgid);
 	if (!proc)

@@ -458,6 +458,8 @@ struct refcntd_config {
 	__u32 off_mm_uprobes;
 	__u32 off_uprobes_xol;
 	__u32 off_xol_vaddr;
+	__s32 off_task_signal;  /* task_struct.signal and signal_struct.live (BTF), read at an */
+	__s32 off_signal_live;  /* exit where the tracepoint has no group_dead; -1: unknown */
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 from refcntd.cli import argtypes
 from refcntd.cli.options import progress_arguments, spec_arguments
-from refcntd.errors import EXIT_INCOMPLETE, ConfigError, UsageError
+from refcntd.errors import EXIT_INCOMPLETE, ConfigError, EnvironmentProblem, UsageError
 
 if TYPE_CHECKING:
     from refcntd.binary.plan import Plan
+    from refcntd.kernel.program import KernelChoices
 
 HELP = "show what would be probed and how, without tracing"
 
@@ -29,12 +30,20 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.cli.stages import analyse
     from refcntd.inputs.spec import load_spec
     from refcntd.kernel import setup
+    from refcntd.kernel.kheaders import INSTALL_HINT
+    from refcntd.kernel.program import kernel_choices
     plan = analyse(load_spec(args.spec, allow_draft=True), args.binary,
                    parse_modes(args.probe_mode))
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")
     print(render_check(plan, args.pid))
-    print("\n".join(f"tracing {line}" for line in setup.describe().lines()))
+    environment = setup.describe()
+    print("\n".join(f"tracing {line}" for line in environment.lines()))
+    choices = kernel_choices()
+    print("\n".join(render_kernel(choices)))
+    if environment.kernel_headers is None:  # what `run` would say, and its status
+        raise EnvironmentProblem(environment.headers_problem, INSTALL_HINT)
+    choices.require()
     if plan.spec.draft:  # run and attach refuse it with 2: the same status, once explained
         raise ConfigError(plan.spec.path, plan.spec.draft_line, "draft",
                           "a draft from `refcntd spec draft`: confirm each role and the "
@@ -128,3 +137,26 @@ def render_usdt(plan: Plan, module: str, pid: int | None) -> list[str]:
             shown = "not mapped writable" if value is None else str(value)
             lines.append(f"      semaphore in pid {pid}: {shown}")
     return lines
+
+
+def render_kernel(choices: KernelChoices) -> list[str]:
+    """The feature table: each feature of the running kernel refcntd uses, whether it
+    has it, and what refcntd does without it (the same decisions `run` takes)."""
+    from refcntd.kernel.program import FEATURES
+    found = choices.found
+    lines = [f"kernel {found.release}: features (probed from the running kernel)"]
+    for name, what, since, fallback in FEATURES:
+        have = getattr(found, name)
+        mark = {True: "yes", False: "NO ", None: "?  "}[have]
+        line = f"  {mark} {what} (Linux {since})"
+        if have is None:
+            line += ": not probed (needs root); taken as present"
+        elif not have:
+            line += f": {fallback}" if fallback else ": required, no fallback"
+        lines.append(line)
+    lines.append("  attach: " + ("multi-uprobe links" if choices.multi
+                                 else "one perf event per probe site"))
+    exits = ("sched_process_exit's group_dead" if choices.group_dead else
+             "task->signal->live at BTF offsets" if choices.live_offsets else "none")
+    lines.append(f"  process exit: {exits}")
+    return lines + [f"  PROBLEM: {line}" for line in choices.missing]

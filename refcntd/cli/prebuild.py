@@ -18,8 +18,8 @@ import time
 
 from refcntd.errors import EnvironmentProblem
 from refcntd.inputs.spec import load_spec
-from refcntd.kernel import perf_uprobe, setup
-from refcntd.kernel.program import compile_program
+from refcntd.kernel import setup
+from refcntd.kernel.program import compile_program, probe_attach_type
 from refcntd.paths import CACHE_DIR, SPEC_DIR
 from refcntd.session.options import TraceOptions, kernel_options
 from refcntd.session.vetting import with_holds
@@ -40,7 +40,7 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         program = compile_program(kopts, 16)
         try:
-            program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI)  # the verifier's say
+            program.preload(probe_attach_type(program.choices))  # the verifier's say, as run
         except OSError as err:
             raise EnvironmentProblem(f"the kernel refused the BPF programs as {label} "
                                      f"configures them: {err}",

@@ -572,6 +572,8 @@ class RefcntdConfig(C.Structure):
         ("off_mm_uprobes", C.c_uint32),
         ("off_uprobes_xol", C.c_uint32),
         ("off_xol_vaddr", C.c_uint32),
+        ("off_task_signal", C.c_int32),
+        ("off_signal_live", C.c_int32),
     ]
 
 

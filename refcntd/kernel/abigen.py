@@ -7,7 +7,7 @@ arrays and nested structs) and writes ctypes mirrors, IntEnums and
 explanation tables.  `python -m refcntd.kernel.abigen` rewrites abi.py; a
 unit test fails when the committed abi.py differs from what the header
 generates, and program.py compares every map's key and value, field by
-field, with what bcc compiled (see program._check_layout).
+field, with what bcc compiled (see bcccompile._check_layout).
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ class _Freeze(ctypes.Structure):
     _fields_ = [("map_fd", ctypes.c_uint32)]
 
 
-def config(opts: KernelOptions) -> abi.RefcntdConfig:
-    """The configuration `opts` ask for (holding needs the unwinder's mapping hooks)."""
+def config(opts: KernelOptions, live: tuple[int, int] | None = None) -> abi.RefcntdConfig:
+    """The configuration `opts` ask for (holding needs the unwinder's mapping hooks);
+    `live`: the offsets of task_struct.signal and signal_struct.live, read at a process
+    exit where sched_process_exit has no group_dead (program.kernel_choices)."""
     unwind = opts.unwind_offsets is not None
     cfg = abi.RefcntdConfig(
         filtered=opts.filtered, has_delete=opts.has_delete,
@@ -43,7 +45,8 @@ def config(opts: KernelOptions) -> abi.RefcntdConfig:
         sites=opts.sites, history=opts.history is not None,
         history_all=opts.history == ("all",), history_depth=opts.history_depth,
         exit_code_off=-1 if opts.exit_code_offset is None else opts.exit_code_offset,
-        cgroup_id=opts.cgroup_id or 0)  # a cgroup v2 id is an inode number: never 0
+        cgroup_id=opts.cgroup_id or 0,  # a cgroup v2 id is an inode number: never 0
+        off_task_signal=live[0] if live else -1, off_signal_live=live[1] if live else -1)
     fields = {name for name, *_ in abi.RefcntdConfig._fields_}
     for name, value in (opts.unwind_offsets or {}).items():  # OFF_TASK_MM -> off_task_mm
         if name.lower() not in fields:
@@ -52,9 +55,10 @@ def config(opts: KernelOptions) -> abi.RefcntdConfig:
     return cfg
 
 
-def write(table: bpfsys.Table, opts: KernelOptions) -> None:
+def write(table: bpfsys.Table, opts: KernelOptions, live: tuple[int, int] | None = None
+          ) -> None:
     """Write the configuration and freeze the map, before any program is loaded: the
     verifier reads an unfrozen map's values as unknown, and would then refuse the
     history entries' bounds (knob history_depth)."""
-    table[ctypes.c_int(0)] = config(opts)
+    table[ctypes.c_int(0)] = config(opts, live)
     bpfsys.call(MAP_FREEZE, _Freeze(map_fd=table.map_fd))

@@ -49,19 +49,20 @@ class Kernel:
     """
 
     def __init__(self, opts: KernelOptions, sites: list[ProbeSite], program: Program | None = None,
-                 multi: bool = True) -> None:
+                 multi: bool | None = None) -> None:
         """`program`: bpf/refcntd.c already compiled for `opts` (compile_program).
 
         `multi`: attach through BPF_TRACE_UPROBE_MULTI links; False: one perf event per
         site (the programs are then loaded as plain kprobe programs: the kernel links
-        a multi-typed program to nothing else).
+        a multi-typed program to nothing else); None: as the running kernel allows
+        (program.kernel_choices: per site where it has no multi-uprobe links).
         """
-        self.multi = multi
         self.opts = opts
         self._user_gen = 0  # generations register_process gave out
         self._callback_error: BaseException | None = None  # raised by the next poll()
         self._prog = -1  # on_probe's fd, once loaded
         self.program = program if program is not None else compile_program(opts, len(sites))
+        self.multi = self.program.choices.multi if multi is None else multi
         for attempt in (1, 2):
             try:
                 self._load()
@@ -76,13 +77,17 @@ class Kernel:
                 self.program.cleanup()
                 self.program = compile_program(opts, len(sites), cached=False)
         pending = BackgroundDelete()  # drained objects' delete: walks of objs wait for it
-        self.probes = BpfProbes(self.program, sites, self._prog, multi)
+        self.probes = BpfProbes(self.program, sites, self._prog, self.multi)
         self.types = BpfTypeTable(self.program, opts, pending)
         self.objects = BpfObjects(self.program, opts, self.types.names, pending)
         self.site_maps = BpfSiteMaps(self.program, opts, self.types.names)
         self.holds = BpfHoldMaps(self.program, opts)
         self.unwind = BpfUnwindMaps(self.program, opts)
         self._pending = pending
+
+    def notes(self) -> list[str]:
+        """The fallbacks the running kernel needed (one note each), for the report."""
+        return list(self.program.choices.notes)
 
     @property
     def bpf(self) -> Program:

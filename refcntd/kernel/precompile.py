@@ -17,8 +17,13 @@ import contextlib
 import threading
 import time
 
-from refcntd.kernel import perf_uprobe
-from refcntd.kernel.program import KernelOptions, Program, compile_program, probe_slots
+from refcntd.kernel.program import (
+    KernelOptions,
+    Program,
+    compile_program,
+    probe_attach_type,
+    probe_slots,
+)
 
 
 class BackgroundCompile:
@@ -36,7 +41,7 @@ class BackgroundCompile:
         try:
             self.program = compile_program(self.opts, self.slots)
             with contextlib.suppress(Exception):  # refused: Kernel loads again and says why
-                self.program.preload(perf_uprobe.BPF_TRACE_UPROBE_MULTI,  # Kernel's default
+                self.program.preload(probe_attach_type(self.program.choices),  # as Kernel
                                      lambda: self._unwanted)
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = err

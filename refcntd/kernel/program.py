@@ -7,27 +7,27 @@ options that pick branches are the program's run-time configuration (knobs.py),
 written into each start's maps.  `refcntd prebuild` compiles it once; with
 REFCNTD_NO_COMPILE=1 a start that would still need clang fails instead.
 
-The only module that imports bcc (loader.py, which attaches and reads, does not).
+bcc itself is called only by bcccompile.py, in a child process (loader.py, which
+attaches and reads, never touches it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import importlib.util
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from refcntd.binary import cpus
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel import abi, bpfsys, knobs, perf_uprobe, progcache
+from refcntd.kernel import bcccompile, bpfsys, btf, features, knobs, layouts, perf_uprobe, progcache
 from refcntd.paths import BPF_DIR, CACHE_DIR
 
 
@@ -60,6 +60,78 @@ class KernelOptions:
     max_age_bins: int = 65536  # (process, type, creation-time bin) with live objects
     max_vetted: int = 65536  # holding: modules user space has scanned
     max_mmap_calls: int = 4096  # unwinding: threads inside an mmap(PROT_EXEC) at once
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """What this start does on the running kernel, decided here from its features
+    (features.py): the program variant compiled, how probes attach, the fallbacks said
+    in one note each, and what is missing with no fallback (refused, exit 24)."""
+
+    found: features.Features
+    multi: bool  # multi-uprobe links; False: one perf event per probe site
+    group_dead: bool  # sched_process_exit's field; False: task->signal->live (BTF)
+    live_offsets: tuple[int, int] | None  # task_struct.signal, signal_struct.live
+    notes: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    @property
+    def cflags(self) -> list[str]:
+        """The -D flags that pick code by kernel (part of the compiled program's key)."""
+        return [f"-DREFCNTD_GROUP_DEAD={int(self.group_dead)}"]
+
+    def require(self) -> None:
+        if self.missing:
+            raise EnvironmentProblem(self.missing[0], "boot a newer kernel: docs/install.md "
+                                     "lists the kernels refcntd is tested on")
+
+
+# Every kernel feature refcntd uses: (Features field, what it is, a Linux that has it
+# (the first, where known: group_dead is measured absent on 6.12, present on 6.18),
+# what refcntd does without it; "" = nothing: refused).  `check` prints this.
+FEATURES = (
+    ("uprobe_pmu", "uprobes as perf events (the uprobe PMU)", "4.17", ""),
+    ("ringbuf", "the BPF ring buffer", "5.8", ""),
+    ("attach_cookie", "the bpf_get_attach_cookie helper", "5.15", ""),
+    ("uprobe_multi", "multi-uprobe links (BPF_TRACE_UPROBE_MULTI)", "6.6",
+     "one perf event per probe (slower to attach and detach; the same counts)"),
+    ("group_dead", "sched_process_exit's group_dead field", "6.18",
+     "a process ends when task->signal->live reaches 0 (read at BTF offsets)"),
+    ("btf", "kernel BTF (/sys/kernel/btf/vmlinux)", "5.2 with CONFIG_DEBUG_INFO_BTF",
+     "no exit codes, frame-pointer stacks only; needed where group_dead is missing"),
+)
+
+
+def kernel_choices(found: features.Features | None = None) -> KernelChoices:
+    """The one decision per feature: use it, fall back (one note), or refuse.  A fact
+    that could not be probed (no privileges) is taken as present."""
+    found = found or features.current()
+    release, live = found.release, _live_offsets() if found.btf is not False else None
+    missing = [f"the running kernel {release} lacks {what}, which refcntd needs (Linux "
+               f"{since} has it)" for name, what, since, fallback in FEATURES
+               if getattr(found, name) is False and not fallback]
+    group_dead = found.group_dead is not False
+    if not group_dead and live is None:
+        missing.append(f"the running kernel {release} has neither sched_process_exit's "
+                       "group_dead field (Linux 6.18 has it) nor the BTF (CONFIG_DEBUG_INFO_BTF) "
+                       "to read task->signal->live instead: a process's end cannot be told")
+    notes = tuple(f"kernel {release} lacks {what} (Linux {since} has it): {fallback}"
+                  for name, what, since, fallback in FEATURES[3:5]
+                  if getattr(found, name) is False)
+    return KernelChoices(found, found.uprobe_multi is not False, group_dead, live, notes,
+                         tuple(missing))
+
+
+def _live_offsets() -> tuple[int, int] | None:
+    signal = btf.member_offset("task_struct", "signal")
+    live = btf.member_offset("signal_struct", "live")
+    return None if signal is None or live is None else (signal, live)
+
+
+def probe_attach_type(choices: KernelChoices) -> int:
+    """The expected_attach_type of every program attached to a probe: the kernel links a
+    multi-typed program to nothing but a multi-uprobe link."""
+    return perf_uprobe.BPF_TRACE_UPROBE_MULTI if choices.multi else -1
 
 
 HOLD_SPARE_PROBES = 256  # probe slots left free for the call sites of modules mapped later
@@ -122,17 +194,20 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
     """bpf/refcntd.c's maps created and its programs ready to load: from the
     compiled-program cache without bcc (~0.05 s), else compiled by bcc (a full compile,
     2-4 s, or a maps-only one for a new map layout, ~0.8 s; the results are cached).
-    Also run ahead in a thread (precompile.py)."""
-    text, cflags = program_text(), bpf_cflags(opts, probe_count)
+    Also run ahead in a thread (precompile.py).  The running kernel's features pick the
+    variant (kernel_choices); one it cannot run on is refused here, before any compile."""
+    choices = kernel_choices()
+    choices.require()
+    text, cflags = program_text(), bpf_cflags(opts, probe_count) + choices.cflags
     key = cache_key(text, cflags)
     sizes = progcache.sizing_flags(text, cflags)
     entry = progcache.load(CACHE_DIR, key) if cached else None
     layout = progcache.load_layout(CACHE_DIR, key) if entry is not None else None
     if layout is not None:
-        layout = resized(layout, sizes)
+        layout = layouts.resized(layout, sizes)
     if layout is not None:
-        layout = history_sized(layout, opts.history_depth)
-    if entry is not None and layout is not None and not _fits(layout, opts, entry.maps):
+        layout = layouts.history_sized(layout, opts.history_depth)
+    if entry is not None and layout is not None and not layouts.fits(layout, opts, entry.maps):
         layout = None
     how, checked, from_cache = "cached programs, no compile", frozenset[str](), entry is not None
     if entry is None or layout is None:
@@ -146,13 +221,14 @@ def compile_program(opts: KernelOptions, probe_count: int, cached: bool = True) 
         entry, layout, checked = _compile(text, cflags, key, sizes, opts, entry)
     if "bcc" not in sys.modules:
         how += " (bcc not loaded)"
-    return Program(entry, layout, opts, how, from_cache, checked)
+    return Program(entry, layout, opts, how, from_cache, checked, choices)
 
 
 def cache_key(text: str, cflags: list[str], bpf_dir: Path = BPF_DIR) -> str:
     """The compiled program's key: its text (program_text), every header in bpf/ (the
     ones included, not pasted in, such as refcntd.h, are not in the text), the flags
-    that do more than size maps (none today), bcc and the kernel headers."""
+    that do more than size maps (the kernel's variant: KernelChoices.cflags), bcc and
+    the kernel headers."""
     headers = "".join(f"/* {p.name} */\n{p.read_text()}" for p in sorted(bpf_dir.glob("*.h")))
     return progcache.entry_key(text + headers, cflags, _toolchain())
 
@@ -160,130 +236,26 @@ def cache_key(text: str, cflags: list[str], bpf_dir: Path = BPF_DIR) -> str:
 def _compile(text: str, cflags: list[str], key: str, sizes: dict[str, str],
              opts: KernelOptions, entry: progcache.Entry | None
              ) -> tuple[progcache.Entry, progcache.Layout, frozenset[str]]:
-    """bcc's compile, kept in the cache: the whole program when there is no `entry`
-    (its instructions are kept), else the map declarations only; the maps as the
-    kernel created them either way.  bcc's own maps and programs are closed: Program
-    makes its own from these.  Also the structs compared field by field with abi.py
-    (_check_layout)."""
-    bcc = _import_bcc()
+    """bcc's compile (bcccompile.py, in a child process), kept in the cache: the whole
+    program when there is no `entry` (its instructions are kept), else the map
+    declarations only; the maps as the kernel created them either way.  Program makes
+    its own maps and programs from these.  Also the structs compared field by field
+    with abi.py."""
     source = text if entry is None else progcache.maps_only(text)
-    try:
-        with cpus.busy():  # an analysis running beside it leaves this CPU to clang
-            bpf = bcc.BPF(text=source.encode(), cflags=cflags)
-    except Exception as err:  # bcc raises bare Exception for compile/load errors
-        raise EnvironmentProblem(f"the BPF program failed to compile or load: {err}",
-                                 "check kernel headers (BCC_KERNEL_SOURCE)") from None
-    try:
-        checked = frozenset(_check_layout(bpf))
-        names = _map_names(bpf)
-        fds = {name: bpf[name.encode()].map_fd for name in names}
-        infos = {name: bpfsys.map_info(fd) for name, fd in fds.items()}
-        btf_ids = {info.btf_id for info in infos.values() if info.btf_id}
-        btf = bpfsys.btf_blob(btf_ids.pop()) if len(btf_ids) == 1 else b""
-        specs = [progcache.MapSpec(name, info.type, info.key_size, info.value_size,
-                                   info.max_entries, info.map_flags,
-                                   info.btf_key_type_id if btf else 0,
-                                   info.btf_value_type_id if btf else 0)
-                 for name, info in infos.items()]
-        layout = progcache.Layout(key, tuple(specs), sizes, btf)
-        compiled = entry is None
-        if entry is None:
-            entry = progcache.Entry(key, tuple(names), _functions(bpf, fds))
-        sized = history_sized(layout, opts.history_depth)
-        if not _fits(sized, opts, entry.maps):
-            raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
-                                     "run `python -m refcntd.kernel.abigen`")
-        if compiled:
-            progcache.store(CACHE_DIR, entry)
-        progcache.store_layout(CACHE_DIR, layout)
-        return entry, sized, checked
-    finally:
-        bpf.cleanup()
-
-
-def _functions(bpf: Any, fds: dict[str, int]) -> dict[str, progcache.Function]:
-    from bcc.libbcc import lib  # the loader is the one module that may import bcc
-    names_by_fd = {fd: name for name, fd in fds.items()}
-    functions = {}
-    try:
-        for i in range(lib.bpf_num_functions(bpf.module)):
-            raw = lib.bpf_function_name(bpf.module, i)
-            code = ctypes.string_at(lib.bpf_function_start(bpf.module, raw),
-                                    lib.bpf_function_size(bpf.module, raw))
-            functions[raw.decode()] = progcache.capture(code, names_by_fd)
-    except progcache.Unrelocatable as err:
-        raise EnvironmentProblem(f"the compiled BPF program refers to something other than "
-                                 f"its maps ({err}): refcntd cannot load it",
-                                 "report this with `refcntd check --verbose`") from None
-    return functions
-
-
-def resized(layout: progcache.Layout, sizes: dict[str, str]) -> progcache.Layout | None:
-    """`layout` with its maps sized by `sizes` (the sizing flags now), where each changed
-    macro is exactly some maps' declared size (abi.MAPS); None where it is not (a maps-only
-    compile records the layout then)."""
-    changed = {name for name in {*sizes, *layout.sizes}
-               if sizes.get(name) != layout.sizes.get(name)}
-    if not changed:
-        return layout
-    declared = [size for _, _, size in abi.MAPS.values()]
-    for name in changed:
-        value = sizes.get(name, "")
-        if not value.isdigit() or any(name in re.findall(r"\w+", size) and size != name
-                                      for size in declared):
-            return None
-    maps = []
-    for spec in layout.maps:
-        size = abi.MAPS.get(spec.name, ("", "", ""))[2]
-        if size in changed:
-            entries = int(sizes[size]) * (os.sysconf("SC_PAGE_SIZE")
-                                          if spec.map_type == bpfsys.MAP_RINGBUF else 1)
-            spec = replace(spec, max_entries=entries)
-        maps.append(spec)
-    return progcache.Layout(layout.key, tuple(maps), sizes, layout.btf)
-
-
-def history_sized(layout: progcache.Layout, depth: int) -> progcache.Layout:
-    """`layout` with the values of the maps of struct hist_val cut to `depth` entries
-    (knob history_depth): compiled with abi.HISTORY_DEPTH of them, the programs never
-    touch an entry beyond the depth (the verifier checks it).  Without BTF: its type
-    has the compiled size, and the kernel refuses a map whose value size differs."""
-    size = ctypes.sizeof(abi.hist_val_type(depth))
-    maps = tuple(replace(spec, value_size=size, btf_key=0, btf_value=0)
-                 if abi.MAPS.get(spec.name, ("", "", ""))[1] == "hist_val"
-                 and spec.value_size != size else spec for spec in layout.maps)
-    return replace(layout, maps=maps)
-
-
-def map_types(name: str, spec: progcache.MapSpec, opts: KernelOptions) -> tuple[Any, Any]:
-    """A map's key and value as ctypes, from abi.MAPS (the declarations in bpf/);
-    bytes of the recorded sizes for the maps only the BPF side reads."""
-    key, value, _ = abi.MAPS.get(name, ("", "", ""))
-    return (_ctype(key, opts) or ctypes.c_uint8 * spec.key_size,
-            _ctype(value, opts) or ctypes.c_uint8 * spec.value_size)
-
-
-_SCALARS = {"int": ctypes.c_int32, "__u32": ctypes.c_uint32, "__u64": ctypes.c_uint64,
-            "__s64": ctypes.c_int64}
-
-
-def _ctype(name: str, opts: KernelOptions) -> Any:
-    if name == "hist_val":
-        return abi.hist_val_type(opts.history_depth)
-    return _SCALARS.get(name) or abi.STRUCTS.get(name)
-
-
-def _fits(layout: progcache.Layout, opts: KernelOptions, needed: Iterable[str]) -> bool:
-    """The layout has every map the programs refer to (`needed`), and each map Python
-    reads has the sizes abi.py says: a layout recorded otherwise (or a header changed
-    without abigen) is never used."""
-    for spec in layout.maps:
-        if spec.map_type == bpfsys.MAP_RINGBUF:
-            continue
-        key, value = map_types(spec.name, spec, opts)
-        if (ctypes.sizeof(key), ctypes.sizeof(value)) != (spec.key_size, spec.value_size):
-            return False
-    return set(needed) <= {spec.name for spec in layout.maps}
+    with cpus.busy():  # an analysis running beside it leaves this CPU to clang
+        done = bcccompile.compile_in_child(source, cflags, entry is None, CACHE_DIR / "bpf")
+    layout = progcache.Layout(key, done.specs, sizes, done.btf)
+    compiled = entry is None
+    if entry is None:
+        entry = progcache.Entry(key, done.names, done.functions or {})
+    sized = layouts.history_sized(layout, opts.history_depth)
+    if not layouts.fits(sized, opts, entry.maps):
+        raise EnvironmentProblem("the BPF program's maps do not match refcntd/kernel/abi.py",
+                                 "run `python -m refcntd.kernel.abigen`")
+    if compiled:
+        progcache.store(CACHE_DIR, entry)
+    progcache.store_layout(CACHE_DIR, layout)
+    return entry, sized, done.checked
 
 
 CHAIN = ("on_unwind", "on_body", "on_unwind_more")  # probe_progs' slots, see bpf/refcntd.c
@@ -298,11 +270,14 @@ class Program:
     instructions with these maps' fds: the same whether compiled just now or cached."""
 
     def __init__(self, entry: progcache.Entry, layout: progcache.Layout, opts: KernelOptions,
-                 how: str, from_cache: bool, layout_checked: frozenset[str]) -> None:
+                 how: str, from_cache: bool, layout_checked: frozenset[str],
+                 choices: KernelChoices) -> None:
         """`layout` fits `entry` (compile_program checked it); `how` says, for --verbose,
-        whether bcc compiled; `layout_checked`: the structs compared with bcc's.  The
-        configuration (knobs.py) is written and frozen before any program loads."""
+        whether bcc compiled; `layout_checked`: the structs compared with bcc's;
+        `choices`: what the running kernel's features decided.  The configuration
+        (knobs.py) is written and frozen before any program loads."""
         self.entry, self.how, self.from_cache, self.opts = entry, how, from_cache, opts
+        self.choices = choices
         self.layout_checked = layout_checked
         self.tables: dict[str, bpfsys.Table] = {}
         self._loaded: dict[tuple[str, int, int], int] = {}
@@ -318,10 +293,10 @@ class Program:
                                        spec.value_size, spec.max_entries, spec.flags,
                                        (btf_fd, spec.btf_key, spec.btf_value)
                                        if btf_fd >= 0 else None)
-                key, value = map_types(spec.name, spec, opts)
+                key, value = layouts.map_types(spec.name, spec, opts)
                 self.tables[spec.name] = bpfsys.Table(spec.name, fd, spec.map_type, key,
                                                       value, spec.max_entries)
-            knobs.write(self.tables[knobs.MAP], opts)
+            knobs.write(self.tables[knobs.MAP], opts, choices.live_offsets)
         except OSError as err:
             self.cleanup()
             raise EnvironmentProblem(f"the BPF maps could not be created: {err}",
@@ -425,90 +400,3 @@ def _libbcc_path() -> str:
         if path.exists():
             return str(path)
     return "libbcc.so.0: not found"
-
-
-def _import_bcc() -> Any:
-    try:
-        import bcc
-    except ImportError as err:
-        raise EnvironmentProblem(f"bcc is not importable ({err})",
-                                 "install python3-bpfcc and use a venv made from /usr/bin/python3 "
-                                 "that sees it (--system-site-packages, or a link "
-                                 "to its bcc folder as scripts/setup.sh makes)") from None
-    return bcc
-
-
-def _map_names(bpf: Any) -> list[str]:
-    from bcc.libbcc import lib  # the loader is the one module that may import bcc
-    lib.bpf_num_tables.restype = ctypes.c_ulonglong  # in libbcc, not declared by bcc's Python
-    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
-    lib.bpf_table_name.restype = ctypes.c_char_p
-    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
-    return [lib.bpf_table_name(bpf.module, i).decode()
-            for i in range(lib.bpf_num_tables(bpf.module))]
-
-
-def _check_layout(bpf: Any) -> set[str]:
-    """Every map whose key or value is a struct of bpf/refcntd.h must match abi.py exactly.
-
-    Returns the structs compared, so a test can see the check really ran.
-    """
-    mirrors = dict(abi.STRUCTS)
-    mirrors["hist_val"] = abi.hist_val_type()  # as compiled: abi.HISTORY_DEPTH entries
-    checked: set[str] = set()
-    for name in _map_names(bpf):
-        table = bpf[name.encode()]
-        for what, theirs in (("key", table.Key), ("value", table.Leaf)):
-            if theirs.__name__.rsplit("_Array_", 1)[-1].isdigit():  # per-CPU values
-                theirs = theirs._type_
-            mine = mirrors.get(theirs.__name__)
-            if mine is None:
-                continue
-            checked.add(theirs.__name__)
-            if mine is not None:
-                problem = layout_difference(mine, theirs)
-                if problem:
-                    raise EnvironmentProblem(
-                        f"map {name}: {what} struct {theirs.__name__} differs between "
-                        f"bpf/refcntd.h as compiled and refcntd/kernel/abi.py: {problem}",
-                        "run `python -m refcntd.kernel.abigen` after changing the header")
-    return checked
-
-
-def layout_difference(mine: Any, theirs: Any, prefix: str = "") -> str:
-    """'' when both ctypes layouts have the same fields at the same offsets and sizes.
-
-    bcc's Python decoder keeps only the outer dimension of a 2-D array
-    (`char argv[8][128]` arrives as `char[8]`): such a field is compared by
-    offset and outer length, and the struct's total size is then not comparable.
-    """
-    if not hasattr(mine, "_fields_"):
-        if ctypes.sizeof(mine) != ctypes.sizeof(theirs):
-            return f"{prefix.rstrip('.') or 'size'}: {ctypes.sizeof(mine)} vs " \
-                   f"{ctypes.sizeof(theirs)} bytes"
-        return ""
-    ours = [f[0] for f in mine._fields_]
-    their_types = {f[0]: f[1] for f in getattr(theirs, "_fields_", [])
-                   if not f[0].startswith("__pad")}  # bcc names its own padding
-    if ours != list(their_types):
-        return f"{prefix}fields {ours} vs {list(their_types)}"
-    collapsed = False
-    for name, sub in mine._fields_:
-        a, b = getattr(mine, name), getattr(theirs, name)
-        if a.offset != b.offset:
-            return f"{prefix}{name}: offset {a.offset} vs {b.offset}"
-        if _collapsed_2d(sub, their_types[name]):
-            collapsed = True
-            continue
-        problem = layout_difference(sub, their_types[name], f"{prefix}{name}.")
-        if problem:
-            return problem
-    if not collapsed and ctypes.sizeof(mine) != ctypes.sizeof(theirs):
-        return f"{prefix or 'size: '}{ctypes.sizeof(mine)} vs {ctypes.sizeof(theirs)} bytes"
-    return ""
-
-
-def _collapsed_2d(mine: Any, theirs: Any) -> bool:
-    inner = getattr(mine, "_type_", None)
-    return (hasattr(inner, "_length_") and getattr(theirs, "_length_", None) == mine._length_
-            and not hasattr(getattr(theirs, "_type_", None), "_length_"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel.kheaders import find_kernel_source
+from refcntd.kernel.kheaders import choose_headers
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 TRACEFS = Path("/sys/kernel/tracing")
@@ -33,6 +33,8 @@ class TracingEnvironment:
     tracefs_mounted_here: bool  # prepare() mounted it
     kernel_headers: Path | None  # what BCC_KERNEL_SOURCE is (or would be) set to
     headers_problem: str = ""  # why kernel_headers is None
+    headers_why: str = ""  # which headers these are and why (kheaders.Headers.why)
+    headers_exact: bool = True  # the running kernel's own (or the user's choice)
     tracefs_unreadable: Path | None = None  # a place this user may not look into
 
     def lines(self) -> list[str]:
@@ -41,7 +43,7 @@ class TracingEnvironment:
                    f"not readable as this user ({self.tracefs_unreadable}; tracing runs as "
                    "root)" if self.tracefs_unreadable else
                    f"not mounted (tracing would mount it at {TRACEFS})")
-        headers = (str(self.kernel_headers) if self.kernel_headers
+        headers = (f"{self.kernel_headers} ({self.headers_why})" if self.kernel_headers
                    else f"none: {self.headers_problem}")
         held = self.privileges or "insufficient: needs root, or CAP_BPF and CAP_PERFMON"
         return [f"privileges: {held}", f"tracefs: {tracefs}",
@@ -51,16 +53,21 @@ class TracingEnvironment:
 def describe() -> TracingEnvironment:
     """What prepare() would use, changing nothing (no mount, no header tree, no env)."""
     try:
-        headers, problem = find_kernel_source(create=False), ""
+        chosen = choose_headers(create=False)
     except EnvironmentProblem as err:
-        headers, problem = None, err.message
+        chosen, problem = None, err.message
     tracefs = mounted_tracefs()
-    return TracingEnvironment(privileges(), tracefs, False, headers, problem,
-                              None if tracefs else unreadable_tracefs())
+    unreadable = None if tracefs else unreadable_tracefs()
+    if chosen is None:
+        return TracingEnvironment(privileges(), tracefs, False, None, problem,
+                                  tracefs_unreadable=unreadable)
+    return TracingEnvironment(privileges(), tracefs, False, chosen.path, "", chosen.why,
+                              chosen.exact, unreadable)
 
 
 def prepare() -> TracingEnvironment:
-    """Check privileges, mount tracefs if needed, choose kernel headers and export them."""
+    """Check privileges, mount tracefs if needed, refuse a kernel lacking a feature with
+    no fallback, choose kernel headers and export them."""
     held = privileges()
     if not held:
         raise EnvironmentProblem("tracing needs root, or CAP_BPF and CAP_PERFMON",
@@ -68,9 +75,11 @@ def prepare() -> TracingEnvironment:
     tracefs, mounted = mounted_tracefs(), False
     if tracefs is None:
         tracefs, mounted = _mount_tracefs(), True
-    headers = find_kernel_source()
-    os.environ["BCC_KERNEL_SOURCE"] = str(headers)
-    return TracingEnvironment(held, tracefs, mounted, headers)
+    from refcntd.kernel.program import kernel_choices  # program -> features -> this module
+    kernel_choices().require()  # a kernel feature with no fallback: before any other work
+    chosen = choose_headers()
+    os.environ["BCC_KERNEL_SOURCE"] = str(chosen.path)
+    return TracingEnvironment(held, tracefs, mounted, chosen.path, "", chosen.why, chosen.exact)
 
 
 def privileges() -> str:

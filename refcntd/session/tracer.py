@@ -315,7 +315,7 @@ class Tracer:
         notes += silent_roles(self.plan, hits)
         if own is None:
             lost.update(unprobed_copies(self.plan, hits, self.loaded))
-        notes += self.kernel.probes.notes()
+        notes += self.kernel.notes() + self.kernel.probes.notes()
         notes += self.vetting.notes()
         notes += self.exit_scans.notes() if self.exit_scans is not None else []
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run

@@ -18,7 +18,7 @@ from conftest import refcntd
 from test_run import assert_perflike_truth
 
 from refcntd.kernel import progcache
-from refcntd.kernel.program import resized
+from refcntd.kernel.layouts import resized
 
 CACHED = "cached programs, no compile (bcc not loaded)"
 MAPS_ONLY = "maps-only compile + cached programs"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 from refcntd.kernel import abi, abigen
-from refcntd.kernel.program import layout_difference
+from refcntd.kernel.bcccompile import layout_difference
 from refcntd.session.status import LOST_REASONS, NOTE_REASONS
 from refcntd.session.tracer import type_id
 

@@ -15,14 +15,8 @@ import pytest
 
 from refcntd.cli.argtypes import HISTORY_DEPTH
 from refcntd.kernel import abi, knobs, progcache
-from refcntd.kernel.program import (
-    KernelOptions,
-    bpf_cflags,
-    cache_key,
-    history_sized,
-    program_text,
-    resized,
-)
+from refcntd.kernel.layouts import history_sized, resized
+from refcntd.kernel.program import KernelOptions, bpf_cflags, cache_key, program_text
 from refcntd.paths import BPF_DIR
 
 LD_IMM64 = 0x18
