@@ -45,6 +45,7 @@ from refcntd.kernel.records import (
 )
 from refcntd.symbolize.symbolizer import Symbolizer
 
+REPORTED_KEEP = 4096  # far more than the reports one ring-buffer read can bring
 PENDING_ARGV_LIMIT = 4096
 PRUNE_STATS_EVERY = 64  # reports between sweeps of counters no report will take
 Records = list[ObjectRecord] | ObjectColumns  # a process's objects: columns without history
@@ -74,7 +75,9 @@ class SessionTracker:
         # operations of reported processes' objects the kernel could not name (SITES)
         self.unnamed_totals: dict[str, Totals] = {}
         self.totals_lock = threading.Lock()
-        self.reported: set[tuple[int, int]] = set()
+        # (tgid, gen) of the latest reports, oldest first: a process is reported once;
+        # bounded, as serve reports processes for months (gens never repeat)
+        self.reported: dict[tuple[int, int], None] = {}
         self._argv: OrderedDict[int, list[str]] = OrderedDict()
         self._anomalies: dict[int, list[AnomalyRecord]] = {}
         self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
@@ -178,7 +181,9 @@ class SessionTracker:
 
     def _job(self, session: Session, state: str, records: Callable[[], Records], now: int,
              status: str, code: int | None) -> ReportJob:
-        self.reported.add((session.tgid, session.gen))
+        self.reported[(session.tgid, session.gen)] = None
+        if len(self.reported) > REPORTED_KEEP:
+            del self.reported[next(iter(self.reported))]
         released = (tuple(self.objects.released_sites(session.tgid))
                     if self.stub_names is not None else None)
         return ReportJob(replace(session, command=list(session.command)), state, records,

@@ -1,0 +1,121 @@
+"""serve for months (issue 43): what a reported process leaves behind in refcntd's
+memory, and the soak's short version (benchmarks/soak.py --short) with its invariants."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+from conftest import EXAMPLES, ROOT
+
+GEN = ROOT / "benchmarks" / "soakgen.c"
+PER_PROCESS_BYTES = 1000  # measured 400 after the fix (bounded caches moving); before: see issue 43
+
+
+def _daemon(tmp: Path, exe: Path):  # noqa: ANN202 - Daemon imports bcc's side lazily
+    from refcntd.inputs.config import load_config
+    from refcntd.service.daemon import Daemon
+    config = tmp / "refcntd.yaml"
+    config.write_text(f"version: 1\nlisten: 127.0.0.1:1\nreport_dir: {tmp}/reports\n"
+                      "retention:\n  max_reports: 50\ntargets:\n"
+                      f"  - name: gen\n    path: {exe}\n    spec: perf-stubs\n")
+    daemon = Daemon(load_config(str(config)))
+    daemon.attach_all()
+    return daemon
+
+
+def _measured() -> int:
+    """Bytes Python holds, the capture loop stopped (nothing half-read in flight)."""
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def _churn(daemon, exe: Path, n: int) -> None:  # noqa: ANN001
+    """`n` processes under the daemon's capture loop (on a thread), then the loop stopped."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            daemon._round()
+    capture = threading.Thread(target=loop)
+    capture.start()
+    try:
+        _run(daemon, exe, n)
+    finally:
+        stop.set()
+        capture.join()
+
+
+def _run(daemon, exe: Path, n: int) -> None:  # noqa: ANN001
+    collector = daemon.collector()
+    for i in range(n):
+        mode = ("once", "fork", "exec", "once")[i % 4]
+        subprocess.run([str(exe), mode, str(i)], stdout=subprocess.DEVNULL, check=True)
+        if i % 10 == 0:
+            list(collector.collect())  # a scrape now and then, as Prometheus would
+    for runtime in daemon.targets.runtimes.values():
+        for tracer in runtime.tracers.values():
+            tracer.worker.call(lambda: None)  # every report built and written
+    time.sleep(1)  # the last exits' events read by the capture loop, and their reports
+    for runtime in daemon.targets.runtimes.values():
+        for tracer in runtime.tracers.values():
+            tracer.worker.call(lambda: None)
+
+
+def test_a_reported_process_leaves_nothing_behind(bpf, tmp_path, monkeypatch):
+    """The operator's 6-minute try grew RSS by ~2 MiB/min: each Tracer kept every
+    ProcessReport for finish(), which serve never needs. With every bounded cache
+    made small (their limits are what bounds them), 150 more processes (forks and
+    execs among them) must leave under PER_PROCESS_BYTES each."""
+    from refcntd.kernel import setup
+    from refcntd.session import lifecycle
+    from refcntd.symbolize.symbolizer import PerProcess
+    monkeypatch.setattr(lifecycle, "REPORTED_KEEP", 8)
+    monkeypatch.setattr(lifecycle, "PENDING_ARGV_LIMIT", 8)
+    monkeypatch.setattr(PerProcess.__init__, "__defaults__", (8,))
+    exe = tmp_path / "soakgen"
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", f"-I{EXAMPLES}", "-o", str(exe),
+                    str(GEN), str(EXAMPLES / "refcnt.c")], check=True)
+    setup.prepare()
+    logging.disable(logging.WARNING)
+    daemon = _daemon(tmp_path, exe)
+    try:
+        _churn(daemon, exe, 60)  # warm-up: caches filled, first reports written
+        tracemalloc.start()
+        before, first = _measured(), tracemalloc.take_snapshot()
+        _churn(daemon, exe, 150)
+        grown = _measured() - before
+        growth = tracemalloc.take_snapshot().compare_to(first, "lineno")
+    finally:
+        tracemalloc.stop()
+        daemon.shutdown()
+        logging.disable(logging.NOTSET)
+    top = "\n".join(str(s) for s in growth[:5])
+    assert grown / 150 < PER_PROCESS_BYTES, f"{grown / 150:.0f} bytes per process\n{top}"
+    assert daemon.store.stats.written >= 60 + 150 + 37  # every one reported (forks: 2)
+
+
+def test_short_soak_invariants(bpf, tmp_path):
+    """The soak's CI version: 3 minutes of churn (forks, execs, kills), an upgrade and
+    a reload each minute, a real Prometheus. Every goal but the timed ones (scrape
+    latency) and RSS (its warm-up is 5 minutes; the test above covers memory)."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--short",
+                           "--rate", "600", "--out", str(out), "--work", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert (out / "soak.json").exists(), proc.stderr[-3000:]
+    result = json.loads((out / "soak.json").read_text())
+    verdict = {v["goal"]: v for v in result["verdict"]}
+    judged = {g: v for g, v in verdict.items() if not g.startswith(("RSS", "every scrape"))}
+    assert all(v["met"] for v in judged.values()), json.dumps(judged, indent=1)
+    end = result["end"]
+    assert end["exact"] > 1000 and not end["resets"]
+    events = " ".join(e for r in result["rows"] for e in r["events"])
+    assert "upgrade gen build 2" in events and "reload: extra added" in events
