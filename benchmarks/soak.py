@@ -184,9 +184,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--stem", default="soak")
     parser.add_argument("--work", type=Path, help="keep the work files here")
+    parser.add_argument("--from-raw", type=Path, help="judge a finished run's raw.json again "
+                        "(with the options it ran with) and write its page")
     args = parser.parse_args()
     if args.short:
         args.minutes, args.warmup, args.upgrade_every, args.reload_every = 3, 1, 1, 1
+    if args.from_raw:
+        raw = json.loads(args.from_raw.read_text())
+        return _finish(args, raw["rows"], raw["end"])
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -196,8 +201,12 @@ def main() -> int:
         finally:
             end = soak.finish()
         (work / "raw.json").write_text(json.dumps({"rows": soak.rows, "end": end}))
-    verdict = judge(soak.rows, end, args.warmup)
-    write(args.out, args.stem, args, soak.rows, end, verdict)
+    return _finish(args, soak.rows, end)
+
+
+def _finish(args: argparse.Namespace, rows: list[dict], end: dict) -> int:
+    verdict = judge(rows, end, args.warmup)
+    write(args.out, args.stem, args, rows, end, verdict)
     return 0 if all(v["met"] for v in verdict) else 1
 
 

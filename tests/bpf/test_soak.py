@@ -119,3 +119,35 @@ def test_short_soak_invariants(bpf, tmp_path):
     assert end["exact"] > 1000 and not end["resets"]
     events = " ".join(e for r in result["rows"] for e in r["events"])
     assert "upgrade gen build 2" in events and "reload: extra added" in events
+
+
+def test_a_scrape_does_not_wait_for_a_profile(bpf, tmp_path):
+    """In the soak a /debug/pprof/refcount waited 43 s behind the report workers' queue
+    while holding the daemon's lock, and the scrapes waited with it (4.3 s). Readers
+    now share the lock: with a profile stuck on a busy report worker, a scrape and
+    /status still answer (ordering by events; 60 s would only be a deadlock)."""
+    from refcntd.kernel import setup
+    from refcntd.service.liveviews import live_results
+    exe = tmp_path / "soakgen"
+    subprocess.run(["gcc", "-O2", "-g", f"-I{EXAMPLES}", "-o", str(exe), str(GEN),
+                    str(EXAMPLES / "refcnt.c")], check=True)
+    setup.prepare()
+    daemon = _daemon(tmp_path, exe)
+    (tracer,) = daemon.targets.runtimes["gen"].tracers.values()
+    busy, gate = threading.Event(), threading.Event()
+    tracer.worker.submit(lambda: (busy.set(), gate.wait(60)))  # a long report being built
+    profile = threading.Thread(target=live_results, args=(daemon.views,))
+    try:
+        assert busy.wait(60)
+        profile.start()
+        while tracer.worker._jobs.qsize() < 1:  # the profile's job queued: it holds the lock
+            time.sleep(0.01)
+        scrape = threading.Thread(target=lambda: (list(daemon.collector().collect()),
+                                                  daemon.status()))
+        scrape.start()
+        scrape.join(60)
+        assert not scrape.is_alive() and not gate.is_set()
+    finally:
+        gate.set()
+        profile.join(60)
+        daemon.shutdown()
