@@ -95,14 +95,15 @@ def _slope(rows: list[dict]) -> float:
 
 
 def _table(rows: list[dict]) -> list[str]:
-    head = ("| min | RSS MiB | fds | thr | CPU s | maps | memlock MiB | objs | stacks | "
+    head = ("| min | RSS MiB | arenas | fds | thr | CPU s | maps | memlock MiB | objs | stacks | "
             "history | procs | dropped | scrape max ms | pprof ms | reports exact | "
             "load | events |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         e, p = r["bpf"]["entries"], r["process"]
         lines.append(
-            f"| {r['minute']} | {p['rss_mib']} | {p['fds']} | {p['threads']} | {p['cpu_s']} "
+            f"| {r['minute']} | {p['rss_mib']} | {p.get('malloc_arenas', '')} | {p['fds']} "
+            f"| {p['threads']} | {p['cpu_s']} "
             f"| {r['bpf']['maps']} | {r['bpf']['memlock_kib'] / 1024:.0f} | {e.get('objs', 0)} "
             f"| {e.get('stack_store', 0)} | {e.get('history', 0)} | {e.get('procs', 0)} "
             f"| {r['metrics'].get('refcntd_dropped_records', 0):.0f} | {r['scrape_max_ms']} "

@@ -23,9 +23,21 @@ def process(pid: int) -> dict[str, float]:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return {"rss_mib": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
+            "malloc_arenas": malloc_arenas(pid),
             "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "threads": int(fields["Threads"]),
             "cpu_s": round((int(stat[11]) + int(stat[12])) / CLK_TCK, 1)}
+
+
+def malloc_arenas(pid: int) -> int:
+    """glibc's thread arenas: read-write anonymous mappings at a 64 MiB boundary (the
+    main arena is [heap])."""
+    n = 0
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        start = int(fields[0].split("-")[0], 16)
+        n += len(fields) == 5 and fields[1] == "rw-p" and start % (64 << 20) == 0
+    return n
 
 
 def _map_fds(pid: int) -> list[dict[str, int]]:

@@ -21,7 +21,7 @@ from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
-from refcntd.service import checkpoint
+from refcntd.service import checkpoint, malloc
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
 from refcntd.service.sharedlock import SharedLock
@@ -37,6 +37,7 @@ RETENTION_EVERY_S = 60.0  # old reports are pruned on a timer, not only on the n
 
 class Daemon:
     def __init__(self, config: Config, strict: bool = False) -> None:
+        malloc.limit_arenas()  # before the threads: months of RSS in freed arenas otherwise
         self.config = config
         self.strict = strict
         self.store = ReportStore(config.report_dir, config.retention)
@@ -146,6 +147,7 @@ class Daemon:
         if now < self._next_prune:
             return
         self._next_prune = now + RETENTION_EVERY_S
+        malloc.trim()
         try:
             self.store.prune()
         except OSError as err:
