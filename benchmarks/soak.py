@@ -32,11 +32,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from soakload import Checker, Churn  # noqa: E402
-from soakreport import judge, write  # noqa: E402
+from soakreport import SVC_REQUESTS, judge, write  # noqa: E402
 from soakrig import Binaries, Prometheus, Serve, build_id  # noqa: E402
 from soaksample import maps, process  # noqa: E402
 
-SVC_REQUESTS = 20  # requests (one leaked conn each) between a checkpoint and its diff
+MIN_CHURN_S = 40  # requests (one leaked conn each) between a checkpoint and its diff
 
 
 class Soak:
@@ -59,8 +59,9 @@ class Soak:
         return progs | ({"extra": self.bins.extra} if self.serve.extra else {})
 
     def run(self) -> None:
+        next_at = self.start + 60
         for minute in range(1, self.args.minutes + 1):
-            self._until(self.start + 60 * minute)
+            self._until(next_at)
             self.churn.pause()
             self.checker.settle()
             row = {"minute": minute, "events": [], "extra": self.serve.extra,
@@ -71,6 +72,9 @@ class Soak:
             self.rows.append(row)
             print(json.dumps(row), flush=True)
             self.churn.resume()
+            # a minute's checks can take long on a loaded machine: the churn still gets
+            # at least MIN_CHURN_S before the next (the run then lasts longer)
+            next_at = max(next_at + 60, time.monotonic() + MIN_CHURN_S)
 
     def _guarded(self, what: str, fn: object, failed: dict) -> dict:
         """fn()'s fields; a failure (a timed-out request, an attach never seen) is kept

@@ -213,11 +213,16 @@ class SessionTracker:
         own = self.objects.take_process_stats(s.tgid)
         self._built += 1
         if self._built % PRUNE_STATS_EVERY == 0:
-            self.objects.prune_process_stats(self._may_be_reported)
+            self.prune_stats()
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
                                      job.code, groups, anomalies, kernel_stats=own,
                                      notes=self.sym.take_notes(s.tgid),
                                      operations=operations))
+
+    def prune_stats(self) -> None:
+        """On the worker: drop the kernel's counters of processes no report will take;
+        after every PRUNE_STATS_EVERY reports, and every minute (Tracer.poll)."""
+        self.objects.prune_process_stats(self._may_be_reported)
 
     def _may_be_reported(self, tgid: int) -> bool:
         """A process whose report may still come (counters of the others are stale)."""

@@ -245,10 +245,13 @@ class Tracer:
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
             self.worker.submit(self.type_keeper.prune)
-        if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
-            # creation-time bins no longer needed go, scraped or not (attach never is)
+        if time.monotonic() >= self._next_age_prune:
             self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
-            self.worker.submit(self._prune_age_bins)
+            if self.kernel.opts.sites:  # bins no longer needed go, scraped or not
+                self.worker.submit(self._prune_age_bins)
+            # counters of untraced or unreported processes (a tracer whose program is a
+            # long-running service reports rarely: its sweep after reports never came)
+            self.worker.submit(self.tracker.prune_stats)
 
     def _prune_age_bins(self) -> None:
         """On the worker: reading the age bins removes those no longer needed."""

@@ -155,3 +155,47 @@ def test_a_scrape_does_not_wait_for_a_profile(bpf, tmp_path):
         gate.set()
         profile.join(60)
         daemon.shutdown()
+
+
+MANY_MAPS = r"""
+#include <fcntl.h>
+#include <sys/mman.h>
+int main(void) {  /* more executable mappings than refcntd follows per process */
+	int fd = open("/proc/self/exe", O_RDONLY);
+	for (int i = 0; i < 48; i++)
+		mmap(0, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+	return 0;
+}
+"""
+
+
+def test_counters_of_untraced_processes_are_swept_without_reports(bpf, tmp_path):
+    """In the soak the tracer of the long-running service (it reports almost never)
+    kept a per-process counter (exec maps full) of every exited host process with many
+    mappings: 2 -> 125 entries in 20 minutes, towards a full table over months. Its
+    sweep ran only after reports; it now runs every minute too."""
+    from refcntd.kernel import setup
+    src, exe, busy = tmp_path / "maps.c", tmp_path / "soakgen", tmp_path / "manymaps"
+    src.write_text(MANY_MAPS)
+    subprocess.run(["gcc", "-O2", "-o", str(busy), str(src)], check=True)
+    subprocess.run(["gcc", "-O2", "-g", f"-I{EXAMPLES}", "-o", str(exe), str(GEN),
+                    str(EXAMPLES / "refcnt.c")], check=True)
+    setup.prepare()
+    daemon = _daemon(tmp_path, exe)  # its program never runs: no report will come
+    (tracer,) = daemon.targets.runtimes["gen"].tracers.values()
+    try:
+        child = subprocess.Popen([str(busy)])
+        pid = child.pid
+        child.wait()
+        counted = _stat_tgids(tracer)
+        assert pid in counted, counted  # counted for an untraced process
+        tracer._next_age_prune = 0.0  # the minute is up
+        tracer.poll(0)
+        tracer.worker.call(lambda: None)
+        assert pid not in _stat_tgids(tracer)
+    finally:
+        daemon.shutdown()
+
+
+def _stat_tgids(tracer) -> set[int]:  # noqa: ANN001
+    return {k.tgid for k, _ in tracer.kernel.program["proc_stats"].items()}
