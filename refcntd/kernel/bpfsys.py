@@ -24,6 +24,7 @@ NR_BPF = 321  # x86_64
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY = 0, 1, 2, 3, 4
 PROG_LOAD, OBJ_GET_INFO_BY_FD, BTF_LOAD, BTF_GET_FD_BY_ID = 5, 15, 18, 19
 MAP_LOOKUP_BATCH, MAP_UPDATE_BATCH, MAP_DELETE_BATCH = 24, 26, 27
+FIRST_BATCH = 256  # entries of a batch read's first buffers
 LINK_CREATE = 28
 
 MAP_HASH, MAP_ARRAY, MAP_PROG_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY = 1, 2, 3, 5, 6
@@ -278,17 +279,25 @@ class Table:
     def lookup_batches(self, size: int) -> Iterator[tuple[ctypes.Array[Any],
                                                           ctypes.Array[Any], int]]:
         """(keys, values, n) per BPF_MAP_LOOKUP_BATCH of up to `size` entries; the
-        buffers are reused between batches."""
-        keys, values = (self.Key * size)(), (self.Leaf * size)()
+        buffers are reused between batches.  They start at FIRST_BATCH entries and
+        double while batches come back full: a scrape reads several small maps per
+        tracer, and zeroing `size` entries for each took most of its time (issue 43)."""
+        cap = min(size, self.max_entries) if self.max_entries > 0 else size
+        n_buf = min(cap, FIRST_BATCH)
+        keys, values = (self.Key * n_buf)(), (self.Leaf * n_buf)()
         token = ctypes.c_uint64(0)  # the kernel's position: a bucket or an index
-        attr = _Batch(out_batch=ctypes.addressof(token), keys=ctypes.addressof(keys),
-                      values=ctypes.addressof(values), map_fd=self.map_fd)
+        attr = _Batch(out_batch=ctypes.addressof(token), map_fd=self.map_fd)
         while True:
-            attr.count = size
+            attr.keys, attr.values, attr.count = ctypes.addressof(keys), \
+                ctypes.addressof(values), n_buf
             try:
                 call(MAP_LOOKUP_BATCH, attr)
                 done = False
             except OSError as err:
+                if err.errno == errno.ENOSPC and n_buf < cap:  # a hash bucket larger
+                    n_buf = min(cap, n_buf * 2)                # than the buffer: again
+                    keys, values = (self.Key * n_buf)(), (self.Leaf * n_buf)()
+                    continue
                 if err.errno != errno.ENOENT:
                     raise OSError(err.errno, f"BPF_MAP_LOOKUP_BATCH: {err.strerror}") from None
                 done = True
@@ -297,6 +306,9 @@ class Table:
             if done:
                 return
             attr.in_batch = ctypes.addressof(token)
+            if attr.count == n_buf and n_buf < cap:
+                n_buf = min(cap, n_buf * 2)
+                keys, values = (self.Key * n_buf)(), (self.Leaf * n_buf)()
 
     def items_lookup_batch(self) -> Iterator[tuple[Any, Any]]:
         for keys, values, n in self.lookup_batches(4096):

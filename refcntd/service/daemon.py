@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -22,9 +21,10 @@ from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
-from refcntd.service import checkpoint
+from refcntd.service import checkpoint, malloc
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
+from refcntd.service.sharedlock import SharedLock
 from refcntd.service.systemd import sd_notify
 from refcntd.service.targets import TargetRuntime, Targets
 from refcntd.session.tracer import Tracer
@@ -37,16 +37,19 @@ RETENTION_EVERY_S = 60.0  # old reports are pruned on a timer, not only on the n
 
 class Daemon:
     def __init__(self, config: Config, strict: bool = False) -> None:
+        malloc.limit_arenas()  # before the threads: months of RSS in freed arenas otherwise
         self.config = config
         self.strict = strict
         self.store = ReportStore(config.report_dir, config.retention)
-        self.lock = threading.RLock()
+        # target changes hold it alone; scrapes, /status and the views share it
+        self.lock = SharedLock()
         self.stop = False
         self.reload_requested = False
         self._proc_events = ProcConnector()
         self.started = time.time()
         self.targets = Targets(self._on_report, self._adopt, strict)
-        self.views = checkpoint.Views(self.targets.tracers, self.lock, config.web.show_cmdline)
+        self.views = checkpoint.Views(self.targets.tracers, self.lock.shared,
+                                      config.web.show_cmdline)
         self._diff_requested = False
         self._next_prune = 0.0
         self._next_watch = 0.0
@@ -80,7 +83,7 @@ class Daemon:
                 self._poll(runtime, tracer)
         self._pending_execs += self._proc_events.execs(IDLE_S)
         if not self.lock.acquire(blocking=False):
-            return  # a scrape or a diff reads the targets: change them next round
+            return  # scrapes or diffs read the targets: change them next round
         try:
             self._manage()
         finally:
@@ -144,6 +147,7 @@ class Daemon:
         if now < self._next_prune:
             return
         self._next_prune = now + RETENTION_EVERY_S
+        malloc.trim()
         try:
             self.store.prune()
         except OSError as err:
@@ -209,7 +213,7 @@ class Daemon:
 
     def status(self) -> dict[str, object]:
         """What /status shows: per target, which binaries are attached and since when."""
-        with self.lock:
+        with self.lock.shared:
             return {"started": self.started, "config": self.config.path, "targets": {
                 name: {"path": rt.target.path,
                        "attached": {path: {"probes": len(tr.plan.sites), "since": since,
@@ -258,8 +262,9 @@ class Daemon:
     @contextlib.contextmanager
     def view(self) -> Iterator[list[TargetStats]]:
         """For a scrape, on an HTTP thread: copies of the counts; the tracers stay
-        attached while the scrape reads their maps (target changes wait, capture does not)."""
-        with self.lock:
+        attached while the scrape reads their maps (target changes wait, capture does not;
+        other readers, such as a pprof profile waiting on the report workers, do not)."""
+        with self.lock.shared:
             yield [rt.stats.snapshot() for rt in self.targets.runtimes.values()]
 
     def collector(self) -> RefcntdCollector:

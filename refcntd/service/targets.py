@@ -170,7 +170,8 @@ class Targets:
 
         def on_report(p: ProcessReport) -> None:
             self._on_report(runtime, path, p)  # each binary reports with its own status
-        tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report)
+        # each report is written as it comes: none kept in memory for months
+        tracer = Tracer(plan, filtered=False, opts=opts, on_report=on_report, keep_reports=False)
         try:
             tracer.start()
             self._adopt(tracer)  # a binary attached after the checkpoint

@@ -47,6 +47,7 @@ from refcntd.kernel.records import (
 from refcntd.reach.scan import ReachScan
 from refcntd.symbolize.symbolizer import Symbolizer
 
+REPORTED_KEEP = 4096  # far more than the reports one ring-buffer read can bring
 PENDING_ARGV_LIMIT = 4096
 PRUNE_STATS_EVERY = 64  # reports between sweeps of counters no report will take
 Records = list[ObjectRecord] | ObjectColumns  # a process's objects: columns without history
@@ -76,7 +77,9 @@ class SessionTracker:
         # operations of reported processes' objects the kernel could not name (SITES)
         self.unnamed_totals: dict[str, Totals] = {}
         self.totals_lock = threading.Lock()
-        self.reported: set[tuple[int, int]] = set()
+        # (tgid, gen) of the latest reports, oldest first: a process is reported once;
+        # bounded, as serve reports processes for months (gens never repeat)
+        self.reported: dict[tuple[int, int], None] = {}
         self._argv: OrderedDict[int, list[str]] = OrderedDict()
         self._anomalies: dict[int, list[AnomalyRecord]] = {}
         self.exit_codes: dict[int, int] = {}  # filled by `run` from waitpid
@@ -182,7 +185,9 @@ class SessionTracker:
 
     def _job(self, session: Session, state: str, records: Callable[[], Records], now: int,
              status: str, code: int | None) -> ReportJob:
-        self.reported.add((session.tgid, session.gen))
+        self.reported[(session.tgid, session.gen)] = None
+        if len(self.reported) > REPORTED_KEEP:
+            del self.reported[next(iter(self.reported))]
         released = (tuple(self.objects.released_sites(session.tgid))
                     if self.stub_names is not None else None)
         scan = self.take_scan(session.tgid) if self.take_scan and state == STATE_EXITED \
@@ -221,11 +226,16 @@ class SessionTracker:
         own = self.objects.take_process_stats(s.tgid)
         self._built += 1
         if self._built % PRUNE_STATS_EVERY == 0:
-            self.objects.prune_process_stats(self._may_be_reported)
+            self.prune_stats()
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
                                      job.code, groups, anomalies, kernel_stats=own,
                                      notes=notes,
                                      operations=operations))
+
+    def prune_stats(self) -> None:
+        """On the worker: drop the kernel's counters of processes no report will take;
+        after every PRUNE_STATS_EVERY reports, and every minute (Tracer.poll)."""
+        self.objects.prune_process_stats(self._may_be_reported)
 
     def _may_be_reported(self, tgid: int) -> bool:
         """A process whose report may still come (counters of the others are stale)."""

@@ -102,11 +102,15 @@ class Tracer:
 
     def __init__(self, plan: Plan, filtered: bool, opts: TraceOptions,
                  on_report: Callable[[ProcessReport], None],
-                 early: BackgroundCompile | None = None) -> None:
+                 early: BackgroundCompile | None = None, keep_reports: bool = True) -> None:
+        """`keep_reports`: every report stays in `reports` for finish()'s result (run,
+        attach); serve, which hands each one to `on_report` and runs for months, keeps none."""
         self.plan = plan
         self.filtered = filtered
         self.reports: list[ProcessReport] = []
         self.loaded: set[str] = set()  # libraries ld.so reported loaded in traced processes
+        self._keep_reports = keep_reports
+        self._exits_not_seen = 0  # reports whose process's exit was not seen
         self._on_report = on_report
         kopts = kernel_options(plan.spec, plan.ldso is not None, filtered, opts)
         # stopping a process is only safe when refcntd can continue it (CAP_KILL)
@@ -258,7 +262,9 @@ class Tracer:
 
     def _report(self, report: ProcessReport) -> None:
         kept.set_aside(report, self.plan.spec.kept_by_library)
-        self.reports.append(report)
+        self._exits_not_seen += report.state == STATE_EXIT_NOT_SEEN
+        if self._keep_reports:
+            self.reports.append(report)
         self._on_report(report)
 
     def poll(self, timeout_ms: int = POLL_MS) -> None:
@@ -269,10 +275,13 @@ class Tracer:
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_TYPES_EVERY_S
             self.worker.submit(self.type_keeper.prune)
-        if self.kernel.opts.sites and time.monotonic() >= self._next_age_prune:
-            # creation-time bins no longer needed go, scraped or not (attach never is)
+        if time.monotonic() >= self._next_age_prune:
             self._next_age_prune = time.monotonic() + PRUNE_AGE_BINS_EVERY_S
-            self.worker.submit(self._prune_age_bins)
+            if self.kernel.opts.sites:  # bins no longer needed go, scraped or not
+                self.worker.submit(self._prune_age_bins)
+            # counters of untraced or unreported processes (a tracer whose program is a
+            # long-running service reports rarely: its sweep after reports never came)
+            self.worker.submit(self.tracker.prune_stats)
 
     def _prune_age_bins(self) -> None:
         """On the worker: reading the age bins removes those no longer needed."""
@@ -308,7 +317,7 @@ class Tracer:
         if self.kernel.objects.stacks_freed_early and own is None:
             lost["allocation stacks freed with another process that shared them"] = \
                 self.kernel.objects.stacks_freed_early
-        unseen = sum(1 for r in self.reports if r.state == STATE_EXIT_NOT_SEEN)
+        unseen = self._exits_not_seen
         if unseen and own is None:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]

@@ -122,3 +122,33 @@ def test_retention_by_age(tmp_path):
     os.utime(old, (clock.now - 120, clock.now - 120))
     fill(store, clock, 1)
     assert old not in store.reports() and len(store.reports()) == 2
+
+
+def test_a_write_prunes_without_reading_the_directory(tmp_path, monkeypatch):
+    """Issue 43's soak: listing and stat'ing every kept report at each write made a
+    report cost O(max_reports). After the first read, writes prune from the index."""
+    clock = Clock()
+    store = ReportStore(str(tmp_path / "r"), Retention(max_reports=5, max_bytes=10**9), clock)
+    fill(store, clock, 3)
+
+    def listed() -> list:
+        raise AssertionError("the directory was read at a write")
+    monkeypatch.setattr(store, "reports", listed)
+    for pid in range(100, 110):
+        clock.now += 1
+        store.write("t", pid, {"x": "y"}, "text\n")
+    names = sorted(p.name for p in (tmp_path / "r").glob("*.json"))
+    assert [n.rsplit("-", 1)[1] for n in names] == [f"{p}.json" for p in range(105, 110)]
+    assert store.stats.pruned == 8
+
+
+def test_prune_rereads_the_directory(tmp_path):
+    """Files removed by someone else are not counted against the limits after prune()."""
+    clock = Clock()
+    store = ReportStore(str(tmp_path / "r"), Retention(max_reports=3), clock)
+    fill(store, clock, 3)
+    for path in store.reports()[:2]:
+        path.unlink()
+    store.prune()
+    fill(store, clock, 2)
+    assert len(store.reports()) == 3 and store.stats.pruned == 0

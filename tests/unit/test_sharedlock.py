@@ -1,0 +1,54 @@
+"""The daemon's lock (service/sharedlock.py): readers share it, target changes exclude
+them; ordering is checked with events, never with timings."""
+
+from __future__ import annotations
+
+import threading
+
+from refcntd.service.sharedlock import SharedLock
+
+WAIT_S = 10  # only a deadlock would reach it
+
+
+def _hold_shared(lock: SharedLock, held: threading.Event, go: threading.Event) -> threading.Thread:
+    def reader() -> None:
+        with lock.shared:
+            held.set()
+            go.wait(WAIT_S)
+    t = threading.Thread(target=reader)
+    t.start()
+    assert held.wait(WAIT_S)
+    return t
+
+
+def test_readers_share_and_a_writer_waits_for_them():
+    lock, held, go = SharedLock(), threading.Event(), threading.Event()
+    slow = _hold_shared(lock, held, go)  # a pprof waiting on a report worker
+    second, done = threading.Event(), threading.Event()
+    done.set()
+    _hold_shared(lock, second, done).join(WAIT_S)  # a scrape meanwhile, not waiting
+    assert second.is_set()
+    assert not lock.acquire(blocking=False)  # a target change waits for both
+    go.set()
+    slow.join(WAIT_S)
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+def test_the_writer_reenters_and_reads_through_its_own_hold():
+    lock = SharedLock()
+    with lock:
+        with lock:  # management nests (a reload inside a round)
+            with lock.shared:  # SIGUSR2's diff, written by the holder itself
+                pass
+        blocked = threading.Event()
+
+        def reader() -> None:
+            with lock.shared:
+                blocked.set()
+        t = threading.Thread(target=reader)
+        t.start()
+        t.join(0.2)
+        assert not blocked.is_set()  # other threads wait for the writer
+    t.join(WAIT_S)
+    assert blocked.is_set()
