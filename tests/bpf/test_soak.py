@@ -116,7 +116,7 @@ def test_short_soak_invariants(bpf, tmp_path):
     judged = {g: v for g, v in verdict.items() if not g.startswith(("RSS", "every scrape"))}
     end = result["end"]
     assert all(v["met"] for v in judged.values()), json.dumps([judged, end], indent=1)
-    assert end["exact"] > 1000 and not end["resets"]
+    assert end["exact"] > 500 and not end["resets"]  # ~300 processes a minute, forks: 2
     # freed memory kept in a malloc arena per contending thread was most of the RSS
     # growth (16 arenas, 10-27 MiB each, in the hour's first run): serve limits them
     from refcntd.service.malloc import ARENAS
