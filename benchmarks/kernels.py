@@ -289,6 +289,10 @@ sessions kept it loaded (load average 9-20): every figure is slower than on an i
 machine.  Cold compiles under TCG (not in the table: the rows below are runs with the
 program cached): 6.1, `refcntd prebuild` 1442 s at load ~9; 6.12, not done within
 the case's 1800 s then (load ~20; the timeout is 3600 s now), so its row is partial.
+Most of that time is not clang: it is refcntd merging Debian's two header halves
+into a tree of ~16 000 symlinks on the 9p cache directory (6.1: 18 min of merging,
+then 4 min of compile; 6.12: 8 436 links made in 30 min).  On a real machine the
+merge takes seconds; making the tree on the host before the boot would remove it.
 
 A rig effect, fixed in the script: virtme-ng lays writable overlays on /usr and
 /var, and a file seen through one has another st_dev than the kernel's mapping of
