@@ -40,6 +40,6 @@ def test_a_lost_put_found_against_a_baseline_is_not_called_a_get():
     for culprit, said in ((lost, "the put lost at widget_unref+0x3 < process"),
                           (extra, "the extra get at process+0x9d (test.c:28)")):
         group = LeakGroup("widget", alloc, [LeakedObject(0x10, 1, 1, 0, 0)], culprits=[culprit])
-        text = message(Finding("leak", "widget", alloc, 1, [1], [group]))
+        text = message(Finding("leak", "widget", alloc, 1, 1, [1], [group]))
         assert said in text and "got at" not in text, text
         assert "(found against good.json)" in text
