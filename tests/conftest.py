@@ -213,6 +213,13 @@ def hostile_history(build: Build, tmp_path: Path, name: str, *defines: str) -> d
     return process
 
 
+def marked_line(source: Path, name: str) -> int:
+    """The line of fixture `source` that carries the comment `LINE:<name>`."""
+    (line,) = [i for i, text in enumerate(source.read_text().splitlines(), 1)
+               if f"LINE:{name} " in text]
+    return line
+
+
 def functions(group: dict) -> list[str]:
     return [f.get("function", "") for f in group["stack"]]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from conftest import FIXTURES, ROOT, Build, Result, assert_probe_mode, refcntd
+from conftest import FIXTURES, ROOT, Build, Result, assert_probe_mode, marked_line, refcntd
 from test_ci import SARIF_SCHEMA
 from test_run import lib_spec
 
@@ -28,10 +28,7 @@ URI = SOURCE.relative_to(ROOT).as_posix()
 
 
 def marked(name: str) -> int:
-    """The line of the fixture that carries `LINE:<name>`."""
-    (line,) = [i for i, text in enumerate(SOURCE.read_text().splitlines(), 1)
-               if f"LINE:{name} " in text]
-    return line
+    return marked_line(SOURCE, name)
 
 
 def program(build: Build) -> Path:

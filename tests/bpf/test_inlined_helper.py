@@ -15,16 +15,14 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import FIXTURES, ROOT, refcntd
+from conftest import FIXTURES, ROOT, marked_line, refcntd
 
 SOURCE = FIXTURES / "inlinedhelper.c"
 URI = SOURCE.relative_to(ROOT).as_posix()
 
 
 def marked(name: str) -> int:
-    (line,) = [i for i, text in enumerate(SOURCE.read_text().splitlines(), 1)
-               if f"LINE:{name} " in text]
-    return line
+    return marked_line(SOURCE, name)
 
 
 def program(build) -> Path:
