@@ -115,7 +115,9 @@ def test_attach_answers_checkpoint_and_diff_and_signals(bpf, build, tmp_path):
 
 def test_ages_and_counts_come_from_the_kernel_aggregates(bpf, build, tmp_path):
     """The scrape reads per-site and per-creation-time counts: exact live counts, ages
-    to about a second, and a handful of map entries for 20 000 live objects."""
+    to about a second, and a handful of map entries for 20 000 live objects.  The
+    age bounds are taken from the clock around the requests, so a loaded machine
+    widens them instead of failing."""
     exe = build.program("requests", [FIXTURES / "requests.c"])
     extra = "    age_threshold: 2s\n"
     with Serve(tmp_path, target_yaml("svc", exe, extra=extra)) as serve:
@@ -123,8 +125,10 @@ def test_ages_and_counts_come_from_the_kernel_aggregates(bpf, build, tmp_path):
         try:
             app.handle(5)
             time.sleep(4)
+            start = time.monotonic()
             app.handle(20000)
             m = serve.scrape()
+            took = time.monotonic() - start
         finally:
             app.kill()
         serve.wait_log(f"target=svc pid={app.proc.pid} ", 60)
@@ -132,11 +136,14 @@ def test_ages_and_counts_come_from_the_kernel_aggregates(bpf, build, tmp_path):
         assert serve.stop() == 0
     key = {"target": "svc", "type": "conn"}
     assert metric(m, "refcntd_live_objects", **key) == 20005
-    assert metric(m, "refcntd_live_objects_older_than_threshold", **key) == 5
+    older = metric(m, "refcntd_live_objects_older_than_threshold", **key)
+    assert older == 5 if took < 2 else 5 <= older <= 20005, (older, took)
     assert metric(m, "refcntd_live_object_age_seconds_count", **key) == 20005
-    assert metric(m, "refcntd_live_object_age_seconds_bucket", le="10.0", **key) == 20005
+    if took < 5:  # the first five are 4 s + took old
+        assert metric(m, "refcntd_live_object_age_seconds_bucket", le="10.0", **key) == 20005
     assert metric(m, "refcntd_live_object_age_seconds_bucket", le="1.0", **key) <= 20000
-    assert 5 * 3 <= metric(m, "refcntd_live_object_age_seconds_sum", **key) < 5 * 5 + 20000
+    age_sum = metric(m, "refcntd_live_object_age_seconds_sum", **key)
+    assert 5 * 3 <= age_sum < 5 * (5 + took) + 20000 * (1 + took), (age_sum, took)
     assert metric(m, "refcntd_operations_total", operation="init", **key) == 20005
     assert metric(m, "refcntd_operations_total", operation="get", **key) == 20005
     assert metric(m, "refcntd_operations_total", operation="init", target="svc",
