@@ -5,8 +5,12 @@ the rest of include/) and `linux-headers-V-amd64` (the generated files of that
 build), linked from `/lib/modules/V/source` and `/lib/modules/V/build`.  bcc
 adds both halves only while BCC_KERNEL_SOURCE is unset; pointed at `build`
 alone, its compile fails on kconfig.h (and libbcc 0.26 then crashes: see
-program.py).  So the two halves are always merged, as a tree of symlinks in a
-cache directory (never under /lib/modules), and BCC_KERNEL_SOURCE names it.
+program.py).  So the two halves are always merged, as a tree of symlinks in
+refcntd's cache (CACHE_DIR/kernel-headers/NAME, never under /lib/modules), and
+BCC_KERNEL_SOURCE names it.  The tree is made once per pair of header packages and
+reused while its stamp names the same two halves (ready_tree): an interrupted or
+stale one is rebuilt, never trusted.  Making it is ~16 000 symlinks: seconds on a
+disk, half an hour on a VM's 9p share (benchmarks/kernels.py makes it on the host).
 
 Headers of the running kernel come first; on a machine without them (this
 project's 6.18 VM), the nearest older version of Debian's pairs in /usr/src,
@@ -19,6 +23,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from refcntd.paths import CACHE_DIR
 
 INSTALL_HINT = "install them with `apt-get install linux-headers-amd64`, or set BCC_KERNEL_SOURCE"
 KCONFIG = Path("include/linux/kconfig.h")  # in -common: the half bcc loses when given -amd64
+STAMP = ".refcntd-complete"  # written last in a merged tree: it names the two halves
 
 
 @dataclass(frozen=True)
@@ -137,20 +143,78 @@ def _merge(common: Path, arch: Path, cache: Path, create: bool) -> Path:
 
 
 def _merged_tree(common: Path, arch: Path, target: Path) -> Path:
-    """Symlink tree of `common` overlaid with `arch`; rebuilt only when missing."""
-    stamp = target / ".refcntd-complete"
-    if stamp.exists():
+    """Symlink tree of `common` overlaid with `arch`, kept in the cache and reused while
+    ready_tree() says so.  It is built beside the target and renamed into place, so an
+    interrupted merge never leaves a tree that looks ready; one that is not is removed."""
+    stamp = _stamp(common, arch)
+    if ready_tree(target, stamp):
         return target
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     try:
+        _remove_abandoned(target, stamp)
         with progress.stage("kernel headers: merging Debian's trees (once per cache)"):
             for tree in (common, arch):
-                _link_tree(tree, target)
-        stamp.write_text(f"{common}\n{arch}\n")
+                _link_tree(tree, partial)
+        (partial / STAMP).write_text(stamp)
+        _install(partial, target, stamp)
     except OSError as err:
         raise EnvironmentProblem(f"cannot build the merged kernel header tree in {target}: "
                                  f"{err.strerror}", "set REFCNTD_CACHE to a writable directory"
                                  ) from None
     return target
+
+
+def _stamp(common: Path, arch: Path) -> str:
+    return f"{common}\n{arch}\n"
+
+
+def ready_tree(target: Path, stamp: str) -> bool:
+    """A merged tree finished for exactly these halves (its stamp is written last),
+    whose kconfig.h still leads to a file (the halves were not removed since)."""
+    try:
+        return (target / STAMP).read_text() == stamp and (target / KCONFIG).is_file()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _remove_abandoned(target: Path, stamp: str) -> None:
+    """The target when it is not ready (an interrupted merge of an older refcntd, which
+    built in place, or a tree of other halves), and partial trees whose merging process
+    is gone."""
+    if (target.exists() or target.is_symlink()) and not ready_tree(target, stamp):
+        _remove(target)
+    for partial in target.parent.glob(f"{target.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            _remove(partial)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _install(partial: Path, target: Path, stamp: str) -> None:
+    """Rename the finished tree into place; if another process got there first with a
+    ready tree, keep that one."""
+    try:
+        partial.rename(target)
+    except OSError:
+        if not ready_tree(target, stamp):
+            raise
+        shutil.rmtree(partial)
 
 
 def _link_tree(src: Path, dst: Path) -> None:
