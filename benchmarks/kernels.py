@@ -326,15 +326,14 @@ Seconds are wall time of each case (TCG is 30-60x slower than the host); `total`
 the whole boot, or the whole host pass.  The first run on a kernel compiles the BPF
 program (prebuild); later runs load it from WORK/cache-RELEASE.
 
-Measured 2026-11-28 on the project's 2-vCPU VM (Linux 6.18, no KVM) while other
-sessions kept it loaded (load average 9-20): every figure is slower than on an idle
-machine.  Cold compiles under TCG (not in the table: the rows below are runs with the
-program cached): 6.1, `refcntd prebuild` 1442 s at load ~9; 6.12, not done within
-the case's 1800 s then (load ~20; the timeout is 3600 s now), so its row is partial.
-Most of that time is not clang: it is refcntd merging Debian's two header halves
-into a tree of ~16 000 symlinks on the 9p cache directory (6.1: 18 min of merging,
-then 4 min of compile; 6.12: 8 436 links made in 30 min).  On a real machine the
-merge takes seconds; making the tree on the host before the boot would remove it.
+Measured 2026-11-28 on the project's 2-vCPU VM (Linux 6.18, no KVM), load average
+5-12 from other jobs during the VM runs (6.12 06:51-07:10 UTC, 6.1 07:13-07:26 UTC):
+every figure is slower than on an idle machine.  The prebuild column is a cold BPF
+compile inside the guest (no cached program): 175-190 s.  Before, the cold prebuild
+took 1442 s on 6.1 and did not finish in 1800 s on 6.12, because refcntd merged
+Debian's two header halves into ~16 000 symlinks on the guest's 9p cache directory.
+The merged tree is now a kept, validated cache that kernels.py makes on the host
+before the boot with refcntd's own code (seconds); the guest finds it ready.
 
 A rig effect, fixed in the script: virtme-ng lays writable overlays on /usr and
 /var, and a file seen through one has another st_dev than the kernel's mapping of
