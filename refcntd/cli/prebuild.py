@@ -22,6 +22,7 @@ from refcntd.kernel import setup
 from refcntd.kernel.program import compile_program, probe_attach_type
 from refcntd.paths import CACHE_DIR, SPEC_DIR
 from refcntd.session.options import TraceOptions, kernel_options
+from refcntd.session.unwind import prebuild_common
 from refcntd.session.vetting import with_holds
 
 # (label, process filter, per-site counts, holding, history): what each command configures
@@ -50,6 +51,8 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
             program.cleanup()
         if not args.quiet:
             print(f"{label}: {program.how}, verified ({time.monotonic() - t0:.1f} s)")
+    tables = prebuild_common()
     if not args.quiet:
         print(f"1 program variant ready in {CACHE_DIR / 'bpf'} (every option set)")
+        print(f"unwind tables cached: {', '.join(tables) or 'none'}")
     return 0

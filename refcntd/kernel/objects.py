@@ -13,6 +13,7 @@ from refcntd.kernel import abi, decode
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import Role, Stat
 from refcntd.kernel.columns import ColumnBuilder, LiveSite, ObjectColumns
+from refcntd.kernel.drainahead import Ahead, Pair, rows_by_process
 from refcntd.kernel.maps import BackgroundDelete, delete, items, lookup_batches, take
 from refcntd.kernel.program import KernelOptions, Program
 from refcntd.kernel.records import (
@@ -35,6 +36,15 @@ class BpfObjects:
         self.program, self.opts = program, opts
         self._names, self._pending = names, pending
         self.stacks_freed_early = 0  # counted in the report: never silent
+        self._objs_ahead = Ahead[ObjectColumns]()
+        self._owners_ahead = Ahead[list[abi.ProcStack]]()
+
+    def expect_exit(self, tgid: int, gen: int) -> None:
+        """A process whose exit was seen: its report will drain its objects as columns
+        and free its stacks; one walk of each map then serves every process waiting
+        (drainahead.py)."""
+        self._objs_ahead.expect((tgid, gen))
+        self._owners_ahead.expect((tgid, gen))
 
     def drain(self, tgid: int, gen: int | None) -> list[ObjectRecord]:
         """Read and remove the objects of one process (gen None: whatever gen)."""
@@ -50,23 +60,50 @@ class BpfObjects:
     def drain_columns(self, tgid: int, gen: int | None) -> ObjectColumns:
         """drain() as columns, for a process without history: the map is read BATCH entries
         at a time, each batch decoded by C loops; only the process's keys are deleted."""
+        if gen is not None and (ahead := self._drain_ahead((tgid, gen))) is not None:
+            return ahead
         self._pending.wait()
         objs, builder = self.program["objs"], ColumnBuilder(abi.ObjKey, abi.ObjVal)
-        size, doomed = ctypes.sizeof(abi.ObjKey), bytearray()
+        doomed = bytearray()
         for keys, values, n in lookup_batches(objs):
             tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
             gens = objcols.column(values, abi.ObjVal, "gen", n)
             keep = _rows_of(tgids, gens, tgid, gen, n)
             builder.add(keys, values, n, None if len(keep) == n else list(keep))
-            raw = memoryview(keys).cast("B")
-            if len(keep) == n:
-                doomed += raw[:n * size]
-            else:
-                for i in keep:
-                    doomed += raw[i * size:(i + 1) * size]
-        if doomed:  # the kernel takes ~2 us a key: done while the report is made
-            self._pending.start(objs, (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed))
+            doomed += _key_bytes(keys, keep, n)
+        self._delete_later(doomed)
         return ObjectColumns(tgid, builder.columns, self._names())
+
+    def _drain_ahead(self, pair: Pair) -> ObjectColumns | None:
+        """`pair`'s columns from a walk for every exited process waiting; None when it
+        waits alone (or was not announced by expect_exit)."""
+        if (ready := self._objs_ahead.take(pair)) is not None:
+            return ready
+        wanted = self._objs_ahead.batch(pair)
+        if not wanted:
+            return None
+        self._pending.wait()
+        builders = {p: ColumnBuilder(abi.ObjKey, abi.ObjVal) for p in wanted}
+        doomed = bytearray()
+        for keys, values, n in lookup_batches(self.program["objs"]):
+            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
+            gens = objcols.column(values, abi.ObjVal, "gen", n)
+            for p, rows in rows_by_process(tgids, gens, wanted).items():
+                builders[p].add(keys, values, n, rows)
+                doomed += _key_bytes(keys, rows, n)
+        self._delete_later(doomed)
+        names = self._names()
+        found = {p: ObjectColumns(p[0], b.columns, names) for p, b in builders.items()}
+        mine = found.pop(pair)
+        self._objs_ahead.keep(found)
+        return mine
+
+    def _delete_later(self, doomed: bytearray) -> None:
+        """The kernel takes ~2 us a key: deleted while the report is made."""
+        if doomed:
+            size = ctypes.sizeof(abi.ObjKey)
+            self._pending.start(self.program["objs"],
+                                (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed))
 
     def live_objects(self) -> list[ObjectRecord]:
         self._pending.wait()
@@ -127,8 +164,7 @@ class BpfObjects:
         this a long attach fills the store.  `refs` are the stacks its report
         used (all owned by it: the hash covers tgid and gen).
         """
-        owned = [k for k, v in items(self.program["proc_stacks"])
-                 if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
+        owned = self._owned_stacks(tgid, gen)
         delete(self.program["proc_stacks"], owned)
         # objects a forked child inherited keep their ancestor's stacks: not its to free
         keys = {r.stack_id for r in refs if self._stack_owner(r.stack_id) in ((tgid, gen), None)}
@@ -136,6 +172,26 @@ class BpfObjects:
         if dump := os.environ.get("REFCNTD_DUMP_STACKS"):
             self._dump_stacks(dump, tgid, sorted(keys))
         delete(self.program["stack_store"], [ctypes.c_uint64(k) for k in sorted(keys) if k])
+
+    def _owned_stacks(self, tgid: int, gen: int) -> list[abi.ProcStack]:
+        """The stack owners' entries of one process generation: from one walk for every
+        exited process waiting, when several do (drainahead.py)."""
+        pair = (tgid, gen)
+        if (ready := self._owners_ahead.take(pair)) is not None:
+            return ready
+        if not (wanted := self._owners_ahead.batch(pair)):
+            return [k for k, v in items(self.program["proc_stacks"])
+                    if k.tgid == tgid and int(getattr(v, "value", v)) == gen]
+        found: dict[Pair, list[abi.ProcStack]] = {p: [] for p in wanted}
+        size = ctypes.sizeof(abi.ProcStack)
+        for keys, values, n in lookup_batches(self.program["proc_stacks"]):
+            tgids = objcols.column(keys, abi.ProcStack, "tgid", n)
+            gens = memoryview(values).cast("B")[:n * 4].cast("I")
+            for p, rows in rows_by_process(tgids, gens, wanted).items():
+                found[p] += [abi.ProcStack.from_buffer_copy(keys, i * size) for i in rows]
+        mine = found.pop(pair)
+        self._owners_ahead.keep(found)
+        return mine
 
     def _dump_stacks(self, path: str, tgid: int, keys: list[int]) -> None:
         """REFCNTD_DUMP_STACKS=FILE (debugging, benchmarks/stackquality.py): every stack a
@@ -193,3 +249,11 @@ def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n:
     if tgids.tolist().count(tgid) == n and (gen is None or gens.tolist().count(gen) == n):
         return range(n)
     return [i for i in range(n) if tgids[i] == tgid and (gen is None or gens[i] == gen)]
+
+
+def _key_bytes(keys: ctypes.Array[abi.ObjKey], rows: range | list[int], n: int) -> bytes:
+    """The raw keys of `rows` (0..n-1 in one copy when they are all of the batch)."""
+    size, raw = ctypes.sizeof(abi.ObjKey), memoryview(keys).cast("B")
+    if len(rows) == n:
+        return bytes(raw[:n * size])
+    return b"".join(raw[i * size:(i + 1) * size] for i in rows)

@@ -139,6 +139,8 @@ class SessionTracker:
         # drained on the worker: an exited process's records no longer change (they are
         # keyed by its generation), and a million of them take a second to read
         tgid, gen = ev.tgid, ev.gen
+        if self.stub_names is None:  # drained as columns: with others waiting, in one walk
+            self.objects.expect_exit(tgid, gen)
         self._report(session, STATE_EXITED, lambda: self._drain(tgid, gen), ev.ts, status,
                      code)
 
