@@ -326,14 +326,19 @@ Seconds are wall time of each case (TCG is 30-60x slower than the host); `total`
 the whole boot, or the whole host pass.  The first run on a kernel compiles the BPF
 program (prebuild); later runs load it from WORK/cache-RELEASE.
 
-Measured 2026-11-28 on the project's 2-vCPU VM (Linux 6.18, no KVM), load average
-5-12 from other jobs during the VM runs (6.12 06:51-07:10 UTC, 6.1 07:13-07:26 UTC):
-every figure is slower than on an idle machine.  The prebuild column is a cold BPF
-compile inside the guest (no cached program): 175-190 s.  Before, the cold prebuild
-took 1442 s on 6.1 and did not finish in 1800 s on 6.12, because refcntd merged
-Debian's two header halves into ~16 000 symlinks on the guest's 9p cache directory.
-The merged tree is now a kept, validated cache that kernels.py makes on the host
-before the boot with refcntd's own code (seconds); the guest finds it ready.
+Measured 2026-11-28 on the project's 2-vCPU VM (Linux 6.18, no KVM), at branch k612
+(main 1c5496a + the header pre-merge), while other sessions worked beside it: load
+average 2.6-9.5 during the 6.12 boot (06:50-07:09), 4.5-8 during the 6.1 boot
+(07:14-07:27).  Both boots compiled cold (`prebuild`: 6.12 175 s of compile, 225 s in
+all; 6.1 187 s, 246 s), with the merged header tree made on the host before the boot
+by kernels.py (refcntd's own kheaders): the guest found it ready and merged nothing.
+From empty, that merge took 17 s (6.12, 16 712 files) and 2.6 s (6.1, 15 916) on the
+host at load ~5.  Before, the guest made it on the 9p cache directory: 6.1's cold
+prebuild took 1442 s (18 min of merging, then 4 of compile, load ~9), and 6.12's did
+not finish in 30 min (8 436 links made).  The whole 6.12 boot, cold, now takes 1093 s.
+The 6.12 tree of this run was made at 06:50 by the same premerge in 5.8 s, removing
+the guest's interrupted merge first (refcntd rebuilds a tree without its stamp
+instead of trusting it).
 
 A rig effect, fixed in the script: virtme-ng lays writable overlays on /usr and
 /var, and a file seen through one has another st_dev than the kernel's mapping of
