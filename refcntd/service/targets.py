@@ -65,10 +65,12 @@ class Targets:
     def add(self, target: Target) -> None:
         runtime = TargetRuntime(target, TargetStats(target.name, target.age_threshold_s,
                                                     target.max_type_labels))
-        self.runtimes[target.name] = runtime
         paths = sorted(glob.glob(target.path)) or [target.path]
         for path in paths:
             self._attach_binary(runtime, path)
+        # shown to readers (/status, scrapes) once attached: the attach lets them in
+        # meanwhile, and a target listed before its probes exist looks ready when not
+        self.runtimes[target.name] = runtime
 
     def remove(self, name: str) -> None:
         runtime = self.runtimes.pop(name)
