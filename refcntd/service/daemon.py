@@ -47,7 +47,7 @@ class Daemon:
         self.reload_requested = False
         self._proc_events = ProcConnector()
         self.started = time.time()
-        self.targets = Targets(self._on_report, self._adopt, strict)
+        self.targets = Targets(self._on_report, self._adopt, strict, self.lock.released)
         self.views = checkpoint.Views(self.targets.tracers, self.lock.shared,
                                       config.web.show_cmdline)
         self._diff_requested = False

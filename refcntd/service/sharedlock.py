@@ -11,6 +11,8 @@ their maps; they do not need to exclude one another.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 
@@ -45,6 +47,25 @@ class SharedLock:
             if not self._depth:
                 self._owner = None
                 self._cond.notify_all()
+
+    @contextmanager
+    def released(self) -> Iterator[None]:
+        """The exclusive holder lets readers in meanwhile (an attach of 4.5-52 s under
+        the soak's load made every scrape wait for it), then holds the lock again at
+        the same depth.  Only the holder changes the targets, so readers see them
+        before or after a change, never half-made.  Not the holder: nothing to let go."""
+        me = threading.get_ident()
+        with self._cond:
+            depth = self._depth if self._owner == me else 0
+            if depth:
+                self._owner, self._depth = None, 0
+                self._cond.notify_all()
+        try:
+            yield
+        finally:
+            if depth:
+                self.acquire()
+                self._depth = depth
 
     def __enter__(self) -> SharedLock:
         self.acquire()

@@ -2,7 +2,8 @@
 target's path matches, attached at start, when a matching file appears, is
 replaced (a package upgrade: a new inode) or is exec'd, and detached when it is
 removed or its target goes.  The caller holds the daemon's lock around every
-change (scrapes and diffs read the tracers under it)."""
+change (scrapes and diffs read the tracers under it), but not around the attach
+itself: that is seconds of work on the new tracer alone (`unlocked`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,12 +49,15 @@ class Targets:
     """Every target by name, with its attached binaries."""
 
     def __init__(self, on_report: OnReport, adopt: Callable[[Tracer], None],
-                 strict: bool = False) -> None:
+                 strict: bool = False,
+                 unlocked: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         """`on_report`: a traced process's report, on its tracer's report worker;
         `adopt(tracer)`: a tracer just attached (it counts from the checkpoint);
-        `strict`: a binary that cannot be attached raises instead of being logged."""
+        `strict`: a binary that cannot be attached raises instead of being logged;
+        `unlocked()`: the daemon's lock let go while a new tracer attaches."""
         self.runtimes: dict[str, TargetRuntime] = {}
         self._on_report, self._adopt, self.strict = on_report, adopt, strict
+        self._unlocked = unlocked
 
     def tracers(self) -> dict[str, list[Tracer]]:
         return {name: list(rt.tracers.values()) for name, rt in self.runtimes.items()}
@@ -60,10 +65,12 @@ class Targets:
     def add(self, target: Target) -> None:
         runtime = TargetRuntime(target, TargetStats(target.name, target.age_threshold_s,
                                                     target.max_type_labels))
-        self.runtimes[target.name] = runtime
         paths = sorted(glob.glob(target.path)) or [target.path]
         for path in paths:
             self._attach_binary(runtime, path)
+        # shown to readers (/status, scrapes) once attached: the attach lets them in
+        # meanwhile, and a target listed before its probes exist looks ready when not
+        self.runtimes[target.name] = runtime
 
     def remove(self, name: str) -> None:
         runtime = self.runtimes.pop(name)
@@ -137,7 +144,8 @@ class Targets:
         # "not an ELF file" is retried once it changed, even if the copy ends meanwhile.
         stamp = file_stamp(path)
         try:
-            tracer = self._start(runtime, path)
+            with self._unlocked():  # readers go on meanwhile; it is not theirs yet
+                tracer = self._start(runtime, path)
         except RefcntdError as err:
             runtime.failed[path] = err.message
             runtime.identity[path] = file_identity(path)
@@ -147,6 +155,7 @@ class Targets:
             if self.strict:
                 raise
             return
+        self._adopt(tracer)  # again: a checkpoint taken while it attached
         runtime.tracers[path] = tracer
         runtime.attached_at[path] = time.time()
         runtime.identity[path] = file_identity(path)

@@ -225,3 +225,50 @@ def test_batch_reads_start_small_and_return_every_entry(bpf):
         assert sizes[0] == bpfsys.FIRST_BATCH and max(sizes) < n * 2
     finally:
         os.close(fd)
+
+
+def test_a_scrape_does_not_wait_for_an_attach(bpf, tmp_path):
+    """Attaching a binary (an upgrade, a reload) took 4.5-52 s in the soak, under the
+    daemon's lock, and every scrape waited for it. The attach is done outside the
+    lock now: with an upgrade's re-attach held open, a scrape and /status answer,
+    and the new tracer is served once it is done (ordering by events)."""
+    from refcntd.kernel import setup
+    exe = tmp_path / "soakgen"
+    subprocess.run(["gcc", "-O2", "-g", f"-I{EXAMPLES}", "-o", str(exe), str(GEN),
+                    str(EXAMPLES / "refcnt.c")], check=True)
+    setup.prepare()
+    daemon = _daemon(tmp_path, exe)
+    runtime = daemon.targets.runtimes["gen"]
+    (old,) = runtime.tracers.values()
+    started, gate = threading.Event(), threading.Event()
+    start = daemon.targets._start
+
+    def held_start(rt, path):  # noqa: ANN001, ANN202 - the real attach, then held open
+        tracer = start(rt, path)
+        started.set()
+        gate.wait(60)
+        return tracer
+    daemon.targets._start = held_start
+    upgraded = tmp_path / "soakgen.new"
+    upgraded.write_bytes(exe.read_bytes())
+    upgraded.chmod(0o755)
+    upgraded.replace(exe)  # a package upgrade: a new inode at the same path
+    daemon._next_watch = 0.0
+    manage = threading.Thread(target=daemon._round)
+    try:
+        manage.start()
+        assert started.wait(60)
+        scrape = threading.Thread(target=lambda: (list(daemon.collector().collect()),
+                                                  daemon.status()))
+        scrape.start()
+        scrape.join(60)
+        assert not scrape.is_alive() and not gate.is_set()
+        assert not runtime.tracers  # the old one detached, the new one not served yet
+        gate.set()
+        manage.join(60)
+        (new,) = runtime.tracers.values()
+        assert new is not old
+    finally:
+        gate.set()
+        manage.join(60)
+        daemon.shutdown()

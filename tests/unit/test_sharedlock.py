@@ -21,6 +21,18 @@ def _hold_shared(lock: SharedLock, held: threading.Event, go: threading.Event) -
     return t
 
 
+def _reader(lock: SharedLock) -> tuple[threading.Thread, threading.Event]:
+    """A reader started now; its event is set once it got in."""
+    got_in = threading.Event()
+
+    def reader() -> None:
+        with lock.shared:
+            got_in.set()
+    t = threading.Thread(target=reader)
+    t.start()
+    return t, got_in
+
+
 def test_readers_share_and_a_writer_waits_for_them():
     lock, held, go = SharedLock(), threading.Event(), threading.Event()
     slow = _hold_shared(lock, held, go)  # a pprof waiting on a report worker
@@ -41,14 +53,28 @@ def test_the_writer_reenters_and_reads_through_its_own_hold():
         with lock:  # management nests (a reload inside a round)
             with lock.shared:  # SIGUSR2's diff, written by the holder itself
                 pass
-        blocked = threading.Event()
-
-        def reader() -> None:
-            with lock.shared:
-                blocked.set()
-        t = threading.Thread(target=reader)
-        t.start()
+        t, blocked = _reader(lock)
         t.join(0.2)
         assert not blocked.is_set()  # other threads wait for the writer
     t.join(WAIT_S)
     assert blocked.is_set()
+
+
+def test_the_writer_lets_readers_in_while_it_attaches_then_holds_again():
+    lock = SharedLock()
+    with lock, lock:  # a reload inside a round: depth 2
+        with lock.released():  # the slow attach
+            second, done = threading.Event(), threading.Event()
+            done.set()
+            _hold_shared(lock, second, done).join(WAIT_S)  # a scrape does not wait
+            assert second.is_set()
+        t, blocked = _reader(lock)
+        lock.release()  # still held once (depth restored): the reader waits
+        t.join(0.2)
+        assert not blocked.is_set()
+        lock.acquire()
+    t.join(WAIT_S)
+    assert blocked.is_set()
+    with lock.released():  # not the holder: nothing to let go
+        assert lock.acquire(blocking=False)
+        lock.release()
