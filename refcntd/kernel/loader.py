@@ -25,7 +25,7 @@ from refcntd.inputs.config import COMM_MAX
 from refcntd.kernel import abi, bpfsys, decode, parts, progcache, setup
 from refcntd.kernel.abi import EventKind, Stat
 from refcntd.kernel.holdmaps import BpfHoldMaps
-from refcntd.kernel.maps import BackgroundDelete, lookup_batches, take_all
+from refcntd.kernel.maps import BackgroundDelete, lookup_batches
 from refcntd.kernel.objects import BpfObjects
 from refcntd.kernel.probes import BpfProbes, attach_type
 from refcntd.kernel.program import CHAIN, KernelOptions, Program, compile_program
@@ -128,20 +128,8 @@ class Kernel:
         self.probes.close()
         try:
             unprobed()
-        finally:  # closing twice closes nothing
-            self.program.cleanup(later=self._untrack_all())
-
-    def _untrack_all(self) -> bool:
-        """run (processes filtered): forget every traced process, so that the
-        tracepoints' programs, detached by a child after this process is gone
-        (Program.cleanup), neither record nor stop anything meanwhile."""
-        if not self.opts.filtered:
-            return False
-        try:
-            take_all(self.bpf["procs"])
-        except OSError:
-            return False
-        return True
+        finally:
+            self.program.cleanup()  # closing twice closes nothing
 
     # ---- what to trace -----------------------------------------------------
     def register_process(self, tgid: int) -> int:

@@ -9,12 +9,9 @@ link carries a cookie: the probe's index in the probe_cfgs map.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,27 +186,3 @@ def explain_errno(err: int) -> str:
     if err == errno.ENOENT:
         return "no such file"
     return os.strerror(err)
-
-
-CAT = "/bin/cat"  # coreutils; never looked up in PATH
-
-
-def close_later(fds: list[int]) -> None:
-    """Close perf events that carry BPF programs without waiting for their detach: each
-    waits ~35 ms for the kernel, one after another (16 tracepoint fds: 0.55 s at the end
-    of every `run`, issue 43).  A child holding copies does the last close when it exits
-    (cat, at the end of its stdin, once this process has closed its own copies); nothing
-    fires for a process that is no longer traced meanwhile, and the kernel frees it all."""
-    if not fds:
-        return
-    try:
-        child = subprocess.Popen([CAT], pass_fds=fds, stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError:
-        child = None
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    if child is not None and child.stdin is not None:
-        child.stdin.close()  # cat exits: its copies are the last ones
-        threading.Thread(target=child.wait, daemon=True).start()  # no zombie in serve

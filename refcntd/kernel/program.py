@@ -357,22 +357,16 @@ class Program:
         if self._ring is not None:
             self._ring.poll(timeout_ms)
 
-    def cleanup(self, later: bool = False) -> None:
-        """Close everything: links, programs, the ring buffer, maps.  `later`: the
-        tracepoints' detach is left to a child (perf_uprobe.close_later), for a caller
-        that made sure their programs can do nothing any more (Kernel.detach)."""
+    def cleanup(self) -> None:
+        """Close everything: links, programs, the ring buffer, maps."""
         if self._ring is not None:
             self._ring.close()
             self._ring = None
-        tracepoints, self._tracepoints = self._tracepoints[::-1], []  # links first
-        if later:
-            perf_uprobe.close_later(tracepoints)
-            tracepoints = []
-        for fd in [*tracepoints, *self._loaded.values(),
+        for fd in [*reversed(self._tracepoints), *self._loaded.values(),
                    *(t.map_fd for t in self.tables.values())]:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._loaded, self.tables = {}, {}
+        self._tracepoints, self._loaded, self.tables = [], {}, {}
 
 
 _VERSION_H = "include/generated/uapi/linux/version.h"
