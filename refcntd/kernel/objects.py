@@ -7,7 +7,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from refcntd.kernel import abi, decode
 from refcntd.kernel import columns as objcols
@@ -24,6 +26,8 @@ from refcntd.kernel.records import (
     StackRecord,
     StackRef,
 )
+
+K = TypeVar("K")  # what one walk of the object map groups its rows by
 
 
 class BpfObjects:
@@ -62,17 +66,9 @@ class BpfObjects:
         at a time, each batch decoded by C loops; only the process's keys are deleted."""
         if gen is not None and (ahead := self._drain_ahead((tgid, gen))) is not None:
             return ahead
-        self._pending.wait()
-        objs, builder = self.program["objs"], ColumnBuilder(abi.ObjKey, abi.ObjVal)
-        doomed = bytearray()
-        for keys, values, n in lookup_batches(objs):
-            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
-            gens = objcols.column(values, abi.ObjVal, "gen", n)
-            keep = _rows_of(tgids, gens, tgid, gen, n)
-            builder.add(keys, values, n, None if len(keep) == n else list(keep))
-            doomed += _key_bytes(keys, keep, n)
-        self._delete_later(doomed)
-        return ObjectColumns(tgid, builder.columns, self._names())
+        builders = self._take_rows(
+            lambda tgids, gens, n: {tgid: _rows_of(tgids, gens, tgid, gen, n)})
+        return ObjectColumns(tgid, _columns(builders, tgid), self._names())
 
     def _drain_ahead(self, pair: Pair) -> ObjectColumns | None:
         """`pair`'s columns from a walk for every exited process waiting; None when it
@@ -82,21 +78,34 @@ class BpfObjects:
         wanted = self._objs_ahead.batch(pair)
         if not wanted:
             return None
+        builders = self._take_rows(
+            lambda tgids, gens, n: rows_by_process(tgids, gens, wanted))
+        names = self._names()
+        found = {p: ObjectColumns(p[0], _columns(builders, p), names) for p in wanted}
+        mine = found.pop(pair)
+        self._objs_ahead.keep(found)
+        return mine
+
+    def _take_rows(self, select: Callable[[memoryview, memoryview, int],
+                                          Mapping[K, range | list[int]]]
+                   ) -> dict[K, ColumnBuilder]:
+        """One walk of the object map: the rows `select` picks from each batch (by tgid
+        and gen columns), as columns per key of its choosing; their keys deleted later."""
         self._pending.wait()
-        builders = {p: ColumnBuilder(abi.ObjKey, abi.ObjVal) for p in wanted}
+        builders: dict[K, ColumnBuilder] = {}
         doomed = bytearray()
         for keys, values, n in lookup_batches(self.program["objs"]):
             tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
             gens = objcols.column(values, abi.ObjVal, "gen", n)
-            for p, rows in rows_by_process(tgids, gens, wanted).items():
-                builders[p].add(keys, values, n, rows)
+            for key, rows in select(tgids, gens, n).items():
+                if not rows:
+                    continue
+                if (builder := builders.get(key)) is None:
+                    builder = builders[key] = ColumnBuilder(abi.ObjKey, abi.ObjVal)
+                builder.add(keys, values, n, None if len(rows) == n else list(rows))
                 doomed += _key_bytes(keys, rows, n)
         self._delete_later(doomed)
-        names = self._names()
-        found = {p: ObjectColumns(p[0], b.columns, names) for p, b in builders.items()}
-        mine = found.pop(pair)
-        self._objs_ahead.keep(found)
-        return mine
+        return builders
 
     def _delete_later(self, doomed: bytearray) -> None:
         """The kernel takes ~2 us a key: deleted while the report is made."""
@@ -249,6 +258,11 @@ def _rows_of(tgids: memoryview, gens: memoryview, tgid: int, gen: int | None, n:
     if tgids.tolist().count(tgid) == n and (gen is None or gens.tolist().count(gen) == n):
         return range(n)
     return [i for i in range(n) if tgids[i] == tgid and (gen is None or gens[i] == gen)]
+
+
+def _columns(builders: dict[K, ColumnBuilder], key: K) -> dict[str, array[int]]:
+    """The columns a walk built for `key`, empty when it had no rows."""
+    return (builders.get(key) or ColumnBuilder(abi.ObjKey, abi.ObjVal)).columns
 
 
 def _key_bytes(keys: ctypes.Array[abi.ObjKey], rows: range | list[int], n: int) -> bytes:
