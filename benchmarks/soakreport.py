@@ -55,6 +55,20 @@ def _floors(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+def _fd_growth(settled: list[dict]) -> str:
+    """Which kinds of fd (soaksample.fd_kinds) the last settled pause holds more of than
+    the first one with the same tracers."""
+    out = []
+    for extra in (False, True):
+        same = [r["process"].get("fd_kinds") for r in settled if bool(r.get("extra")) == extra]
+        same = [k for k in same if k is not None]
+        if len(same) > 1:
+            grew = {k: n - same[0].get(k, 0) for k, n in same[-1].items()
+                    if n > same[0].get(k, 0)}
+            out += [f"{'+extra ' if extra else ''}{k} +{n}" for k, n in grew.items()]
+    return f"; fds grown: {', '.join(out)}" if out else ""
+
+
 def judge(rows: list[dict], end: dict, warmup: int) -> list[dict]:
     after = _after(rows, warmup)
     rss = _rss(after)
@@ -74,7 +88,7 @@ def judge(rows: list[dict], end: dict, warmup: int) -> list[dict]:
         {"goal": "fds, threads, maps and map entries back to their floor at each pause "
                  "where every process was reported",
          "met": not grown, "figure": (json.dumps(grown) if grown else "flat") +
-         f" ({len(settled)} of {len(after)} pauses settled)"},
+         f" ({len(settled)} of {len(after)} pauses settled)" + _fd_growth(settled)},
         {"goal": f"per-process counters of untraced processes swept (proc_stats <= "
                  f"{PROC_STATS_BOUND} at each pause)",
          "met": all(r["bpf"]["entries"].get("proc_stats", 0) <= PROC_STATS_BOUND for r in after),
