@@ -13,7 +13,10 @@ Mutants, one per site:
   sets the pointer to NULL (`dso__zput(d)`, `gst_clear_object(&o)`) keeps
   that: `((d) = NULL)`, `((void)(*(&o) = NULL))`.
 * get added: `x__get(e)` becomes `x__get(x__get(e))`: one more reference,
-  taken at the same place, the object evaluated once.
+  taken at the same place, the object evaluated once.  A get that returns
+  nothing (fontconfig's `FcPatternReference`) becomes `(x_ref(e), x_ref(e))`:
+  the object expression evaluated twice, which the sites of such gets (a
+  variable or a field) allow.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Api:
     puts: frozenset[str]
     clears: dict[str, str]  # name -> "lvalue" (zput(x)) or "pointer" (clear(&x))
     type_of: dict[str, str]  # name -> object type as the truth counts it
+    void_gets: frozenset[str] = frozenset()  # gets that return nothing
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,11 @@ def _next_paren(code: str, i: int) -> int:
 def mutate(text: str, site: Site, pattern: str, api: Api) -> str:
     """The file's text with this one site mutated."""
     assert text[site.start:site.start + len(site.name)] == site.name
-    if pattern == GET_ADDED:
-        new = f"{site.name}({text[site.start:site.end]})"
+    call = text[site.start:site.end]
+    if pattern == GET_ADDED and site.name in api.void_gets:
+        new = f"({call}, {call})"
+    elif pattern == GET_ADDED:
+        new = f"{site.name}({call})"
     elif api.clears.get(site.name) == "lvalue":
         new = f"(({site.arg}) = NULL)"
     elif api.clears.get(site.name) == "pointer":

@@ -51,10 +51,14 @@ class ModuleSymbols:
             mod.debug, final = finder.find_image(image)
             mod.pending = not final
         images = [image, *([mod.debug] if mod.debug else [])]
-        syms = sorted({(s.vaddr, s.name, s.size) for img in images
+        # of aliases at one address the exported name is the one shown: fontconfig's
+        # internal calls go to hidden `IA__FcPatternDestroy`, the users' to FcPatternDestroy,
+        # and a spec names the latter
+        exported = {row.name.split("@", 1)[0] for row in image.dynamic_symbols() if row.shndx}
+        syms = sorted({(s.vaddr, s.name in exported, s.name, s.size) for img in images
                        for group in img.symbols.values() for s in group if s.vaddr})
         mod.starts = [s[0] for s in syms]
-        mod.names = [(name, start, size) for start, name, size in syms]
+        mod.names = [(name, start, size) for start, _, name, size in syms]
         return mod
 
     @property
