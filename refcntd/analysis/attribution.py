@@ -421,6 +421,8 @@ class Baseline:
     # storing it in an owner, which `sources`' balance cannot tell apart)
     handed: set[FuncKey] = field(default_factory=set)
     get_sites: set[tuple[str, int]] = field(default_factory=set)  # (module, vaddr) on gets
+    # sources only the leaked objects' own pairs show (PairedGroup.of)
+    by_leaks: set[FuncKey] = field(default_factory=set)
 
     @classmethod
     def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
@@ -538,6 +540,23 @@ def _maker_unknown(get: PathOp, i: int, base: Baseline) -> str:
     name, caller = _name(get.frames[0]), _name(get.frames[1])
     return (f"{name} made the object (no released object of its kind): whether {name} "
             f"kept it or returned it to {caller}, which kept it, is not decided")
+
+
+def _leaks_only(get: PathOp, i: int, base: Baseline) -> str:
+    """Why the keeper (frame i) is not named when no object of the kind was released,
+    several gets of the object could be the one left over, and only the leaked
+    objects' own pairs show a function below it handing references up: which
+    reference paired with which put is then the counts' guess (fontconfig's
+    FcFreeTypeQueryFaceInternal hands a charset up through an out parameter and
+    stores another reference of it in a pattern main destroys).  "" otherwise."""
+    if base.released:
+        return ""
+    shown = [f for f in get.frames[:i] if func_key(f) in base.by_leaks]
+    if not shown:
+        return ""
+    return (f"{_name(shown[-1])} handed the reference up only in the leaked objects' own "
+            f"pairs, a guess when no object of the kind was released: {_name(shown[-1])} "
+            f"or a caller up to {_name(get.frames[i])} kept it")
 
 
 def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
@@ -770,7 +789,9 @@ class PairedGroup:
             if shape not in seen:
                 seen[shape] = [ops.index(a) for a in pairs.equal_leftovers()]
             alternatives[addr] = [ops[k] for k in seen[shape]]
-        base.sources |= {func for func, n in handed.items() if n >= kept[func]}
+        own = {func for func, n in handed.items() if n >= kept[func]}
+        base.by_leaks = own - base.sources
+        base.sources |= own
         return cls(base, paired, alternatives)
 
 
@@ -843,8 +864,11 @@ def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],
         for label in [_name(c.function) for c in found] if isinstance(found, list) \
                 else ["no function named"]:
             named.setdefault(label, []).append(_short(other.frames, 2))
-    if len(named) <= 1:
-        return result
+    if len(named) <= 1:  # all lead to one function, which only a guess may show
+        held = len(result[0].frames) if result else 0  # the culprit's: the get's, up to it
+        guess = _leaks_only(get, held - 1, base) if held and \
+            result[0].frames == get.frames[:held] else ""
+        return guess or result
     seen = "; ".join(f"{name} (get at {', '.join(at)})" for name, at in sorted(named.items()))
     return (f"{len(alternatives)} gets of the object pair off with its puts equally well, "
             f"and which one stayed is not decided by the counts; each leads to another "

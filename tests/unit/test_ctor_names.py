@@ -53,3 +53,21 @@ def test_a_named_maker_and_the_one_it_is_inlined_into_are_skipped() -> None:
     (culprit,) = verdict(init, [init], Baseline.of([]))
     assert culprit.kind == MISSING_PUT
     assert culprit.function.function == "machine__process_mmap_event"
+
+
+def test_handing_up_shown_only_by_the_leaked_object_itself_decides_nothing() -> None:
+    """fontconfig's fc-query (no charset released): query_face makes a charset, hands
+    one reference up to query_all through an out parameter and stores another in a
+    pattern main destroys.  Which of the two main's put paired with is the counts'
+    guess, so query_face and query_all were not shown to hand references up."""
+    from refcntd.analysis.attribution import PairedGroup, judge
+
+    init = op(Role.INIT, "make_charset query_face query_all main")
+    handed = op(Role.GET, "query_face query_all main")
+    stored = op(Role.GET, "value_save pattern_add query_face query_all main")
+    own_put = op(Role.PUT, "query_face query_all main")
+    main_put = op(Role.PUT, "value_destroy pattern_destroy main")
+    ops = [init, handed, stored, own_put, main_put]
+    group = PairedGroup.of([(0x10, ops)], [])
+    result = judge(group, {0x10: [(u, n) for u, n in group.objects[0][2]]})
+    assert result.status == "unknown" and "own pairs" in result.reason
