@@ -533,9 +533,10 @@ def _maker_unknown(get: PathOp, i: int, base: Baseline) -> str:
     """Why the caller of an unnamed constructor is not named: a function that got a
     new object from a constructor probed at its return (fontconfig's FcNameParse
     from FcPatternCreate) may keep it or return it, and with no released object
-    of the kind nothing tells which (on fontconfig, both happened).  "" otherwise."""
+    of the kind nothing tells which (on fontconfig, both happened).  A start
+    function (main) returns nothing anyone keeps: it is the keeper.  "" otherwise."""
     if base.released or get.op != Role.INIT or i != 0 or len(get.path) < 2 \
-            or named_constructor(get.path[0]):
+            or named_constructor(get.path[0]) or get.path[0][1] in START_FUNCTIONS:
         return ""
     name, caller = _name(get.frames[0]), _name(get.frames[1])
     return (f"{name} made the object (no released object of its kind): whether {name} "

@@ -43,6 +43,13 @@ def test_an_unnamed_maker_of_an_object_nobody_released_is_unknown() -> None:
     assert "whether FcSortWalk kept it or returned it to FcFontSetSort" in found
 
 
+def test_main_that_made_an_object_nobody_released_keeps_it() -> None:
+    """main returns nothing anyone keeps (tests/bpf/test_history's manygets)."""
+    init = op(Role.INIT, "main __libc_start_call_main __libc_start_main_impl _start")
+    (culprit,) = verdict(init, [init], Baseline.of([]))
+    assert culprit.kind == MISSING_PUT and culprit.function.function == "main"
+
+
 def test_a_named_maker_and_the_one_it_is_inlined_into_are_skipped() -> None:
     """perf: map__init inlined into map__new2 (one frame, two functions), called by
     the function that kept the map."""
