@@ -117,6 +117,8 @@ def find_sites(root: Path, rel: str, names: frozenset[str]) -> list[Site]:
     code = blank(text)
     sites: list[Site] = []
     depth, function, last_call_name = 0, "", ""
+    parens = 0  # at file scope: a name inside a parameter list (a function pointer
+    # parameter's return type, `FcBool (*callback) (...)`) names no function
     i = 0
     while i < len(code):
         c = code[i]
@@ -126,12 +128,14 @@ def find_sites(root: Path, rel: str, names: frozenset[str]) -> list[Site]:
             depth += 1
         elif c == "}":
             depth = max(0, depth - 1)
+        elif c in "()" and depth == 0:
+            parens = max(0, parens + (1 if c == "(" else -1))
         elif c.isalpha() or c == "_":
             m = IDENT.match(code, i)
             assert m is not None
             word, i = m.group(), m.end()
             paren = _next_paren(code, i)
-            if paren >= 0 and depth == 0:
+            if paren >= 0 and depth == 0 and parens == 0:
                 last_call_name = word
             elif paren >= 0 and word in names and function:
                 end = closing(code, paren)

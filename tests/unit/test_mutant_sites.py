@@ -35,3 +35,13 @@ def test_a_get_that_returns_its_object_wraps_itself(tmp_path: Path) -> None:
 
 def test_a_deleted_put_still_evaluates_its_argument(tmp_path: Path) -> None:
     assert "\t((void)(o));\n" in mutants(tmp_path)["obj_put"]
+
+
+def test_a_function_pointer_parameter_does_not_name_the_function(tmp_path: Path) -> None:
+    """fontconfig's FcDirCacheProcess takes `FcBool (*callback) (...)`: its sites were
+    read as in a function `FcBool` (a right answer scored wrong)."""
+    code = ("static FcBool\nFcDirCacheProcess (FcConfig *c,\n\tFcBool (*callback) (int fd),"
+            "\n\tvoid *closure)\n{\n\tobj_put (o);\n}\n")
+    (tmp_path / "g.c").write_text(code)
+    (site,) = sites.find_sites(tmp_path, "g.c", API.gets | API.puts)
+    assert site.function == "FcDirCacheProcess"
