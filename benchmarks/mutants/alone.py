@@ -7,7 +7,11 @@ table of right / tie / unknown / wrong / missed per codebase for the direct leak
 with the rate of confident wrong answers the goal bounds (at most 5 %), then every
 mutant whose answer was not "unknown" in either.
 
-Usage: benchmarks/mutants/alone.py OUT > benchmarks/results/mutants-alone.md
+Usage: benchmarks/mutants/alone.py OUT > benchmarks/results/mutants-alone-run.md
+       benchmarks/mutants/alone.py sets LABEL=RESULTS.json[!OTHER.json|&OTHER.json] ...
+The second form prints one row per set: a results JSON's scored mutants (`run`'s
+mutants.json or `rescore`'s rescored.json), without those OTHER.json has (!) or
+only those (&): a held-out batch beside the batch the rules were tuned on.
 """
 
 from __future__ import annotations
@@ -52,6 +56,29 @@ def details(now: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]) -
     return out
 
 
+def chosen(spec: str) -> tuple[str, list[dict[str, Any]]]:
+    """LABEL=RESULTS.json[!OTHER.json|&OTHER.json]: the set's label and scored rows."""
+    label, _, paths = spec.partition("=")
+    for op in "!&":
+        if op in paths:
+            path, other = paths.split(op, 1)
+            ids = set(scored(Path(other)))
+            rows = scored(Path(path))
+            return label, [m for k, m in rows.items() if (k in ids) == (op == "&")]
+    return label, list(scored(Path(paths)).values())
+
+
+def sets(specs: list[str]) -> list[str]:
+    out = ["| set | scored | " + " | ".join(OUTCOMES) + " | wrong rate |",
+           "|---|---" + "|---" * (len(OUTCOMES) + 1) + "|"]
+    for spec in specs:
+        label, rows = chosen(spec)
+        counts = {k: sum(m["outcome"] == k for m in rows) for k in OUTCOMES}
+        out.append(f"| {label} | {len(rows)} | " + " | ".join(str(counts[k]) for k in OUTCOMES)
+                   + f" | {rate(counts['wrong'], len(rows))} |")
+    return out
+
+
 def main(out: Path) -> int:
     now, before = scored(out / "rescored.json"), scored(out / "rescored-stripped.json")
     lines = table("judged now", now)
@@ -63,4 +90,7 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "sets":
+        print("\n".join(sets(sys.argv[2:])))
+        sys.exit(0)
     sys.exit(main(Path(sys.argv[1])))

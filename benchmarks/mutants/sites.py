@@ -13,7 +13,10 @@ Mutants, one per site:
   sets the pointer to NULL (`dso__zput(d)`, `gst_clear_object(&o)`) keeps
   that: `((d) = NULL)`, `((void)(*(&o) = NULL))`.
 * get added: `x__get(e)` becomes `x__get(x__get(e))`: one more reference,
-  taken at the same place, the object evaluated once.
+  taken at the same place, the object evaluated once.  A get that returns
+  nothing (fontconfig's `FcPatternReference`) becomes `(x_ref(e), x_ref(e))`:
+  the object expression evaluated twice, which the sites of such gets (a
+  variable or a field) allow.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Api:
     puts: frozenset[str]
     clears: dict[str, str]  # name -> "lvalue" (zput(x)) or "pointer" (clear(&x))
     type_of: dict[str, str]  # name -> object type as the truth counts it
+    void_gets: frozenset[str] = frozenset()  # gets that return nothing
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ def find_sites(root: Path, rel: str, names: frozenset[str]) -> list[Site]:
     code = blank(text)
     sites: list[Site] = []
     depth, function, last_call_name = 0, "", ""
+    parens = 0  # at file scope: a name inside a parameter list (a function pointer
+    # parameter's return type, `FcBool (*callback) (...)`) names no function
     i = 0
     while i < len(code):
         c = code[i]
@@ -122,12 +128,14 @@ def find_sites(root: Path, rel: str, names: frozenset[str]) -> list[Site]:
             depth += 1
         elif c == "}":
             depth = max(0, depth - 1)
+        elif c in "()" and depth == 0:
+            parens = max(0, parens + (1 if c == "(" else -1))
         elif c.isalpha() or c == "_":
             m = IDENT.match(code, i)
             assert m is not None
             word, i = m.group(), m.end()
             paren = _next_paren(code, i)
-            if paren >= 0 and depth == 0:
+            if paren >= 0 and depth == 0 and parens == 0:
                 last_call_name = word
             elif paren >= 0 and word in names and function:
                 end = closing(code, paren)
@@ -151,8 +159,11 @@ def _next_paren(code: str, i: int) -> int:
 def mutate(text: str, site: Site, pattern: str, api: Api) -> str:
     """The file's text with this one site mutated."""
     assert text[site.start:site.start + len(site.name)] == site.name
-    if pattern == GET_ADDED:
-        new = f"{site.name}({text[site.start:site.end]})"
+    call = text[site.start:site.end]
+    if pattern == GET_ADDED and site.name in api.void_gets:
+        new = f"({call}, {call})"
+    elif pattern == GET_ADDED:
+        new = f"{site.name}({call})"
     elif api.clears.get(site.name) == "lvalue":
         new = f"(({site.arg}) = NULL)"
     elif api.clears.get(site.name) == "pointer":

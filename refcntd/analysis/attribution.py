@@ -38,6 +38,7 @@ the keeper but nothing in this object's history shows where it went.
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -420,6 +421,8 @@ class Baseline:
     # storing it in an owner, which `sources`' balance cannot tell apart)
     handed: set[FuncKey] = field(default_factory=set)
     get_sites: set[tuple[str, int]] = field(default_factory=set)  # (module, vaddr) on gets
+    # sources only the leaked objects' own pairs show (PairedGroup.of)
+    by_leaks: set[FuncKey] = field(default_factory=set)
 
     @classmethod
     def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
@@ -450,13 +453,31 @@ GETTER_WORDS = frozenset({"get", "ref", "find", "findnew", "lookup", "dup", "cop
 @functools.lru_cache(maxsize=1 << 16)
 def name_words(func: FuncKey) -> list[str]:
     """The words of a C function's name (`__maps__insert_sorted.isra.0` -> maps,
-    insert, sorted), what the naming conventions below read."""
-    return func[1].split(".")[0].lower().replace("__", "_").split("_")
+    insert, sorted; fontconfig's `FcPatternDuplicate` -> fc, pattern, duplicate),
+    what the naming conventions below read."""
+    name = CAMEL.sub(r"\1_\2", func[1].split(".")[0])
+    return [w for w in name.lower().split("_") if w]
+
+
+CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 
 
 def named_getter(func: FuncKey) -> bool:
     """Whether a function's name says it hands a reference to its caller."""
     return any(w in GETTER_WORDS for w in name_words(func)) and func[1] not in START_FUNCTIONS
+
+
+# Name words of functions that make an object and return it (perf's dso__new_id,
+# map__clone, nsinfo__alloc and the map__init inlined into map__new2; GLib's
+# g_object_new; fontconfig's FcPatternDuplicate)
+CONSTRUCTOR_WORDS = GETTER_WORDS | {"new", "init", "create", "alloc", "construct",
+                                    "duplicate"}
+
+
+def named_constructor(func: FuncKey) -> bool:
+    """Whether a function's name says it makes the object it returns."""
+    return bool(CONSTRUCTOR_WORDS & {w.rstrip("0123456789") for w in name_words(func)}) \
+        and func[1] not in START_FUNCTIONS
 
 
 STORER_WORDS = frozenset({"new", "init", "add", "insert", "create", "append", "prepend",
@@ -483,20 +504,60 @@ def reference_holder(get: PathOp, sources: set[FuncKey], ctor_rule: bool,
                      sinks: frozenset[FuncKey] | set[FuncKey] = frozenset()) -> int | None:
     """Index of the first function on the get's path that keeps the reference.
 
-    ctor_rule (no released object to learn from): the function that called
-    init is taken to return its new object, when it has a caller.  A function
-    named as a getter (named_getter) hands references up unless released
-    objects show it putting more than it gets (sinks); the outermost function
-    of a path is never skipped by name.
+    ctor_rule (no released object to learn from): the functions that made the
+    object, named as constructors (named_constructor: map__init inlined into
+    map__new2, g_object_new), are taken to return it, when they have a caller.
+    A function named as a getter (named_getter) hands references up unless
+    released objects show it putting more than it gets (sinks); the outermost
+    function of a path is never skipped by name.
     """
     for i, func in enumerate(get.path):
-        if func in sources or (ctor_rule and i == 0 and get.op == Role.INIT
-                               and len(get.path) > 1 and func[1] not in START_FUNCTIONS):
+        if func in sources or (ctor_rule and _made_by_constructors(get, i)):
             continue
         if i + 1 < len(get.path) and named_getter(func) and func not in sinks:
             continue
         return i
     return None
+
+
+def _made_by_constructors(get: PathOp, i: int) -> bool:
+    """Frame i of an init's path is the constructor's own frame or a function
+    inlined there (map__init inlined into map__new2), each named as a constructor,
+    and something called them."""
+    return get.op == Role.INIT and i + 1 < len(get.path) and all(
+        named_constructor(f) for f in get.path[:i + 1]) and all(
+        f.vaddr == get.frames[0].vaddr for f in get.frames[1:i + 1])
+
+
+def _maker_unknown(get: PathOp, i: int, base: Baseline) -> str:
+    """Why the caller of an unnamed constructor is not named: a function that got a
+    new object from a constructor probed at its return (fontconfig's FcNameParse
+    from FcPatternCreate) may keep it or return it, and with no released object
+    of the kind nothing tells which (on fontconfig, both happened).  A start
+    function (main) returns nothing anyone keeps: it is the keeper.  "" otherwise."""
+    if base.released or get.op != Role.INIT or i != 0 or len(get.path) < 2 \
+            or named_constructor(get.path[0]) or get.path[0][1] in START_FUNCTIONS:
+        return ""
+    name, caller = _name(get.frames[0]), _name(get.frames[1])
+    return (f"{name} made the object (no released object of its kind): whether {name} "
+            f"kept it or returned it to {caller}, which kept it, is not decided")
+
+
+def _leaks_only(get: PathOp, i: int, base: Baseline) -> str:
+    """Why the keeper (frame i) is not named when no object of the kind was released,
+    several gets of the object could be the one left over, and only the leaked
+    objects' own pairs show a function below it handing references up: which
+    reference paired with which put is then the counts' guess (fontconfig's
+    FcFreeTypeQueryFaceInternal hands a charset up through an out parameter and
+    stores another reference of it in a pattern main destroys).  "" otherwise."""
+    if base.released:
+        return ""
+    shown = [f for f in get.frames[:i] if func_key(f) in base.by_leaks]
+    if not shown:
+        return ""
+    return (f"{_name(shown[-1])} handed the reference up only in the leaked objects' own "
+            f"pairs, a guess when no object of the kind was released: {_name(shown[-1])} "
+            f"or a caller up to {_name(get.frames[i])} kept it")
 
 
 def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
@@ -514,6 +575,9 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
         return (f"the reference was kept in code without a symbol ({_name(get.frames[i])}, "
                 f"frame {i} of the unmatched {get.op.name.lower()}'s path): "
                 "a symbol table for its module would name it")
+    maker = _maker_unknown(get, i, base)
+    if maker:
+        return maker
     expected = base.expected.get(get.path, [])
     name = _name(get.frames[i])
     twice = _two_at_once(get, ops, i, base.get_sites)
@@ -726,7 +790,9 @@ class PairedGroup:
             if shape not in seen:
                 seen[shape] = [ops.index(a) for a in pairs.equal_leftovers()]
             alternatives[addr] = [ops[k] for k in seen[shape]]
-        base.sources |= {func for func, n in handed.items() if n >= kept[func]}
+        own = {func for func, n in handed.items() if n >= kept[func]}
+        base.by_leaks = own - base.sources
+        base.sources |= own
         return cls(base, paired, alternatives)
 
 
@@ -799,8 +865,11 @@ def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],
         for label in [_name(c.function) for c in found] if isinstance(found, list) \
                 else ["no function named"]:
             named.setdefault(label, []).append(_short(other.frames, 2))
-    if len(named) <= 1:
-        return result
+    if len(named) <= 1:  # all lead to one function, which only a guess may show
+        held = len(result[0].frames) if result else 0  # the culprit's: the get's, up to it
+        guess = _leaks_only(get, held - 1, base) if held and \
+            result[0].frames == get.frames[:held] else ""
+        return guess or result
     seen = "; ".join(f"{name} (get at {', '.join(at)})" for name, at in sorted(named.items()))
     return (f"{len(alternatives)} gets of the object pair off with its puts equally well, "
             f"and which one stayed is not decided by the counts; each leads to another "

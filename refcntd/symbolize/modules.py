@@ -51,10 +51,12 @@ class ModuleSymbols:
             mod.debug, final = finder.find_image(image)
             mod.pending = not final
         images = [image, *([mod.debug] if mod.debug else [])]
-        syms = sorted({(s.vaddr, s.name, s.size) for img in images
-                       for group in img.symbols.values() for s in group if s.vaddr})
+        exported = _exported_names(image)
+        syms = sorted({(s.vaddr, not _prefixed_alias(s.name, exported.get(s.vaddr, set())),
+                        s.name, s.size) for img in images for group in img.symbols.values()
+                       for s in group if s.vaddr})
         mod.starts = [s[0] for s in syms]
-        mod.names = [(name, start, size) for start, name, size in syms]
+        mod.names = [(name, start, size) for start, _, name, size in syms]
         return mod
 
     @property
@@ -108,3 +110,25 @@ class ModuleSymbols:
 
     def contains(self, vaddr: int) -> bool:
         return any(s.vaddr <= vaddr < s.vaddr + s.memsz for s in self.image.segments)
+
+
+def _exported_names(image: ElfImage) -> dict[int, set[str]]:
+    """The names the file exports (.dynsym, defined), by address."""
+    exported: dict[int, set[str]] = {}
+    for row in image.dynamic_symbols():
+        if row.shndx:
+            exported.setdefault(row.value, set()).add(row.name.split("@", 1)[0])
+    return exported
+
+
+def _prefixed_alias(name: str, exported: set[str]) -> bool:
+    """Whether `name`, not exported itself, is one of the `exported` names at its
+    address with a prefix added, which a frame is not named by.
+
+    fontconfig's internal calls go to a hidden `IA__FcPatternDestroy`, the users' to
+    the exported FcPatternDestroy at the same address, and a spec names the latter:
+    named IA__, the probed function would stay on every operation's path.  Only such
+    prefixed copies give way: other aliases keep the name gdb and the DWARF show
+    (libc's `__libc_start_main_impl`, not its exported `__libc_start_main`).
+    """
+    return name not in exported and any(name.endswith(e) for e in exported)

@@ -64,6 +64,37 @@ def test_stripped_library_keeps_dynsym_names(tmp_path):
     assert mod.lines_path is None
 
 
+# fontconfig's fcalias: the definition is a hidden IA__ name, the exported one an alias
+ALIASED = """
+__attribute__((noinline, visibility("hidden"))) int IA__FcThingCopy(int x) { return x + 1; }
+extern __typeof(IA__FcThingCopy) FcThingCopy __attribute__((alias("IA__FcThingCopy"),
+                                                            visibility("default")));
+int call(int x) { return IA__FcThingCopy(x) * 2; }
+__attribute__((noinline)) static int run_main_impl(int x) { return x * 3; }
+extern __typeof(run_main_impl) run_main __attribute__((alias("run_main_impl")));
+"""
+
+
+def test_an_address_with_a_hidden_alias_is_named_by_its_exported_name(tmp_path):
+    """A spec names FcPatternDestroy; fontconfig's own calls go to IA__FcPatternDestroy
+    at the same address: the frame is named as the spec names it (else the probed
+    function stays on every operation's path)."""
+    lib = build_lib(tmp_path, source=ALIASED)
+    mod = ModuleSymbols.load(str(lib), no_finder())
+    assert {"IA__FcThingCopy", "FcThingCopy"} <= names(mod)
+    start = next(s for n, s, _ in mod.names if n == "FcThingCopy")
+    assert mod.lookup(start + 1) == ("FcThingCopy", 1)
+
+
+def test_an_alias_that_is_not_a_prefixed_copy_keeps_its_own_name(tmp_path):
+    """libc's __libc_start_main_impl is exported as __libc_start_main: gdb and the
+    DWARF say _impl, and so do refcntd's stacks."""
+    lib = build_lib(tmp_path, source=ALIASED)
+    mod = ModuleSymbols.load(str(lib), no_finder())
+    start = next(s for n, s, _ in mod.names if n == "run_main")
+    assert mod.lookup(start) == ("run_main_impl", 0)
+
+
 def test_debuglink_next_to_file_in_dot_debug_and_under_debug_root(tmp_path):
     lib = build_lib(tmp_path)
     debug = split(lib)
