@@ -114,14 +114,17 @@ def classify(count: int, edges: Edges) -> Kinds:
     if len(src) > 1 and not bool((src[1:] >= src[:-1]).all()):
         order = np.argsort(src, kind="stable")
         src, dst, interior = src[order], dst[order], interior[order]
-    root, word = _reach(count, edges, from_root, _Graph(count, src, dst))
-    strict, _ = _reach(count, edges, from_root & ~edges.interior,
-                       _Graph(count, src[~interior], dst[~interior]))
+    loose = _Graph(count, src, dst)
+    root, word = _reach(count, edges, from_root, loose)
     state = np.full(count, UNREACHED, np.int8)
-    state[root != NO_ROOT] = POSSIBLE
-    state[strict != NO_ROOT] = REACHABLE
-    indptr = _indptr(count, src)
-    leader = _cliques(state, indptr, dst, src)
+    state[root != NO_ROOT] = REACHABLE
+    if edges.interior.any():  # else every chain is one of start pointers: all reachable
+        strict = loose if not interior.any() else _Graph(count, src[~interior],
+                                                         dst[~interior])
+        strict.reached_from = strict.paths.end.copy()
+        by_starts, _ = _reach(count, edges, from_root & ~edges.interior, strict)
+        state[(root != NO_ROOT) & (by_starts == NO_ROOT)] = POSSIBLE
+    leader = _cliques(state, loose.indptr, dst, src)
     return Kinds(state, root, word, leader)
 
 

@@ -69,7 +69,8 @@ def _links(count: int, indptr: np.ndarray, dst: np.ndarray) -> np.ndarray:
 
 
 def _walk_segments(count: int, link: np.ndarray, rulers: np.ndarray) -> _Segments:
-    """Every ruler walks its path in step with the others until the next ruler."""
+    """Every ruler walks its path in step with the others until the next ruler; a
+    walker records its segment's length and last block when it stops."""
     index = np.full(count, -1, np.int64)
     index[rulers] = np.arange(len(rulers))
     seg = _Segments(index.copy(), np.zeros(count, np.int64), np.ones(len(rulers), np.int64),
@@ -78,14 +79,16 @@ def _walk_segments(count: int, link: np.ndarray, rulers: np.ndarray) -> _Segment
     while len(ids):
         step += 1
         nxt = link[cur]
-        go = nxt >= 0
-        ids, nxt = ids[go], nxt[go]
-        at_ruler = index[nxt] >= 0
-        seg.following[ids[at_ruler]] = index[nxt[at_ruler]]
-        ids, cur = ids[~at_ruler], nxt[~at_ruler]
-        seg.owner[cur], seg.offset[cur] = ids, step
-        seg.length[ids] += 1
-        seg.tail[ids] = cur
+        at_ruler = index[np.maximum(nxt, 0)] >= 0
+        stop = (nxt < 0) | at_ruler
+        if stop.any():
+            ended = ids[stop]
+            seg.length[ended], seg.tail[ended] = step, cur[stop]
+            seg.following[ended] = np.where(nxt[stop] >= 0, index[nxt[stop]], -1)
+            go = ~stop
+            ids, nxt = ids[go], nxt[go]
+        seg.owner[nxt], seg.offset[nxt] = ids, step
+        cur = nxt
     return seg
 
 
@@ -108,21 +111,22 @@ def _rank_rulers(seg: _Segments) -> tuple[np.ndarray, np.ndarray]:
 
 def _layout(count: int, rulers: np.ndarray, heads: np.ndarray, seg: _Segments,
             steps: np.ndarray, tail: np.ndarray) -> Paths:
-    """Each path contiguous, heads in address order; a block's place from its steps
-    to the tail."""
+    """Each path contiguous, heads in address order.  Per ruler (few, in cache): its
+    path and the place of its segment; a block's place is its ruler's plus its offset."""
     head_ruler = seg.owner[heads]
     length = steps[head_ruler] + 1
     base = np.cumsum(length) - length
     by_tail = np.full(count, -1, np.int64)
     by_tail[tail[head_ruler]] = np.arange(len(heads))
+    ruler_path = np.where(tail >= 0, by_tail[np.maximum(tail, 0)], -1)
+    ruler_place = base[ruler_path] + length[ruler_path] - 1 - steps
     owned = np.flatnonzero(seg.owner >= 0)
     ruler = seg.owner[owned]
-    keep = tail[ruler] >= 0
+    keep = ruler_path[ruler] >= 0
     owned, ruler = owned[keep], ruler[keep]
-    path = by_tail[tail[ruler]]
     out = Paths(np.full(count, -1, np.int64), np.full(count, -1, np.int64),
                 np.zeros(int(length.sum()), np.int64), base + length)
-    out.path[owned] = path
-    out.pos[owned] = base[path] + length[path] - 1 - (steps[ruler] - seg.offset[owned])
+    out.path[owned] = ruler_path[ruler]
+    out.pos[owned] = ruler_place[ruler] + seg.offset[owned]
     out.order[out.pos[owned]] = owned
     return out

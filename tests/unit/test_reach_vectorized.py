@@ -88,6 +88,8 @@ def test_classify_equals_step_by_step(seed: int, narrow: int, monkeypatch) -> No
     monkeypatch.setattr(graph, "WALK_STEPS", 50)
     count = 3000
     e = heap_graph(seed, count)
+    if seed % 3 == 0:  # interior pointers only from roots: one graph for both passes
+        e.interior &= e.src < 0
     k = graph.classify(count, e)
     loose, strict = reached_by(count, e, False), reached_by(count, e, True)
     expected = [REACHABLE if strict[b] else POSSIBLE if loose[b] else UNREACHED
