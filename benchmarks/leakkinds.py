@@ -54,7 +54,9 @@ def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
     try:
         blocks = int(proc.stdout.readline().split()[1])
         estimate = estimate_s(proc.pid)[0]
+        cpu = time.process_time()
         live = scan_live(proc.pid, budget_s=1e9)
+        cpu = time.process_time() - cpu
     finally:
         proc.kill()
         proc.wait()
@@ -63,7 +65,7 @@ def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
     return {"mib": mib, "block": block, "blocks": blocks, "scanned_blocks": live.scan.blocks,
             "lost_blocks": live.scan.lost_blocks, "heap_gib": heap / 2**30,
             "bytes_read": live.scan.bytes_read, "stopped_s": live.stopped_s,
-            "estimate_s": estimate, "load_average": os.getloadavg()[0],
+            "estimate_s": estimate, "load_average": os.getloadavg()[0], "cpu_s": cpu,
             "s_per_gib": live.stopped_s / (heap / 2**30)}
 
 
@@ -189,11 +191,12 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
              "`benchmarks/leakkinds.py`.", "",
              "## Stop time of a live scan (GET /leaks) per GiB of heap", "",
              "| heap MiB | block bytes | blocks | lost blocks | bytes read MiB | stopped s "
-             "| s per GiB of heap | estimated s | load average |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| s per GiB of heap | estimated s | refcntd's CPU s (estimate and scan) "
+             "| load average |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {h['mib']} | {h['block']} | {h['scanned_blocks']:,} | {h['lost_blocks']:,} | "
               f"{int(h['bytes_read']) / 2**20:.0f} | {h['stopped_s']:.2f} | "  # type: ignore[call-overload]
               f"{h['s_per_gib']:.2f} | {h['estimate_s']:.2f} | "
+              f"{h.get('cpu_s', float('nan')):.2f} | "
               f"{h.get('load_average', float('nan')):.1f} |" for h in heaps]
     lines += ["", "## GLib tests and gio tools: cost of the exit scan, kinds against valgrind",
               "", "GObjects made by g_object_new alive at exit: refcntd's kind of each, and "
