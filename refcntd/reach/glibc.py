@@ -50,6 +50,8 @@ class Heap:
     notes: list[str] = field(default_factory=list)
     recognised: bool = True
     free_chunks: int = 0  # in fastbins and tcaches: left out
+    freed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their starts
+    freed_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
 
 
 def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
@@ -84,6 +86,7 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
         free |= _tcache_chunks(mem, heap.starts, heap.ends)
         keep = ~np.isin(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
         heap.free_chunks = len(keep) - int(np.count_nonzero(keep))
+        heap.freed, heap.freed_ends = heap.starts[~keep], heap.ends[~keep]
         heap.starts, heap.ends = heap.starts[keep], heap.ends[keep]
     return heap
 
