@@ -1,8 +1,8 @@
 """--history: per-object get/put stacks, bounds, and culprit attribution (real BPF).
 
-Runs use --no-leak-kinds: the subject here is culprits from get/put history, and the
-fixtures keep what they leak in globals (sinks for the optimizer), which the default
-lists as still reachable, not failing.
+perflike's run uses --no-leak-kinds: leak kinds split its leaked maps into a
+definitely and an indirectly lost group where the test reads one group per caller.
+masami's and manygets' runs judge with leak kinds, the default.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES, assert_probe_mode, functions, refcntd
 
-RUN = ["run", "--no-leak-kinds"]  # the module docstring says why
+PERFLIKE_RUN = ["run", "--no-leak-kinds"]  # the module docstring says why
 
 
 def group_by_allocator(process: dict) -> dict[str, dict]:
@@ -21,7 +21,7 @@ def group_by_allocator(process: dict) -> dict[str, dict]:
 @pytest.mark.parametrize("variant", ["O0", "O2"])
 def test_masami_missing_put_and_extra_get(bpf, build, tmp_path, variant, probe_mode):
     exe = build.program("masami", [FIXTURES / "masami.c"], variant)
-    result = refcntd([*RUN, "--history", "--", str(exe)], tmp_path / "r.json")
+    result = refcntd(["run", "--history", "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
     assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
@@ -41,7 +41,7 @@ def test_masami_missing_put_and_extra_get(bpf, build, tmp_path, variant, probe_m
 def test_perflike_caller_that_forgets_its_put(bpf, build, tmp_path, probe_mode):
     """thread__find_map's map__get is put by sample__resolve_user, not by ..._kernel."""
     exe = build.perflike("O2fp")
-    result = refcntd([*RUN, "--history", "map", "--", str(exe)], tmp_path / "r.json")
+    result = refcntd([*PERFLIKE_RUN, "--history", "map", "--", str(exe)], tmp_path / "r.json")
     assert_probe_mode(result.report, probe_mode)
     (process,) = result.report["processes"]
     (kernel_maps,) = [g for g in process["groups"]
@@ -62,7 +62,7 @@ def test_perflike_caller_that_forgets_its_put(bpf, build, tmp_path, probe_mode):
 
 def test_history_is_bounded_per_object(bpf, build, tmp_path):
     exe = build.program("manygets", [FIXTURES / "manygets.c"], "O0")
-    result = refcntd([*RUN, "--history", "--history-depth", "16", "--", str(exe), "100000"],
+    result = refcntd(["run", "--history", "--history-depth", "16", "--", str(exe), "100000"],
                      tmp_path / "r.json", timeout=300)
     (process,) = result.report["processes"]
     (group,) = process["groups"]

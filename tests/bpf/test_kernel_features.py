@@ -4,9 +4,9 @@ too (REFCNTD_KERNEL_WITHOUT rules a feature out): the report must be the same as
 with the feature, and a missing feature with no fallback is one line, exit 24, in
 `check` as in `run`.  benchmarks/kernels.py runs the same on the old kernels.
 
-Runs use --no-leak-kinds: the subject here is the kernel-feature fallbacks, and the
-fixtures keep what they leak in globals (sinks for the optimizer), which the default
-lists as still reachable, not failing.
+Runs use --no-leak-kinds: the subject here is the kernel-feature fallbacks; leak kinds
+split perflike's leaked maps into a definitely and an indirectly lost group where the
+culprit test reads one.
 """
 
 from __future__ import annotations
