@@ -49,6 +49,8 @@ VG_FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+) \((?:in )?([^)]*)\)")
 # Under valgrind, GLib marks an instance with private data as two blocks, the
 # instance (the first client request in g_type_create_instance) and its private part
 INSTANCE_REQUEST = re.compile(r"   at 0x([0-9A-F]+): g_type_create_instance ")
+ALLOCATORS = {"malloc", "calloc", "realloc", "g_malloc", "g_malloc0", "g_malloc_n",
+              "g_malloc0_n", "g_slice_alloc", "g_slice_alloc0"}
 BASE = re.compile(r"\s+\[0\]\s+avma (0x[0-9a-f]+)\s+size \d+\s+foff 0\s")
 SITE_FRAMES = 2
 
@@ -132,14 +134,25 @@ def valgrind_sites(argv: list[str], libs: Path) -> dict[tuple[str, ...], Counter
     out: dict[tuple[str, ...], Counter[str]] = {}
     requests = [int(a, 16) for a in INSTANCE_REQUEST.findall(text)]
     for m in RECORD.finditer(text):
-        top = INSTANCE_REQUEST.search(m.group(4).split("\n", 1)[0])
-        if "g_type_create_instance" not in m.group(4) or \
-                (top is not None and int(top.group(1), 16) != min(requests)):
-            continue  # GLib's second block under valgrind: the instance's private data
+        found = VG_FRAME.findall(m.group(4))
+        if not _instance_block([f for _, f, _ in found], int(found[0][0], 16), requests):
+            continue
         frames = [(f if f != "???" else _offset(int(a, 16) + 1, m_, bases), m_)
-                  for a, f, m_ in VG_FRAME.findall(m.group(4))]
+                  for a, f, m_ in found]
         out.setdefault(_site(frames), Counter())[lsan_kind(m.group(3))] += int(m.group(2))
     return out
+
+
+def _instance_block(names: list[str], top: int, requests: list[int]) -> bool:
+    """A block that is an instance: allocated by g_type_create_instance through the
+    allocators only (not by an instance's init it calls), or, under valgrind, its first
+    client request (the second is the instance's private data)."""
+    if "g_type_create_instance" not in names:
+        return False
+    first = names.index("g_type_create_instance")
+    if first == 0:
+        return top == min(requests)
+    return all(n in ALLOCATORS for n in names[:first])
 
 
 def _bases_and_records(log: Path) -> tuple[dict[str, int], str]:
