@@ -9,7 +9,8 @@ exit status of 2 or a time-out), "INCOMPLETE" (tracing incomplete), "anomaly",
 GStreamer runs are also run without refcntd under its leaks tracer.
 
 Usage (root): benchmarks/corpus.py [--smoke] [--out DIR] [--keep DIR] [--only FAMILY]
-              [--reevaluate DIR [--as NAME]] [--compare EARLIER.json]
+              [--reevaluate DIR [--as NAME]] [--compare EARLIER.json] [--no-leak-kinds]
+              [--false-of OLD.json [--clean-sample N]]
 --keep DIR keeps every refcntd JSON; --reevaluate DIR classifies the kept JSON
 again with the specs as they are now (their kept_by_library rules applied
 anew to the same stacks, as a live run applies them), without running.
@@ -65,12 +66,12 @@ class Outcome:
     error: str = ""
 
 
-LEAK_KINDS: list[str] = []  # --leak-kinds: run and judge as LeakSanitizer (docs/leak-kinds.md)
+NO_LEAK_KINDS: list[str] = []  # --no-leak-kinds: every object alive at exit is a leak
 
 
 def run_refcntd(p: cp.Program, env: dict[str, str], json_path: Path) -> tuple[int, str, float]:
     cmd = [*REFCNTD, "run", "--quiet", "--spec", p.spec, "--json", str(json_path),
-           "--wait-descendants", "5", *LEAK_KINDS, "--", *p.argv]
+           "--wait-descendants", "5", *NO_LEAK_KINDS, "--", *p.argv]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env={**os.environ, **env, **p.env}, cwd=env["TMPDIR"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -97,6 +98,7 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
     from refcntd.analysis import kept
     from refcntd.inputs.spec import load_spec
     from refcntd.outputs.runjson import load_run
+    from refcntd.session.exitscan import NOT_SCANNED
 
     o.refcntd_status = status
     if status < 0 or status == 2 or not json_path.exists():
@@ -106,15 +108,17 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
     rules = load_spec(o.spec).kept_by_library
     o.command_status = result.command_status
     o.leaked, o.kept, o.anomalies, o.findings = 0, {}, {}, []
+    # judged as refcntd's default does (LeakSanitizer's), unless the exit scan could not be
+    lsan = not NO_LEAK_KINDS and not any(n.startswith(NOT_SCANNED) for n in result.tracing.notes)
     for proc in result.processes:
         kept.set_aside(proc, rules)  # a no-op on a live run's own JSON with the same spec
         for reason, n in proc.kept.items():
             o.kept[reason] = o.kept.get(reason, 0) + n
         if proc.state == "live at detach":
             continue
-        if LEAK_KINDS and proc.exit_status.startswith("killed"):
+        if lsan and proc.exit_status.startswith("killed"):
             proc.groups = []  # reported, not judged
-        proc.groups = [g for g in proc.groups if not (LEAK_KINDS and g.kind == "still reachable")]
+        proc.groups = [g for g in proc.groups if not (lsan and g.kind == "still reachable")]
         o.leaked += proc.leaked_objects
         who = proc.comm + ("" if proc.exit_status == "exit 0" else f", {proc.exit_status}")
         for g in proc.groups:
@@ -193,6 +197,9 @@ def programs(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[
     if args.false_of:
         runs = json.loads(args.false_of.read_text())["runs"]
         wanted = {(r["family"], r["name"]) for r in runs if r["false"]}
+        clean = [(r["family"], r["name"]) for r in runs if r["cls"] == "clean" and not r["false"]]
+        if args.clean_sample:
+            wanted |= set(clean[::max(1, len(clean) // args.clean_sample)][:args.clean_sample])
         names = [n for n in names if ("glib-tests", n) in wanted]
     if args.only and "glib-tests" not in args.only:
         names = []
@@ -255,13 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", type=Path, help="an earlier results JSON: before/after tables")
     ap.add_argument("--as", dest="as_name", help="with --reevaluate: results file stem "
                     "(default NAME-reevaluated)")
-    ap.add_argument("--leak-kinds", action="store_true", help="run with --leak-kinds and judge "
-                    "as LeakSanitizer: still reachable objects and killed processes do not count")
+    ap.add_argument("--no-leak-kinds", action="store_true", help="run with --no-leak-kinds: "
+                    "every object alive at exit counts (the default judges as LeakSanitizer: "
+                    "still reachable objects and killed processes do not); also to reevaluate "
+                    "JSON of runs made without the exit scan")
     ap.add_argument("--false-of", type=Path, metavar="OLD.json",
                     help="only the runs that were false findings in this results file")
+    ap.add_argument("--clean-sample", type=int, default=0, metavar="N",
+                    help="with --false-of: also N of its clean runs, evenly spaced")
     args = ap.parse_args(argv)
-    if args.leak_kinds:
-        LEAK_KINDS.append("--leak-kinds")
+    if args.no_leak_kinds:
+        NO_LEAK_KINDS.append("--no-leak-kinds")
     if os.geteuid() != 0:
         print("corpus.py: run as root (refcntd needs it)", file=sys.stderr)
         return 2

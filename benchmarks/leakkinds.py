@@ -42,7 +42,7 @@ from refcntd.service.leakscan import estimate_s, scan_live  # noqa: E402
 REFCNTD = [sys.executable, "-m", "refcntd"]
 GLIB_TESTS = ["cancellable", "defaultiface", "dynamictests", "dynamictype", "testing", "task"]
 GIO_TOOLS = [["gio", "mime", "text/plain"], ["gio", "list", "/usr/share"]]
-HEAPS = [(256, 64), (256, 4096), (1024, 64), (1024, 4096)]
+HEAPS = [(64, 64), (64, 4096), (256, 64), (256, 4096), (1024, 64), (1024, 4096)]
 GOALS = {"exit_scan_overhead": 0.20, "stop_s_per_gib": 1.0}
 RECORD = re.compile(r"==\d+== ([\d,]+) (?:\([\d,]+ direct, [\d,]+ indirect\) )?bytes in (\d+) "
                     r"blocks are (still reachable|definitely lost|indirectly lost|possibly lost)"
@@ -54,7 +54,9 @@ def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
     try:
         blocks = int(proc.stdout.readline().split()[1])
         estimate = estimate_s(proc.pid)[0]
+        cpu = time.process_time()
         live = scan_live(proc.pid, budget_s=1e9)
+        cpu = time.process_time() - cpu
     finally:
         proc.kill()
         proc.wait()
@@ -63,7 +65,7 @@ def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
     return {"mib": mib, "block": block, "blocks": blocks, "scanned_blocks": live.scan.blocks,
             "lost_blocks": live.scan.lost_blocks, "heap_gib": heap / 2**30,
             "bytes_read": live.scan.bytes_read, "stopped_s": live.stopped_s,
-            "estimate_s": estimate,
+            "estimate_s": estimate, "load_average": os.getloadavg()[0], "cpu_s": cpu,
             "s_per_gib": live.stopped_s / (heap / 2**30)}
 
 
@@ -72,7 +74,7 @@ def traced(argv: list[str], kinds: bool, out: Path) -> tuple[float, dict[str, ob
     report = out / "r.json"
     began = time.monotonic()
     subprocess.run([*REFCNTD, "run", "--spec", "gobject", "--json", str(report), "--quiet",
-                    *(["--leak-kinds"] if kinds else []), "--", *argv], cwd=ROOT, env=env,
+                    "--leak-kinds" if kinds else "--no-leak-kinds", "--", *argv], cwd=ROOT, env=env,
                    capture_output=True, timeout=600)
     took = time.monotonic() - began
     return took, json.loads(report.read_text())
@@ -119,16 +121,17 @@ def valgrind_kinds(argv: list[str], libs: Path) -> Counter[str]:
     return out
 
 
-def program_row(name: str, argv: list[str], runs: int, tmp: Path) -> dict[str, object]:
+def program_row(name: str, argv: list[str], runs: int, tmp: Path,
+                valgrind: bool = True) -> dict[str, object]:
     plain = [traced(argv, False, tmp)[0] for _ in range(runs)]
     with_kinds = [traced(argv, True, tmp) for _ in range(runs)]
     ours = refcntd_kinds(with_kinds[-1][1])
-    theirs = valgrind_kinds(argv, private_copies(tmp))
+    theirs = valgrind_kinds(argv, private_copies(tmp)) if valgrind else Counter[str]()
     base, scanned = statistics.median(plain), statistics.median(t for t, _ in with_kinds)
     notes = " ".join(with_kinds[-1][1]["tracing"]["notes"])  # type: ignore[index]
     held = re.search(r"held ([\d.]+) s in total", notes)
     return {"program": name, "traced_s": base, "with_kinds_s": scanned,
-            "held_s": float(held.group(1)) if held else None,
+            "held_s": float(held.group(1)) if held else None, "load_average": os.getloadavg()[0],
             "overhead": scanned / base - 1, "refcntd": dict(ours), "valgrind": dict(theirs),
             "equal": ours == theirs, "same_kinds": set(ours) <= set(theirs)}
 
@@ -137,6 +140,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--only", choices=["heaps", "programs"],
+                        help="only the stop times, or only the programs")
+    parser.add_argument("--no-valgrind", action="store_true",
+                        help="programs without valgrind's column (its kinds were compared "
+                             "before; the exit scan's cost alone)")
     parser.add_argument("--revalgrind", action="store_true",
                         help="only valgrind's side again, on the rows of OUT/leak-kinds.json")
     args = parser.parse_args()
@@ -145,10 +153,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "heapfill"
         subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "heapfill.c")], check=True)
-        heaps = [stop_time(exe, *h) for h in ([(16, 64)] if args.smoke else HEAPS)]
+        heaps = [stop_time(exe, *h) for h in ([(16, 64)] if args.smoke else HEAPS)
+                 if args.only != "programs"]
         programs = [(t, glib_test_argv(t)) for t in GLIB_TESTS[:1 if args.smoke else None]]
         programs += [] if args.smoke else [(" ".join(a), a) for a in GIO_TOOLS]
-        rows = [program_row(n, a, 1 if args.smoke else 2, Path(tmp)) for n, a in programs]
+        programs = [] if args.only == "heaps" else programs
+        rows = [program_row(n, a, 1 if args.smoke else 2, Path(tmp), not args.no_valgrind)
+                for n, a in programs]
+    if args.only:  # the other half as the results file has it
+        old = json.loads((args.out / "leak-kinds.json").read_text())
+        heaps, rows = heaps or old["heaps"], rows or old["programs"]
     write(args.out, heaps, rows)
     return 0
 
@@ -177,10 +191,13 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
              "`benchmarks/leakkinds.py`.", "",
              "## Stop time of a live scan (GET /leaks) per GiB of heap", "",
              "| heap MiB | block bytes | blocks | lost blocks | bytes read MiB | stopped s "
-             "| s per GiB of heap | estimated s |", "|---|---|---|---|---|---|---|---|"]
+             "| s per GiB of heap | estimated s | refcntd's CPU s (estimate and scan) "
+             "| load average |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {h['mib']} | {h['block']} | {h['scanned_blocks']:,} | {h['lost_blocks']:,} | "
               f"{int(h['bytes_read']) / 2**20:.0f} | {h['stopped_s']:.2f} | "  # type: ignore[call-overload]
-              f"{h['s_per_gib']:.2f} | {h['estimate_s']:.2f} |" for h in heaps]
+              f"{h['s_per_gib']:.2f} | {h['estimate_s']:.2f} | "
+              f"{h.get('cpu_s', float('nan')):.2f} | "
+              f"{h.get('load_average', float('nan')):.1f} |" for h in heaps]
     lines += ["", "## GLib tests and gio tools: cost of the exit scan, kinds against valgrind",
               "", "GObjects made by g_object_new alive at exit: refcntd's kind of each, and "
               "valgrind's kind of each block allocated under g_object_new (possibly lost "
@@ -190,7 +207,8 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
               "its own malloc): the runs are compared by kinds and counts, not object by "
               "object. Object by object, against valgrind on the same binary: "
               "tests/bpf/test_leak_kinds.py (14 of 14 equal).", "",
-              "| program | traced s | with --leak-kinds s | overhead | held at exit s | "
+              "| program | traced s (--no-leak-kinds) | with leak kinds s | overhead | "
+              "held at exit s | "
               "refcntd | valgrind | refcntd's kinds among valgrind's | same counts |",
               "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['program']} | {r['traced_s']:.2f} | {r['with_kinds_s']:.2f} | "
@@ -199,7 +217,9 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
               f"{_kinds(r['refcntd'])} | "
               f"{_kinds(r['valgrind'])} | {'yes' if r['same_kinds'] else '**no**'} | "
               f"{'yes' if r['equal'] else 'no'} |" for r in rows]
-    (out / "leak-kinds.md").write_text("\n".join(lines) + "\n")
+    md = out / "leak-kinds.md"
+    by_hand = md.read_text().partition("\n## Reading")[2] if md.exists() else ""
+    md.write_text("\n".join(lines) + "\n" + (f"\n## Reading{by_hand}" if by_hand else ""))
 
 
 def _kinds(counts: object) -> str:

@@ -185,12 +185,13 @@ NOINLINE void machine__exit(struct machine *m)
 int main(int argc, char **argv)
 {
 	int n = argc > 1 ? atoi(argv[1]) : 100;
-	struct machine m;
-	memset(&m, 0, sizeof(m));
-	machine__init(&m);
-	machine__process_fork(&m);
-	unsigned long resolved = process_samples(&m, n);
-	machine__exit(&m);
+	/* on the heap, freed at the end as perf's machine__delete: nothing else holds a leak */
+	struct machine *m = calloc(1, sizeof(*m));
+	machine__init(m);
+	machine__process_fork(m);
+	unsigned long resolved = process_samples(m, n);
+	machine__exit(m);
+	free(m);
 	printf("perflike: %d samples, %lu resolved\n", n, resolved);
 	return 0;
 }

@@ -36,6 +36,7 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
                           "pool allocator's slab): no kind, every one a leak as without "
                           "--leak-kinds (G_SLICE=always-malloc gives each GObject a block "
                           "of its own)")
+    _note_freed(scan, [o.address for g in groups for o in g.objects if o.address not in kinds])
     out = []
     for group in groups:
         parts: dict[str, list[LeakedObject]] = {}
@@ -48,6 +49,16 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
             out.append(replace(group, objects=parts[kind], kind=kind, culprits=list(
                 group.culprits)))
     return sorted(out, key=LeakGroup.order)
+
+
+def _note_freed(scan: ReachScan, unkinded: list[int]) -> None:
+    """Objects whose memory malloc holds as free at the scan: a release refcntd did not
+    see (its delete went another way), said rather than judged."""
+    freed = scan.freed(unkinded)
+    if freed:
+        scan.notes.append(f"{len(freed)} object(s) in malloc chunks free at the scan (their "
+                          "memory was released, their delete not seen): no kind, a leak as "
+                          "without leak kinds")
 
 
 def _root(k: ObjectKind, types: dict[int, str]) -> str:

@@ -60,15 +60,16 @@ def ci_arguments(p: argparse.ArgumentParser) -> None:
 
 def leak_kind_arguments(p: argparse.ArgumentParser) -> None:
     """LeakSanitizer's leak kinds and policy (refcntd/reach/, docs/leak-kinds.md)."""
-    p.add_argument("--leak-kinds", action="store_true",
-                   help="hold each traced process at libc's _exit and scan its memory: "
-                        "objects are 'definitely lost', 'indirectly lost' or 'still "
+    p.add_argument("--leak-kinds", action=argparse.BooleanOptionalAction, default=True,
+                   help="hold each traced process at libc's _exit and scan its memory "
+                        "(the default; --no-leak-kinds: every object alive at exit is a "
+                        "leak): objects are 'definitely lost', 'indirectly lost' or 'still "
                         "reachable' as valgrind says; only lost ones fail, and a process "
                         "killed by a signal is reported, not judged (as LeakSanitizer)")
     p.add_argument("--fail-on", action="append", default=[], choices=["reachable"],
-                   help="with --leak-kinds: still reachable objects fail the run too")
+                   help="still reachable objects fail the run too")
     p.add_argument("--judge-killed", action="store_true",
-                   help="with --leak-kinds: judge the leaks of processes killed by a signal")
+                   help="judge the leaks of processes killed by a signal")
 
 
 def output_arguments(p: argparse.ArgumentParser) -> None:

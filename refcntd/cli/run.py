@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         run_exit_status,
     )
     from refcntd.cli.stages import analyse
+    from refcntd.session.exitscan import NOT_SCANNED
     from refcntd.session.run import run_command
     plan = analyse(spec, exe, parse_modes(args.probe_mode), execs_later=True)
     plan.require_complete()
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_command(plan, command, opts, judged(printer(sys.stderr), judge, sys.stderr),
                          early)
     judge_against_baseline(result, policy, sys.stderr, judge)
+    policy.lsan &= not any(n.startswith(NOT_SCANNED) for n in result.tracing.notes)
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     if args.pprof:

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from refcntd.reach.chunks import Chunks, walk
 from refcntd.reach.memory import Mapping, ProcessMemory
 
-PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 1, 2, 4
+IS_MMAPPED = 2
 HEAP_MAX = 64 << 20  # HEAP_MAX_SIZE on 64-bit: thread heaps are aligned to it
 HEAP_INFO = 48  # sizeof(heap_info) in 2.35+: ar_ptr, prev, size, mprotect_size, pagesize, pad
 ARENA_SIZE = 2200  # sizeof(struct malloc_state), 64-bit
@@ -36,7 +37,6 @@ NFASTBINS = 10
 TCACHE_CHUNK = 0x290  # tcache_perthread_struct: 64 u16 counts, 64 entries
 TCACHE_BINS, TCACHE_MAX_COUNT = 64, 65535
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "tbbmalloc", "snmalloc")
-WINDOW = 1 << 22
 
 
 @dataclass
@@ -50,53 +50,8 @@ class Heap:
     notes: list[str] = field(default_factory=list)
     recognised: bool = True
     free_chunks: int = 0  # in fastbins and tcaches: left out
-
-
-@dataclass
-class _Chunks:
-    """One contiguous run of chunks: addresses and sizes, the last one the top."""
-
-    addr: list[int] = field(default_factory=list)
-    size: list[int] = field(default_factory=list)
-    inuse: list[bool] = field(default_factory=list)
-
-
-class _Words:
-    """Word reads through a moving window: a sequential walk reads each byte once."""
-
-    def __init__(self, mem: ProcessMemory, end: int) -> None:
-        self.mem, self.end = mem, end
-        self.base, self.words = 0, memoryview(b"").cast("Q")
-
-    def at(self, address: int) -> int | None:
-        """The aligned word at `address`."""
-        index = (address - self.base) >> 3
-        if not 0 <= index < len(self.words):
-            data = self.mem.read(address, max(8, min(WINDOW, self.end - address)))
-            if len(data) < 8:
-                return None
-            self.base, index = address, 0
-            self.words = memoryview(data[: len(data) & ~7]).cast("Q")
-        return int(self.words[index])
-
-
-def walk(mem: ProcessMemory, start: int, end: int) -> _Chunks | None:
-    """The chunks from `start` to the top chunk, which ends at `end` or, in the main
-    heap (brk need not be page-aligned), within the last page before it; None when
-    a size does not fit (not a glibc heap, or torn)."""
-    words, out, address = _Words(mem, end), _Chunks(), start
-    while address < end:
-        raw = words.at(address + 8) if address + 32 <= end else None
-        size = (raw or 0) & ~7
-        if raw is None or size < 32 or size & 15 or address + size > end:
-            return out if out.addr and end - address < 4096 else None
-        if out.addr:
-            out.inuse[-1] = bool(raw & PREV_INUSE)
-        out.addr.append(address)
-        out.size.append(size)
-        out.inuse.append(False)  # the top chunk, unless another follows
-        address += size
-    return out
+    freed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their starts
+    freed_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
 
 
 def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
@@ -112,42 +67,45 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
         heap.notes.append("no glibc in the process (static or another C library): "
                           "reachability not scanned")
         return heap
-    starts: list[int] = []
-    ends: list[int] = []
-    free: set[int] = set()
-    arenas: list[int] = []
-    top = 0
+    runs, arenas, top = [], [], 0
     for run, region, arena in _arena_runs(mem, maps, heap):
         heap.regions.append(region)
         arenas.append(arena)
-        top = run.addr[-1] if arena == 0 else top
-        _collect(run, starts, ends)
-    main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
-    if heap.recognised:
-        for arena in [a for a in arenas if a] + ([main] if main else []):
-            free |= _fastbin_chunks(mem, arena, heap)
-        free |= _tcache_chunks(mem, starts, ends)
+        top = int(run.addr[-1]) if arena == 0 and len(run.addr) else top
+        runs.append(run)
     for address, size in _mmapped_chunks(mem, maps, heap.regions):
         heap.regions.append((address, address + size))
-        starts.append(address + 16)
-        ends.append(address + size)
-    keep = [i for i, s in enumerate(starts) if s - 16 not in free]
-    heap.free_chunks = len(starts) - len(keep)
-    order = sorted(keep, key=starts.__getitem__)
-    heap.starts = np.array([starts[i] for i in order], np.uint64)
-    heap.ends = np.array([ends[i] for i in order], np.uint64)
+        runs.append(Chunks(np.array([address], np.uint64), np.array([size], np.uint64),
+                           np.array([True])))
+    heap.starts, heap.ends = _in_use(runs)
+    main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
+    if heap.recognised:
+        free: set[int] = set()
+        for arena in [a for a in arenas if a] + ([main] if main else []):
+            free |= _fastbin_chunks(mem, arena, heap)
+        free |= _tcache_chunks(mem, heap.starts, heap.ends)
+        keep = ~np.isin(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
+        heap.free_chunks = len(keep) - int(np.count_nonzero(keep))
+        heap.freed, heap.freed_ends = heap.starts[~keep], heap.ends[~keep]
+        heap.starts, heap.ends = heap.starts[keep], heap.ends[keep]
     return heap
 
 
-def _collect(run: _Chunks, starts: list[int], ends: list[int]) -> None:
-    for address, size, used in zip(run.addr, run.size, run.inuse, strict=True):
-        if used:  # the next chunk's prev_size is usable too, but a pointer there is
-            starts.append(address + 16)  # one to the next chunk: glibc's own (top, bins)
-            ends.append(address + size)
+def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted user starts and ends of the in-use chunks.  The next chunk's prev_size is
+    usable too, but a pointer there is one to the next chunk: glibc's own (top, bins)."""
+    if not runs:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    addr = np.concatenate([r.addr[r.inuse] for r in runs])
+    size = np.concatenate([r.size[r.inuse] for r in runs])
+    if len(addr) > 1 and not bool((addr[1:] > addr[:-1]).all()):
+        order = np.argsort(addr, kind="stable")
+        addr, size = addr[order], size[order]
+    return addr + np.uint64(16), addr + size
 
 
 def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap
-                ) -> Iterator[tuple[_Chunks, tuple[int, int], int]]:
+                ) -> Iterator[tuple[Chunks, tuple[int, int], int]]:
     """(chunks, region, arena address or 0 for the main one) of every heap."""
     for m in maps:
         if m.path == "[heap]":
@@ -164,7 +122,7 @@ def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap
                 yield found[0], (m.start, m.end), found[1]
 
 
-def _thread_heap(mem: ProcessMemory, m: Mapping, heap: Heap) -> tuple[_Chunks, int] | None:
+def _thread_heap(mem: ProcessMemory, m: Mapping, heap: Heap) -> tuple[Chunks, int] | None:
     """A thread arena's heap: heap_info, maybe its malloc_state, then chunks up to
     heap_info.size; None when the mapping is something else 64 MiB-aligned (a note
     when it had a heap_info's shape but its chunks did not add up: the objects in it
@@ -179,7 +137,7 @@ def _thread_heap(mem: ProcessMemory, m: Mapping, heap: Heap) -> tuple[_Chunks, i
     if ar_ptr == first:  # the arena's first heap: its malloc_state comes first
         first = (ar_ptr + ARENA_SIZE + 15) & ~15
     run = walk(mem, first, m.start + size)
-    if run is None or not run.addr:
+    if run is None or not len(run.addr):
         heap.notes.append(f"thread heap at {m.start:#x}: chunk sizes do not add up, its "
                           "blocks not scanned (objects in it get no kind)")
         return None
@@ -229,32 +187,36 @@ def _fastbin_chunks(mem: ProcessMemory, arena: int, heap: Heap) -> set[int]:
     return out
 
 
-def _tcache_chunks(mem: ProcessMemory, starts: list[int], ends: list[int]) -> set[int]:
+def _tcache_chunks(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray) -> set[int]:
     """Chunks in threads' tcaches: each tcache_perthread_struct is an in-use chunk of
     0x290 bytes whose every list checks out (sizes, counts, a null end)."""
-    sizes = {s - 16: e - s + 16 for s, e in zip(starts, ends, strict=True)}
     out: set[int] = set()
-    for user, end in zip(starts, ends, strict=True):
-        if end - user + 16 == TCACHE_CHUNK:
-            found = _tcache_lists(mem, user, sizes)
-            if found is not None:
-                out |= found
+    for user in starts[ends - starts == np.uint64(TCACHE_CHUNK - 16)].tolist():
+        found = _tcache_lists(mem, user, starts, ends)
+        if found is not None:
+            out |= found
     return out
 
 
-def _tcache_lists(mem: ProcessMemory, user: int, sizes: dict[int, int]) -> set[int] | None:
+def _chunk_size(starts: np.ndarray, ends: np.ndarray, user: int) -> int:
+    """The size of the in-use chunk whose user pointer is `user`, 0 if none."""
+    i = int(np.searchsorted(starts, np.uint64(user)))
+    return int(ends[i] - starts[i]) + 16 if i < len(starts) and int(starts[i]) == user else 0
+
+
+def _tcache_lists(mem: ProcessMemory, user: int, starts: np.ndarray, ends: np.ndarray
+                  ) -> set[int] | None:
     raw = mem.read(user, TCACHE_CHUNK - 16)
     if len(raw) != TCACHE_CHUNK - 16:
         return None
-    counts = np.frombuffer(raw[:2 * TCACHE_BINS], np.uint16)
-    entries = np.frombuffer(raw[2 * TCACHE_BINS:], np.uint64)
+    counts = np.frombuffer(raw[:2 * TCACHE_BINS], np.uint16).tolist()
+    entries = np.frombuffer(raw[2 * TCACHE_BINS:], np.uint64).tolist()
     out: set[int] = set()
-    for index in range(TCACHE_BINS):
-        entry, count = int(entries[index]), int(counts[index])
+    for index, (entry, count) in enumerate(zip(entries, counts, strict=True)):
         if (entry == 0) != (count == 0):
             return None
         for _ in range(count):
-            if sizes.get(entry - 16) != 32 + 16 * index:
+            if _chunk_size(starts, ends, entry) != 32 + 16 * index:
                 return None
             out.add(entry - 16)
             stored = mem.word(entry)

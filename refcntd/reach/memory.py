@@ -70,6 +70,7 @@ class ProcessMemory:
         self._vm_readv = getattr(self._libc, "process_vm_readv", None)
         self._mem_path = proc / str(pid) / "mem"
         self._mem: int | None = None
+        self._window = np.empty(0, np.uint64)
 
     def close(self) -> None:
         if self._mem is not None:
@@ -85,10 +86,14 @@ class ProcessMemory:
         self.bytes_read += len(data)
         return data
 
-    def words_at(self, address: int, size: int) -> np.ndarray:
+    def words_at(self, address: int, size: int, reuse: bool = False) -> np.ndarray:
         """The aligned words of up to `size` bytes at `address`, read straight into a
-        numpy array (no copy): what the pointer scan reads."""
-        out = np.empty(size // 8, np.uint64)
+        numpy array (no copy): what the pointer scan reads.  `reuse`: into one buffer
+        kept for the next window (valid until the next such read: a heap read in
+        fresh arrays spent a page fault per 4 KiB)."""
+        if reuse and len(self._window) < size // 8:
+            self._window = np.empty(size // 8, np.uint64)
+        out = self._window[: size // 8] if reuse else np.empty(size // 8, np.uint64)
         got = -1
         if self._vm_readv is not None:
             local = _IoVec(out.ctypes.data, out.nbytes)

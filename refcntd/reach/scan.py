@@ -71,6 +71,15 @@ class ReachScan:
                 out[address] = self._kind(address, b)
         return out
 
+    def freed(self, objects: Iterable[int]) -> list[int]:
+        """The objects inside a chunk malloc holds as free (a tcache or a fastbin): their
+        memory was released, whatever their records say."""
+        where = np.array(sorted(set(objects)), np.uint64)
+        index = np.searchsorted(self.heap.freed, where, "right").astype(np.int64) - 1
+        inside = (index >= 0) & (where < self.heap.freed_ends[np.maximum(index, 0)]) \
+            if len(self.heap.freed) else np.zeros(len(where), bool)
+        return where[inside].tolist()  # type: ignore[no-any-return]
+
     def _kind(self, address: int, block: int) -> ObjectKind:
         assert self.kinds is not None
         state = int(self.kinds.state[block])

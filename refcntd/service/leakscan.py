@@ -44,9 +44,10 @@ if TYPE_CHECKING:
 
 DEFAULT_BUDGET_S = 1.0
 # the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py's
-# figures (benchmarks/results/leak-kinds.md), rounded up
-SECONDS_PER_GIB = 6.0
-SECONDS_PER_BLOCK = 8e-6
+# figures with the numpy walk (benchmarks/results/leak-kinds.md: 0.95 s for 1 GiB of
+# 4 KiB blocks, 12.4 s for 13.4 M blocks of 64 bytes), rounded up
+SECONDS_PER_GIB = 1.0
+SECONDS_PER_BLOCK = 1e-6
 LOST = ("definitely lost", INDIRECTLY)
 
 

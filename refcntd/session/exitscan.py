@@ -21,6 +21,7 @@ from refcntd.reach.scan import ReachScan, scan_process
 
 STOP_WAIT_S = 2.0  # every thread must have taken the SIGSTOP before memory is read
 KEPT_LIMIT = 4096  # scans of processes whose exit event is still to come
+NOT_SCANNED = "leak kinds not scanned at exit"  # the note that keeps today's verdicts
 
 
 class ExitScans:
@@ -67,8 +68,8 @@ class ExitScans:
 
     def notes(self) -> list[str]:
         if self.problem:
-            return [f"leak kinds not scanned at exit: {self.problem}; every object alive at "
-                    "exit is a leak, as without --leak-kinds"]
+            return [f"{NOT_SCANNED}: {self.problem}; every object alive at exit is a leak, "
+                    "as with --no-leak-kinds"]
         if not self.scanned:
             return []
         return [f"{self.scanned} process(es) scanned at exit for leak kinds: "

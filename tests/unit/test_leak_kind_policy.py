@@ -66,3 +66,25 @@ def test_objects_sharing_a_block_get_no_kind():
     (out,) = apply_kinds([g], scan)
     assert out.kind == "" and len(out.objects) == 2
     assert "2 object(s) sharing a malloc block" in scan.notes[-1]
+
+
+def test_objects_in_freed_chunks_are_said():
+    """An object whose memory malloc holds as free (its delete went unseen) gets no kind
+    and a note with the count, not silence; one outside every chunk gets neither."""
+    import numpy as np
+
+    from refcntd.analysis.kinds import apply_kinds
+    from refcntd.reach import glibc, graph
+    from refcntd.reach.scan import ReachScan
+
+    heap = glibc.Heap(np.array([0x1000], np.uint64), np.array([0x1100], np.uint64))
+    heap.freed, heap.freed_ends = np.array([0x2000], np.uint64), np.array([0x2040], np.uint64)
+    scan = ReachScan(1, heap=heap, kinds=graph.Kinds(np.array([graph.UNREACHED], np.int8),
+                                                     np.array([-1]), np.array([0], np.uint64),
+                                                     np.array([-1])))
+    g = LeakGroup("obj", (), [LeakedObject(a, 1, 0, 0, 0) for a in (0x1000, 0x2010, 0x3000)])
+    out = apply_kinds([g], scan)
+    assert sorted((x.kind, len(x.objects)) for x in out) == [("", 2), ("definitely lost", 1)]
+    assert scan.notes == ["1 object(s) in malloc chunks free at the scan (their memory was "
+                          "released, their delete not seen): no kind, a leak as without "
+                          "leak kinds"]

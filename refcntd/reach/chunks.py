@@ -1,0 +1,131 @@
+"""glibc malloc's chunk headers walked with numpy, a window of words at a time.
+
+A run of chunks is a chain: each header's size leads to the next one.  Following it
+one Python step per chunk cost seconds per million blocks, so each window is done
+in bulk: every 16-byte slot whose size word could be a header (at least 32, a
+multiple of 16, inside the region) is a candidate, pointing at the slot its size
+leads to.  The chain from the window's first chunk is what remains once candidates
+nothing points at are dropped, round after round (in a chain whose steps only go
+forward, what is left then is reachable from the first chunk, and only that).  User
+data that looks like headers makes short false chains, gone in a round or two; a
+window still not settled after PRUNE_ROUNDS is solved by pointer doubling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refcntd.reach.memory import ProcessMemory
+
+PREV_INUSE = 1
+WINDOW = 1 << 20  # bytes read at a time: the walk holds one window, never a heap
+PRUNE_ROUNDS = 3
+TAIL_SLACK = 4096  # the main heap's top chunk may end within the page before brk
+_OFFSETS = np.arange(WINDOW // 16, dtype=np.uint64) * np.uint64(16)
+_SIZE_MASK = np.uint64(0xFFFF_FFFF_FFFF_FFF8)
+
+
+@dataclass
+class Chunks:
+    """One contiguous run of chunks, in address order, the last one the top."""
+
+    addr: np.ndarray  # uint64
+    size: np.ndarray  # uint64
+    inuse: np.ndarray  # bool: the next chunk's PREV_INUSE (the top: False)
+
+
+@dataclass
+class _Window:
+    addr: np.ndarray
+    size: np.ndarray
+    prev_inuse: np.ndarray  # each chunk's own PREV_INUSE bit: the previous one's state
+    after: int  # where the chunk after the last one starts
+    broken: bool  # that chunk is inside the window and not a header
+
+
+def walk(mem: ProcessMemory, start: int, end: int) -> Chunks | None:
+    """The chunks from `start` to the top chunk, which ends at `end` or, in the main
+    heap (brk need not be page-aligned), within the last page before it; None when
+    a size does not fit (not a glibc heap, or torn)."""
+    parts: list[_Window] = []
+    address = start
+    while address < end:
+        window = _window(mem, address, end)
+        if window is None:
+            break
+        parts.append(window)
+        address = window.after
+        if window.broken:
+            break
+    if address < end and (not parts or end - address >= TAIL_SLACK):
+        return None
+    if not parts:
+        return Chunks(*(np.zeros(0, t) for t in (np.uint64, np.uint64, bool)))
+    prev = np.concatenate([w.prev_inuse for w in parts])
+    return Chunks(np.concatenate([w.addr for w in parts]),
+                  np.concatenate([w.size for w in parts]),
+                  np.append(prev[1:], False))
+
+
+def _window(mem: ProcessMemory, address: int, end: int) -> _Window | None:
+    """The chain of chunks starting at `address` within one window; None when the
+    first one is no header."""
+    words = mem.words_at(address, min(WINDOW, end - address) & ~15, reuse=True)
+    raw = words[1::2][: len(words) // 2]
+    n = len(raw)
+    # a header: size >= 32, a multiple of 16 (bit 3 clear), the chunk inside the region
+    limit = np.uint64(end - address)
+    valid = (raw >= 32) & ((raw & np.uint64(8)) == 0) & (raw < limit + np.uint64(8))
+    valid &= _OFFSETS[:n] + (raw & _SIZE_MASK) <= limit
+    if n == 0 or not valid[0]:
+        return None
+    cand = np.flatnonzero(valid)
+    size = raw[cand] & _SIZE_MASK
+    chain = _chain_from_first(cand, cand + (size >> np.uint64(4)).astype(np.int64))
+    last = chain[-1]
+    after = int(cand[last]) + (int(size[last]) >> 4)
+    slots = cand[chain]
+    return _Window(np.uint64(address) + slots.astype(np.uint64) * np.uint64(16), size[chain],
+                   (raw[slots] & np.uint64(PREV_INUSE)).astype(bool),
+                   address + 16 * after, after < n)
+
+
+def _chain_from_first(cand: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Which candidates (by index) are reached from the first one (slot 0), each
+    leading to the slot `target`."""
+    keep = np.arange(len(cand))
+    for _ in range(PRUNE_ROUNDS):
+        if np.array_equal(target[keep[:-1]], cand[keep[1:]]):
+            return keep
+        at = _index_of(cand, target[keep])
+        pointed = np.zeros(len(cand), bool)
+        pointed[at[at >= 0]] = True
+        pointed[0] = True
+        if pointed[keep].all():
+            return keep
+        keep = keep[pointed[keep]]
+    return _doubling(cand, target)
+
+
+def _index_of(cand: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Each target's index among the candidates, -1 when it is none."""
+    at = np.searchsorted(cand, target)
+    at[at == len(cand)] = 0
+    return np.where(cand[at] == target, at, -1)
+
+
+def _doubling(cand: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Reached from the first candidate, for data that makes long false chains: the
+    set reached in fewer than 2**k steps, grown with jumps of 2**k steps, k = 0, 1 ..."""
+    at = _index_of(cand, target)
+    jump = np.append(np.where(at >= 0, at, len(cand)), len(cand))  # the end: a sink
+    reached = np.zeros(len(cand) + 1, bool)
+    reached[0] = True
+    while True:
+        grown = reached.copy()
+        grown[jump[reached]] = True
+        if np.array_equal(grown, reached):
+            return np.flatnonzero(reached[:-1])
+        reached, jump = grown, jump[jump]

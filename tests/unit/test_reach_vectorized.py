@@ -1,0 +1,161 @@
+"""The numpy reachability (linked paths, frontier steps, the narrow walk, cliques) and
+the numpy chunk walk against plain step-by-step versions of the same rules, on
+random graphs shaped like heaps: singly and doubly linked lists, circular lists,
+trees, lost structures, interior pointers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refcntd.reach import chunks, graph, paths
+from refcntd.reach.graph import INDIRECT, POSSIBLE, REACHABLE, UNREACHED, Edges
+
+
+def heap_graph(seed: int, count: int) -> Edges:
+    """Lists (some doubly linked or circular), trees and stray pointers; a few roots."""
+    rng = np.random.default_rng(seed)
+    pairs: list[tuple[int, int, bool]] = []
+    blocks = rng.permutation(count)
+    at = 0
+    while at < count:
+        size = int(rng.integers(1, count // 4 + 2))
+        part = blocks[at:at + size].tolist()
+        at += size
+        shape = rng.integers(4)
+        for i in range(len(part) - 1):
+            parent = part[(i - 1) // 2 + 1] if shape == 3 and i else part[i]
+            pairs.append((parent, part[i + 1], bool(rng.random() < 0.05)))
+            if shape == 1:
+                pairs.append((part[i + 1], part[i], False))
+        if shape == 2 and len(part) > 1:
+            pairs.append((part[-1], part[0], False))
+        if rng.random() < 0.6:
+            pairs.append((-1 - int(rng.integers(3)), part[int(rng.integers(len(part)))],
+                          bool(rng.random() < 0.2)))
+    for _ in range(count // 10):
+        pairs.append((int(rng.integers(count)), int(rng.integers(count)), False))
+    src, dst, interior = (np.array(x) for x in zip(*pairs, strict=True))
+    return Edges(src.astype(np.int64), dst.astype(np.int64), interior.astype(bool),
+                 np.arange(len(src), dtype=np.uint64))
+
+
+def reached_by(count: int, e: Edges, strict: bool) -> dict[int, set[int]]:
+    """Per block, the roots it is reachable from (step by step)."""
+    out: dict[int, set[int]] = {b: set() for b in range(count)}
+    nxt: dict[int, list[int]] = {}
+    for s, d, i in zip(e.src.tolist(), e.dst.tolist(), e.interior.tolist(), strict=True):
+        if not (strict and i):
+            nxt.setdefault(s, []).append(d)
+    for r in {s for s in e.src.tolist() if s < 0}:
+        stack, seen = list(nxt.get(r, [])), set()
+        while stack:
+            b = stack.pop()
+            if b not in seen:
+                seen.add(b)
+                out[b].add(-1 - r)
+                stack += nxt.get(b, [])
+    return out
+
+
+def reference_cliques(state: list[int], e: Edges) -> list[int]:
+    """valgrind's pass as written in mc_leakcheck.c: every unreached block in order."""
+    nxt: dict[int, list[int]] = {}
+    for s, d in zip(e.src.tolist(), e.dst.tolist(), strict=True):
+        if s >= 0:
+            nxt.setdefault(s, []).append(d)
+    leaders = [-1] * len(state)
+    for leader in range(len(state)):
+        if state[leader] != UNREACHED:
+            continue
+        stack = [leader]
+        while stack:
+            for t in nxt.get(stack.pop(), []):
+                if t != leader and state[t] == UNREACHED:
+                    state[t], leaders[t] = INDIRECT, leader
+                    stack.append(t)
+    for b in range(len(state)):
+        while leaders[b] >= 0 and leaders[leaders[b]] >= 0:
+            leaders[b] = leaders[leaders[b]]
+    return leaders
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("narrow", [1, 256])
+def test_classify_equals_step_by_step(seed: int, narrow: int, monkeypatch) -> None:
+    """narrow 1: numpy steps only; 256: the Python walk too, stopped every 50 blocks."""
+    monkeypatch.setattr(graph, "NARROW", narrow)
+    monkeypatch.setattr(graph, "WALK_STEPS", 50)
+    count = 3000
+    e = heap_graph(seed, count)
+    if seed % 3 == 0:  # interior pointers only from roots: one graph for both passes
+        e.interior &= e.src < 0
+    k = graph.classify(count, e)
+    loose, strict = reached_by(count, e, False), reached_by(count, e, True)
+    expected = [REACHABLE if strict[b] else POSSIBLE if loose[b] else UNREACHED
+                for b in range(count)]
+    state = [s if s in (REACHABLE, POSSIBLE) else UNREACHED for s in k.state.tolist()]
+    assert state == expected
+    for b in range(count):
+        assert (int(k.root[b]) in loose[b]) if loose[b] else k.root[b] == graph.NO_ROOT
+    assert k.leader.tolist() == reference_cliques(expected, e)
+    assert k.state.tolist() == expected
+
+
+def test_a_long_list_is_one_path_in_order() -> None:
+    n = 200_000
+    indptr = np.concatenate(([0, 0], np.arange(1, n)))  # n-1 -> n-2 -> ... -> 0, as heapfill
+    found = paths.find_paths(n, indptr, np.arange(n - 1))
+    assert found.order.tolist() == list(range(n - 1, -1, -1))
+    assert found.end.tolist() == [n]
+
+
+def test_circular_list_is_left_to_the_search() -> None:
+    found = paths.find_paths(3, np.array([0, 1, 2, 3]), np.array([1, 2, 0]))
+    assert found.path.tolist() == [-1, -1, -1]
+
+
+class Words:
+    """A fake address space for chunks.walk: one array of words at `base`."""
+
+    def __init__(self, base: int, words: list[int]) -> None:
+        self.base, self.words = base, np.array(words, np.uint64)
+
+    def words_at(self, address: int, size: int, reuse: bool = False) -> np.ndarray:
+        i = (address - self.base) // 8
+        return self.words[i:i + size // 8].copy()
+
+
+def chunk_heap(seed: int, fake_headers: bool) -> tuple[Words, list[tuple[int, int, bool]]]:
+    """Chunks of random sizes (user data full of header-like words when asked), the
+    last one the top; the truth as (address, size, in use)."""
+    rng = np.random.default_rng(seed)
+    base, words, truth = 0x10000, [], []
+    for i in range(4000):
+        size = 16 * int(rng.integers(2, 80 if i < 3999 else 3))
+        inuse = bool(rng.random() < 0.7) and i < 3999
+        truth.append((base + 8 * len(words), size, inuse))
+        body = [0x21 + 16 * int(rng.integers(3)) if fake_headers else 0
+                for _ in range(size // 8 - 2)]
+        words += [0, size] + body
+    for i, (_, _, inuse) in enumerate(truth[:-1]):  # PREV_INUSE lives in the next one
+        words[(truth[i + 1][0] - base) // 8 + 1] |= int(inuse)
+    return Words(base, words), truth
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_chunk_walk_finds_exactly_the_chain(fake: bool, monkeypatch) -> None:
+    monkeypatch.setattr(chunks, "WINDOW", 1 << 12)  # many windows, chunks across them
+    mem, truth = chunk_heap(7, fake)
+    end = truth[-1][0] + truth[-1][1]
+    run = chunks.walk(mem, truth[0][0], end)  # type: ignore[arg-type]
+    assert run is not None
+    got = list(zip(run.addr.tolist(), run.size.tolist(), run.inuse.tolist(), strict=True))
+    assert got == truth
+
+
+def test_torn_heap_is_refused() -> None:
+    mem, truth = chunk_heap(3, False)
+    mem.words[(truth[2000][0] - mem.base) // 8 + 1] = 8  # a size that cannot be
+    end = truth[-1][0] + truth[-1][1]
+    assert chunks.walk(mem, truth[0][0], end) is None  # type: ignore[arg-type]
