@@ -7,7 +7,7 @@ import contextlib
 import ctypes
 
 from refcntd.kernel import abi
-from refcntd.kernel.maps import BackgroundDelete, cpu_sums, lookup_batches
+from refcntd.kernel.maps import BackgroundDelete, cpu_sums, items, lookup_batches
 from refcntd.kernel.program import KernelOptions, Program
 from refcntd.kernel.records import Totals, add_totals
 
@@ -43,7 +43,7 @@ class BpfTypeTable:
         return {**self.pruned_names, **self._kernel_names()}
 
     def count(self) -> int:
-        return sum(1 for _ in self.program["types"].keys())
+        return sum(n for _, _, n in lookup_batches(self.program["types"]))
 
     def in_use(self) -> set[int]:
         """Type ids of live objects (per site with SITES: no walk of the objects)."""
@@ -82,10 +82,10 @@ class BpfTypeTable:
         """Per type name: (inits, gets, puts, releases) of objects released so far."""
         names = self.names()
         out: dict[str, Totals] = {}
-        for key, per_cpu in self.program["totals"].items():
+        for key, per_cpu in items(self.program["totals"]):  # batch reads: see Kernel.stats
             add_totals(out, names.get(key.value, "") or "unknown", cpu_sums(per_cpu))
         return out
 
     def _kernel_names(self) -> dict[int, str]:
         return {k.value: v.name.decode(errors="replace")
-                for k, v in self.program["types"].items()}
+                for k, v in items(self.program["types"])}

@@ -82,6 +82,9 @@ class Daemon:
             for tracer in list(runtime.tracers.values()):
                 self._poll(runtime, tracer)
         self._pending_execs += self._proc_events.execs(IDLE_S)
+        # the report files and malloc's free pages: nothing readers of the targets use,
+        # so no scrape waits for it (listing and pruning 5 000 reports, trimming the heap)
+        self._prune_on_timer()
         if not self.lock.acquire(blocking=False):
             return  # scrapes or diffs read the targets: change them next round
         try:
@@ -107,7 +110,6 @@ class Daemon:
         if self.reload_requested:
             self.reload_requested = False
             self.reload()
-        self._prune_on_timer()
         self._watch_on_timer()
         if self._diff_requested:
             self._diff_requested = False

@@ -3,7 +3,7 @@ target's path matches, attached at start, when a matching file appears, is
 replaced (a package upgrade: a new inode) or is exec'd, and detached when it is
 removed or its target goes.  The caller holds the daemon's lock around every
 change (scrapes and diffs read the tracers under it), but not around the attach
-itself: that is seconds of work on the new tracer alone (`unlocked`)."""
+or the detach themselves: seconds of work on a tracer no reader sees (`unlocked`)."""
 
 from __future__ import annotations
 
@@ -75,12 +75,7 @@ class Targets:
     def remove(self, name: str) -> None:
         runtime = self.runtimes.pop(name)
         for path, tracer in runtime.tracers.items():
-            try:
-                tracer.finish(RunResult("serve", runtime.target.spec.name, path))
-            except Exception:  # noqa: BLE001 - the other tracers must still detach
-                log.exception("target=%s binary=%s: its last reports failed", name, path)
-            finally:
-                tracer.close()  # continues every process it held stopped
+            self._retire(runtime, path, tracer)
         log.info("target=%s detached", name)
 
     def apply_live(self, runtime: TargetRuntime, target: Target) -> None:
@@ -134,9 +129,21 @@ class Targets:
         tracer = runtime.tracers.pop(path)
         runtime.attached_at.pop(path, None)
         runtime.identity.pop(path, None)
-        tracer.finish(RunResult("serve", runtime.target.spec.name, path))
-        tracer.close()  # continues every process it held stopped
-        runtime.stats.tracers = list(runtime.tracers.values())
+        runtime.stats.tracers = list(runtime.tracers.values())  # before readers come in
+        self._retire(runtime, path, tracer)
+
+    def _retire(self, runtime: TargetRuntime, path: str, tracer: Tracer) -> None:
+        """A tracer no reader can reach any more: its last reports built, then detached,
+        with the daemon's lock let go (the soak's detaches of 0.5 s held every scrape
+        that long).  A failed report is logged: the tracer is detached all the same."""
+        with self._unlocked():
+            try:
+                tracer.finish(RunResult("serve", runtime.target.spec.name, path))
+            except Exception:  # noqa: BLE001 - the other tracers must still detach
+                log.exception("target=%s binary=%s: its last reports failed",
+                              runtime.target.name, path)
+            finally:
+                tracer.close()  # continues every process it held stopped
 
     def _attach_binary(self, runtime: TargetRuntime, path: str) -> None:
         target = runtime.target

@@ -81,6 +81,9 @@ class Vetting:
         self._functions: dict[tuple[int, int, int], tuple[CrossModule, HoldKey]] = {}
         # processes SIGCONT failed for (pid -> why), retried at every poll and at detach
         self.stuck: dict[int, str] = {}
+        # processes another live refcntd holds too: it continues them, or we do once
+        # it is gone (retried with the stuck ones)
+        self.others: dict[int, str] = {}  # pid -> its start time (pids are reused)
         self.exit_hold: Callable[[int], None] | None = None  # scans a process held at _exit
 
     @property
@@ -207,19 +210,30 @@ class Vetting:
         self._retry_stuck()
 
     def _resume(self, tgid: int, marker: Path | None) -> None:
-        """SIGCONT; a failure is kept, retried and reported, never stranding the rest.
-        The marker stays while it fails, so a refcntd with the right continues it."""
-        why = resume(tgid)
-        if why is not None:
-            self.stuck[tgid] = why
-            return
-        self.stuck.pop(tgid, None)
+        """SIGCONT, unless another live refcntd holds the process too: the last one done
+        continues it.  Two instances each stop a process that maps a module with
+        functions probed at their call sites; the first to finish its scan used to
+        continue it while the other's probes were not there yet, and that instance
+        missed the process's calls (a report with no process at all).  Our marker goes
+        first: of two finishing at once, one always sees the other's gone.
+        A failed SIGCONT is kept, retried and reported, never stranding the rest; the
+        marker is written again, so a refcntd with the right continues it."""
         if marker is not None:
             with contextlib.suppress(OSError):
                 marker.unlink()
+        self.stuck.pop(tgid, None)
+        if held_by_another(tgid):
+            self.others.setdefault(tgid, _start_time(tgid) or "")
+            return
+        if self.others.pop(tgid, None) not in (None, _start_time(tgid) or ""):
+            return  # gone, its pid reused: not ours to signal
+        why = resume(tgid)
+        if why is not None:
+            self.stuck[tgid] = why
+            mark_held(tgid)
 
     def _retry_stuck(self) -> None:
-        for tgid in list(self.stuck):
+        for tgid in [*self.stuck, *self.others]:
             self._resume(tgid, HELD_DIR / f"{os.getpid()}-{tgid}")
 
     def vet_process(self, tgid: int) -> None:
@@ -385,6 +399,23 @@ def mark_held(tgid: int) -> Path | None:
     except OSError:
         return None
     return marker
+
+
+def held_by_another(tgid: int) -> bool:
+    """A live refcntd other than this one has a marker for `tgid` (the same process:
+    its start time), so it has stopped it and will continue it when done."""
+    me, started = os.getpid(), _start_time(tgid) or ""
+    try:
+        markers = list(HELD_DIR.glob(f"*-{tgid}"))
+    except OSError:
+        return False
+    for marker in markers:
+        owner = marker.name.partition("-")[0]
+        if owner.isdigit() and int(owner) != me and _alive(int(owner)):
+            with contextlib.suppress(OSError):
+                if marker.read_text() == started:
+                    return True
+    return False
 
 
 def continue_orphans() -> list[int]:

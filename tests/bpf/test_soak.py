@@ -31,6 +31,16 @@ def _daemon(tmp: Path, exe: Path):  # noqa: ANN202 - Daemon imports bcc's side l
     return daemon
 
 
+def _soakgen(tmp: Path) -> Path:
+    """The soak's generator, built -O2 with the stubs linked in; BPF prepared."""
+    from refcntd.kernel import setup
+    exe = tmp / "soakgen"
+    subprocess.run(["gcc", "-O2", "-g", f"-I{EXAMPLES}", "-o", str(exe), str(GEN),
+                    str(EXAMPLES / "refcnt.c")], check=True)
+    setup.prepare()
+    return exe
+
+
 def _measured() -> int:
     """Bytes Python holds, the capture loop stopped (nothing half-read in flight)."""
     gc.collect()
@@ -130,12 +140,8 @@ def test_a_scrape_does_not_wait_for_a_profile(bpf, tmp_path):
     while holding the daemon's lock, and the scrapes waited with it (4.3 s). Readers
     now share the lock: with a profile stuck on a busy report worker, a scrape and
     /status still answer (ordering by events; 60 s would only be a deadlock)."""
-    from refcntd.kernel import setup
     from refcntd.service.liveviews import live_results
-    exe = tmp_path / "soakgen"
-    subprocess.run(["gcc", "-O2", "-g", f"-I{EXAMPLES}", "-o", str(exe), str(GEN),
-                    str(EXAMPLES / "refcnt.c")], check=True)
-    setup.prepare()
+    exe = _soakgen(tmp_path)
     daemon = _daemon(tmp_path, exe)
     (tracer,) = daemon.targets.runtimes["gen"].tracers.values()
     busy, gate = threading.Event(), threading.Event()
@@ -232,11 +238,7 @@ def test_a_scrape_does_not_wait_for_an_attach(bpf, tmp_path):
     daemon's lock, and every scrape waited for it. The attach is done outside the
     lock now: with an upgrade's re-attach held open, a scrape and /status answer,
     and the new tracer is served once it is done (ordering by events)."""
-    from refcntd.kernel import setup
-    exe = tmp_path / "soakgen"
-    subprocess.run(["gcc", "-O2", "-g", f"-I{EXAMPLES}", "-o", str(exe), str(GEN),
-                    str(EXAMPLES / "refcnt.c")], check=True)
-    setup.prepare()
+    exe = _soakgen(tmp_path)
     daemon = _daemon(tmp_path, exe)
     runtime = daemon.targets.runtimes["gen"]
     (old,) = runtime.tracers.values()
@@ -272,3 +274,4 @@ def test_a_scrape_does_not_wait_for_an_attach(bpf, tmp_path):
         gate.set()
         manage.join(60)
         daemon.shutdown()
+
