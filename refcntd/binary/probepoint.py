@@ -260,3 +260,22 @@ def _starts_instruction(image: ElfImage, functions: list[tuple[int, int]], addr:
                     return bool(insn.address == addr and insn.id == X.X86_INS_CALL)
             return False
     return False
+
+
+def return_sites(code: bytes, start: int) -> list[int] | None:
+    """The addresses of the `ret` instructions of a function whose code is `code` at
+    `start`, by a linear sweep; None when a byte does not decode or no `ret` can
+    take a probe.
+
+    A uretprobe replaces the return address on the stack while the function runs,
+    and glibc's dlsym reads its own return address to find its caller's object for
+    RTLD_NEXT: under a return probe, dlsym(RTLD_NEXT, ...) returns NULL in every
+    process on the host (Chromium aborts with "close symbol missing").  A plain
+    probe on each `ret` sees the same result in rax and changes nothing.
+    """
+    rets, end = [], start
+    for insn in _disassembler().disasm(code, start):
+        end = insn.address + insn.size
+        if insn.mnemonic == "ret" and refused_reason(insn) is None:
+            rets.append(insn.address)
+    return rets if rets and end == start + len(code) else None

@@ -102,26 +102,26 @@ class BpfProbes:
         return why
 
     def attach_dlsym(self, path: str, offsets: list[int]) -> str | None:
-        """Return probes on dlsym/dlvsym (file offsets in `path`); why not, if not."""
-        return self._attach_helper("on_dlsym_return", path, offsets, [0] * len(offsets),
-                                   retprobe=True)
+        """Probes on the `ret` instructions of dlsym/dlvsym (file offsets in `path`), not
+        return probes (see Vetting._probe_dlsym); why not, if not."""
+        return self._attach_helper("on_dlsym_return", path, offsets, [0] * len(offsets))
 
     def attach_exit_hold(self, path: str, offsets: list[int]) -> str | None:
         """Probes on libc's _exit (file offsets in `path`) stopping a traced process for
         its exit scan (bpf/exithold.h); why not, if not."""
         return self._attach_helper("on_exit_hold", path, offsets, [0] * len(offsets))
 
-    def _attach_helper(self, func: str, path: str, offsets: list[int], cookies: list[int],
-                       retprobe: bool = False) -> str | None:
+    def _attach_helper(self, func: str, path: str, offsets: list[int], cookies: list[int]
+                       ) -> str | None:
         """Attach program `func` (not on_probe's chain) at `offsets` of `path`."""
         try:
             prog = self.program.load_func(func, bpfsys.PROG_KPROBE, attach_type(self.multi))
             if self.multi:
                 self._links.append(perf_uprobe.link_uprobe_multi(
-                    prog, path, offsets, cookies, retprobe))
+                    prog, path, offsets, cookies, False))
                 return None
             for offset, cookie in zip(offsets, cookies, strict=True):
-                perf_fd = perf_uprobe.open_uprobe(path, offset, retprobe=retprobe)
+                perf_fd = perf_uprobe.open_uprobe(path, offset)
                 self._perf_fds.append(perf_fd)
                 self._links.append(perf_uprobe.link_bpf(prog, perf_fd, cookie))
         except OSError as err:  # UprobeError, or a program the kernel refused

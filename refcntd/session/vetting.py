@@ -31,6 +31,7 @@ from refcntd.binary.callsiteplan import importer_sites
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.plan import Plan
+from refcntd.binary.probepoint import return_sites
 from refcntd.binary.probesite import CrossModule, ProbeSite
 from refcntd.binary.sitemode import MODE_CALLSITES, load_set
 from refcntd.errors import BinaryError
@@ -127,17 +128,18 @@ class Vetting:
         self._probe_dlsym()
 
     def _probe_dlsym(self) -> None:
-        """dlsym hands out a function's address: a return probe catches it (glibc 2.34+
-        has dlsym in libc.so.6; an older libdl would need its own)."""
+        """dlsym hands out a function's address: a probe on each of its `ret`s catches it
+        (not a return probe: that breaks RTLD_NEXT host-wide, binary/probepoint.py's
+        return_sites).  glibc 2.34+ has dlsym in libc.so.6; an older libdl would need
+        its own."""
         try:
             libc = ElfImage(resolve_library("libc.so.6", ElfImage(self.plan.binary)))
         except BinaryError as err:
             self.stats.dlsym_missing = f"dlsym is not probed: {err}"
             return
-        offsets = [off for name in ("dlsym", "dlvsym") for sym in libc.symbols.get(name, [])
-                   if (off := libc.vaddr_to_offset(sym.vaddr)) is not None]
+        offsets = _return_offsets(libc, ("dlsym", "dlvsym"))
         why = self.probes.attach_dlsym(str(libc.path), offsets) if offsets else \
-            f"no dlsym in {libc.path}"
+            f"no dlsym whose returns can be probed in {libc.path}"
         if why:
             self.stats.dlsym_missing = f"dlsym is not probed ({why}): a function it hands " \
                 "out would be called past its call-site probes, uncounted"
@@ -454,3 +456,12 @@ def _start_time(tgid: int) -> str | None:
         return Path(f"/proc/{tgid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
+
+
+def _return_offsets(image: ElfImage, names: Iterable[str]) -> list[int]:
+    """File offsets of the `ret` instructions of the functions `names` (each address
+    once: dlsym has two versioned names)."""
+    vaddrs = {sym.vaddr: sym.size for name in names for sym in image.symbols.get(name, [])}
+    rets = {ret for vaddr, size in vaddrs.items()
+            for ret in return_sites(image.code_at(vaddr, size), vaddr) or ()}
+    return sorted(off for ret in rets if (off := image.vaddr_to_offset(ret)) is not None)

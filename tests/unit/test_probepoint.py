@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from refcntd.binary.elf import ElfImage
+from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.probepoint import (
     COST_EMULATED,
     COST_OPTIMIZED,
@@ -9,6 +11,7 @@ from refcntd.binary.probepoint import (
     ProbePoint,
     Refusal,
     choose,
+    return_sites,
 )
 
 LOCK_ADD_RDI = bytes.fromhex("f0830701")  # lock addl $1,(%rdi)
@@ -77,3 +80,24 @@ def test_stops_at_the_first_branch():
     code = LOCK_ADD_RDI + b"\xeb\x00" + b"\x53" + RET
     p = choose(code, {1})
     assert p.offset == 4  # the jmp itself, never beyond it
+
+
+def test_return_sites_are_every_ret_of_the_function():
+    # c3 inside mov's immediate is no ret; the two real ones are
+    code = PUSH_RBP_MOV + bytes.fromhex("b8c3000000") + b"\x5d" + RET + b"\x5d" + RET
+    assert return_sites(code, 0x1000) == [0x1000 + 10, 0x1000 + 12]
+
+
+def test_return_sites_refuse_what_does_not_decode_or_has_no_ret():
+    assert return_sites(PUSH_RBP_MOV + b"\x06", 0) is None  # 0x06 is invalid in 64-bit
+    assert return_sites(PUSH_RBP_MOV + b"\x5d", 0) is None
+
+
+def test_debians_dlsym_has_a_ret_to_probe():
+    """What the dlsym probe uses instead of a return probe (which breaks RTLD_NEXT):
+    Debian's libc's dlsym decodes to its end and has a `ret`."""
+    libc = ElfImage(resolve_library("libc.so.6", ElfImage("/bin/true")))
+    (sym, *_) = libc.symbols["dlsym"]
+    rets = return_sites(libc.code_at(sym.vaddr, sym.size), sym.vaddr)
+    assert rets and all(sym.vaddr < r < sym.vaddr + sym.size for r in rets)
+    assert all(libc.code_at(r, 1) == RET for r in rets)
