@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections import Counter
@@ -45,11 +46,9 @@ def fd_kinds(pid: int) -> dict[str, int]:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:  # closed since the listing
             continue
-        if target.startswith("/"):
-            kinds[os.path.dirname(target)] += 1
-        else:
-            kinds[target.split("[")[0].rstrip(":") if "[" in target and not
-                  target.startswith("anon_inode:[") else target] += 1
+        # a file by its directory; socket:[123] and pipe:[45] without their inode
+        kinds[os.path.dirname(target) if target.startswith("/") else
+              re.sub(r":\[\d+\]$", "", target)] += 1
     return dict(kinds)
 
 

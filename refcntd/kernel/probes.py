@@ -117,8 +117,7 @@ class BpfProbes:
         try:
             prog = self.program.load_func(func, bpfsys.PROG_KPROBE, attach_type(self.multi))
             if self.multi:
-                self._links.append(perf_uprobe.link_uprobe_multi(
-                    prog, path, offsets, cookies, False))
+                self._links.append(perf_uprobe.link_uprobe_multi(prog, path, offsets, cookies))
                 return None
             for offset, cookie in zip(offsets, cookies, strict=True):
                 perf_fd = perf_uprobe.open_uprobe(path, offset)
