@@ -115,6 +115,11 @@ def fixtures(out: Path) -> Path:
     made = {"perflike-O2fp": build.perflike("O2fp"), "librefcnt.so": build.stub_lib("O2"),
             "perflike-lib": build.perflike("O2", shared_stubs=True),
             "widgetmain": build.usdt_program("-O2")[0]}
+    sys.path.insert(0, str(ROOT / "tests" / "bpf"))
+    from test_callsites import build_fixture
+    cs = out / "build" / "callsites"
+    cs.mkdir(parents=True, exist_ok=True)
+    made["csmain"], made["csplugin_dlsym.so"] = build_fixture(build, cs, "csplugin_dlsym.c")
     for name, path in made.items():
         link = fx / name
         link.unlink(missing_ok=True)

@@ -144,6 +144,23 @@ def case_usdt(out: Path, fx: Path) -> str:
     return "exit 23, semaphores raised (guarded 8), widget leaks [1, 2]"
 
 
+def case_dlsym(out: Path, fx: Path) -> str:
+    """A plugin gets __refcnt__get from dlsym and calls dlsym(RTLD_NEXT, "close"): the
+    probes on dlsym's ret instructions see the address handed out (the role moves back
+    to its entry probe) and RTLD_NEXT still resolves (the plugin aborts on NULL)."""
+    plugin = fx / "csplugin_dlsym.so"
+    status, stderr, report = run(["run", "--probe-mode", "auto", "--", str(fx / "csmain"),
+                                  str(plugin.resolve())], out, "dlsym")
+    check(report is not None and status == 23, f"exit {status}: {stderr.strip()[-300:]}")
+    assert report is not None
+    (process,) = report["processes"]
+    check(process["exit_status"] == "exit 0", f"csmain: {process['exit_status']}")
+    check(leaks(process) == {"obj": [1, 2, 4]}, f"leaks {leaks(process)}")
+    notes = " | ".join(report["tracing"]["notes"])
+    check("dlsym handed its address to process " in notes, f"notes: {notes[-300:]}")
+    return "exit 23, obj leaks [1, 2, 4], get moved to its entry when dlsym handed it out"
+
+
 class Daemon:
     """A refcntd attach or serve in the background; killed whatever happens."""
 
@@ -231,7 +248,7 @@ def case_serve_metrics(out: Path, fx: Path) -> str:
 
 CASES: dict[str, Callable[[Path, Path], str]] = {
     "prebuild": case_prebuild, "check": case_check, "demo": case_demo,
-    "history": case_history, "ci-sarif": case_ci_sarif, "usdt": case_usdt,
+    "history": case_history, "ci-sarif": case_ci_sarif, "usdt": case_usdt, "dlsym": case_dlsym,
     "attach-library": case_attach_library, "serve-metrics": case_serve_metrics}
 
 
