@@ -189,6 +189,8 @@ static __always_inline struct obj_val *obj_inherit(struct obj_key *key)
 			copy.since_cp = 0;  /* the parent's, not created since in this process */
 			if (objs.insert(key, &copy) == 0)
 				site_add(key, &copy, 1, 0);
+			if (!(proc->flags & PROC_HAS_OBJECTS))
+				proc->flags |= PROC_HAS_OBJECTS;
 			return objs.lookup(key);
 		}
 	}

@@ -255,6 +255,8 @@ static __always_inline int do_init(struct pt_regs *ctx, struct probe_cfg *cfg)
 		return 0;
 	}
 	site_add(&key, &val, 1, 1);
+	if (!(proc->flags & PROC_HAS_OBJECTS))
+		proc->flags |= PROC_HAS_OBJECTS;  /* only ever set: a race sets the same bit */
 	site_count_op(&key, &val, OP_INIT);
 	hist_start(&key, val.type_id, val.init_ns);
 	hist_record(ctx, cfg, &key, &val, ROLE_INIT, val.count);

@@ -463,6 +463,7 @@ struct refcntd_config {
 };
 
 #define PROC_IGNORED 1  /* filtered out (comm / cgroup): its operations are skipped */
+#define PROC_HAS_OBJECTS 2  /* has had a tracked object: the only processes held at _exit */
 
 struct comm_key {
 	char comm[16];

@@ -38,6 +38,7 @@ MOD_FP = 1
 FRAME_FILE = 3
 FRAME_EXE_TEXT = 4
 PROC_IGNORED = 1
+PROC_HAS_OBJECTS = 2
 
 
 class Role(IntEnum):
