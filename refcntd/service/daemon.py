@@ -10,6 +10,7 @@ systemd.py tells systemd, procconnector.py reports new programs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint, malloc
+from refcntd.service.gcpauses import GcPauses, freeze_new, refreeze
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
 from refcntd.service.sharedlock import SharedLock
@@ -54,6 +56,9 @@ class Daemon:
         self._next_prune = 0.0
         self._next_watch = 0.0
         self._pending_execs: list[tuple[int, str]] = []
+        self.gc_pauses = GcPauses()  # a Prometheus collector: what the collector costs
+        self.gc_pauses.install()
+        self._frozen_at: tuple[int, int] | None = None  # (attached, detached) when frozen
 
     # ---- lifecycle -----------------------------------------------------------
     def attach_all(self) -> None:
@@ -76,21 +81,38 @@ class Daemon:
             self.shutdown()
 
     def _round(self) -> None:
-        # Capture: only this thread changes the set of targets, so reading it needs
-        # no lock, and a scrape (which holds the lock) never delays the ring buffers.
-        for runtime in list(self.targets.runtimes.values()):
-            for tracer in list(runtime.tracers.values()):
-                self._poll(runtime, tracer)
+        self._capture()
         self._pending_execs += self._proc_events.execs(IDLE_S)
         # the report files and malloc's free pages: nothing readers of the targets use,
         # so no scrape waits for it (listing and pruning 5 000 reports, trimming the heap)
         self._prune_on_timer()
-        if not self.lock.acquire(blocking=False):
-            return  # scrapes or diffs read the targets: change them next round
-        try:
-            self._manage()
-        finally:
-            self.lock.release()
+        if self.lock.acquire(blocking=False):  # else scrapes or diffs read the targets
+            try:
+                self._manage()
+            finally:
+                self.lock.release()
+        self._refreeze_on_change()
+
+    def _capture(self) -> None:
+        """Only this thread changes the set of targets, so reading it needs no lock, and
+        a scrape (which holds the lock) never delays the ring buffers.  A method of its
+        own: a detached tracer left in a loop variable would outlive the refreeze."""
+        for runtime in list(self.targets.runtimes.values()):
+            for tracer in list(runtime.tracers.values()):
+                self._poll(runtime, tracer)
+
+    def _refreeze_on_change(self) -> None:
+        """After start-up and each detach, the collector's one full pause (gcpauses.py),
+        here outside the lock, rather than every few seconds anywhere; after an attach
+        only the new tracer's objects are frozen (no full walk)."""
+        changes = (self.targets.attached, self.targets.detached)
+        if changes == self._frozen_at:
+            return
+        if self._frozen_at is None or changes[1] != self._frozen_at[1]:
+            refreeze()
+        else:
+            freeze_new()
+        self._frozen_at = changes
 
     def _poll(self, runtime: TargetRuntime, tracer: Tracer) -> None:
         """A report that failed to build is a bug: logged and counted, and the daemon
@@ -166,6 +188,8 @@ class Daemon:
             for name in list(self.targets.runtimes):
                 self.targets.remove(name)
         self._proc_events.close()
+        self.gc_pauses.uninstall()
+        gc.unfreeze()  # an in-process caller (tests) gets its collector back whole
         log.info("detached; exiting")
 
     # ---- targets -------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""Python's cyclic garbage collector in a daemon that runs for months: what its
+pauses cost (a metric), and keeping its full collections short.
+
+A full (generation 2) collection walks every object the collector tracks while
+holding the GIL.  In the soak serve's took 86-202 ms of CPU each, every 10-60 s,
+and a scrape arriving meanwhile waited for it (benchmarks/results/soak-gc.md).
+Most of those objects live as long as the process: modules, classes, the attached
+tracers' symbol tables.  `refreeze()` moves the survivors of a full collection into
+the permanent generation (`gc.freeze()`) after start-up and after each change of
+the attached tracers, so the automatic collections walk only what came since.
+
+The permanent generation is never collected: a detached tracer's reference
+cycles (pyelftools' structs, ctypes classes, its callbacks: ~22 MiB per tracer)
+would stay forever.  So at start-up and after a detach a refreeze begins with
+`gc.unfreeze()` and one full collection: one pause, taken by the daemon's own loop
+outside its lock, instead of one every few seconds on whichever thread
+allocates; and the detached tracer is freed at once, not minutes later.  Garbage
+that is frozen while still young waits for the next refreeze: bounded, one
+freeze's worth.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+
+log = logging.getLogger("refcntd")
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+GENERATIONS = 3
+
+
+class GcPauses:
+    """Each collection's wall time by generation, from `gc.callbacks`; a Prometheus
+    collector.  The callbacks run with the GIL held, in the collecting thread: plain
+    integer updates need no lock."""
+
+    def __init__(self) -> None:
+        self.counts = [[0] * (len(BUCKETS) + 1) for _ in range(GENERATIONS)]
+        self.sums = [0.0] * GENERATIONS
+        self.longest = [0.0] * GENERATIONS
+        self._started = 0.0
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.record(info["generation"], time.perf_counter() - self._started)
+
+    def record(self, generation: int, seconds: float) -> None:
+        bucket = next((i for i, le in enumerate(BUCKETS) if seconds <= le), len(BUCKETS))
+        self.counts[generation][bucket] += 1
+        self.sums[generation] += seconds
+        self.longest[generation] = max(self.longest[generation], seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        pauses = HistogramMetricFamily(
+            "refcntd_gc_pause_seconds", "Python garbage collections of refcntd, by "
+            "generation, and how long each held the interpreter (a scrape waits)",
+            labels=["generation"])
+        longest = GaugeMetricFamily(
+            "refcntd_gc_longest_pause_seconds", "The longest collection so far, by generation",
+            labels=["generation"])
+        for gen in range(GENERATIONS):
+            cumulative, buckets = 0, []
+            for le, n in zip([*map(str, BUCKETS), "+Inf"], self.counts[gen], strict=True):
+                cumulative += n
+                buckets.append((le, cumulative))
+            pauses.add_metric([str(gen)], buckets, self.sums[gen])
+            longest.add_metric([str(gen)], self.longest[gen])
+        yield pauses
+        yield longest
+        yield GaugeMetricFamily("refcntd_gc_frozen_objects", "Objects moved out of the "
+                                "collector's reach at the last start-up or target change "
+                                "(gc.freeze)", gc.get_freeze_count())
+
+
+def freeze_new() -> None:
+    """After an attach: the young generations collected (milliseconds), then
+    everything frozen, the new tracer with it.  Its cycles are collected at the next
+    refreeze, which every detach makes."""
+    gc.collect(1)
+    gc.freeze()
+
+
+def refreeze() -> None:
+    """Collect everything (also what the last freeze kept: detached tracers), then
+    move what survives out of the automatic collections' walk."""
+    started = time.perf_counter()
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    log.info("garbage collector: %d objects frozen in %.0f ms", gc.get_freeze_count(),
+             (time.perf_counter() - started) * 1000)

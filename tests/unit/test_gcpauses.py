@@ -1,0 +1,65 @@
+"""serve's garbage-collector pauses (gcpauses.py): measured by gc.callbacks, exported
+as a histogram by generation; a refreeze leaves unreachable cycles collected and the
+survivors out of the collector's walk."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from refcntd.service.gcpauses import GcPauses, refreeze
+
+
+def _sample(text: str, name: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+def test_a_full_collection_is_counted_with_its_length():
+    pauses = GcPauses()
+    registry = CollectorRegistry()
+    registry.register(pauses)
+    pauses.install()
+    try:
+        gc.collect()
+    finally:
+        pauses.uninstall()
+    text = generate_latest(registry).decode()
+    assert _sample(text, 'refcntd_gc_pause_seconds_count{generation="2"}') == 1
+    assert _sample(text, 'refcntd_gc_pause_seconds_sum{generation="2"}') > 0
+    assert pauses._callback not in gc.callbacks
+
+
+def test_buckets_are_cumulative_and_the_longest_is_kept():
+    pauses = GcPauses()
+    for seconds in (0.0005, 0.03, 0.2, 2.0):
+        pauses.record(1, seconds)
+    registry = CollectorRegistry()
+    registry.register(pauses)
+    text = generate_latest(registry).decode()
+    bucket = 'refcntd_gc_pause_seconds_bucket{generation="1",le="%s"}'
+    assert [_sample(text, bucket % le) for le in ("0.001", "0.05", "0.25", "+Inf")] == \
+        [1, 2, 3, 4]
+    assert _sample(text, 'refcntd_gc_longest_pause_seconds{generation="1"}') == 2.0
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the collector frees it
+
+
+def test_refreeze_collects_cycles_a_previous_freeze_kept():
+    kept = _Node()
+    gone = weakref.ref(kept)
+    try:
+        refreeze()
+        assert gc.get_freeze_count() > 0 and gone() is not None
+        del kept  # garbage now, but frozen: no automatic collection would see it
+        gc.collect()
+        assert gone() is not None
+        refreeze()
+        assert gone() is None
+    finally:
+        gc.unfreeze()
