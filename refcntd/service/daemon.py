@@ -23,7 +23,7 @@ from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint, malloc
-from refcntd.service.gcpauses import GcPauses, freeze_new, refreeze
+from refcntd.service.gcpauses import Freezer, GcPauses
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
 from refcntd.service.sharedlock import SharedLock
@@ -58,7 +58,8 @@ class Daemon:
         self._pending_execs: list[tuple[int, str]] = []
         self.gc_pauses = GcPauses()  # a Prometheus collector: what the collector costs
         self.gc_pauses.install()
-        self._frozen_at: tuple[int, int] | None = None  # (attached, detached) when frozen
+        self.freezer = Freezer(self.gc_pauses)
+        self._frozen_at = (0, 0)  # (attached, detached) told to the freezer
 
     # ---- lifecycle -----------------------------------------------------------
     def attach_all(self) -> None:
@@ -102,17 +103,14 @@ class Daemon:
                 self._poll(runtime, tracer)
 
     def _refreeze_on_change(self) -> None:
-        """After start-up and each detach, the collector's one full pause (gcpauses.py),
-        here outside the lock, rather than every few seconds anywhere; after an attach
-        only the new tracer's objects are frozen (no full walk)."""
+        """A detach's tracer is collected (a full refreeze); an attach's new objects
+        frozen (gcpauses.py), at the Freezer's next quiet moment."""
         changes = (self.targets.attached, self.targets.detached)
-        if changes == self._frozen_at:
-            return
-        if self._frozen_at is None or changes[1] != self._frozen_at[1]:
-            refreeze()
-        else:
-            freeze_new()
-        self._frozen_at = changes
+        if changes != self._frozen_at:
+            self.freezer.full_due |= changes[1] != self._frozen_at[1]
+            self.freezer.young_due = True
+            self._frozen_at = changes
+        self.freezer.tick()
 
     def _poll(self, runtime: TargetRuntime, tracer: Tracer) -> None:
         """A report that failed to build is a bug: logged and counted, and the daemon

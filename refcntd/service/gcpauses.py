@@ -5,18 +5,19 @@ A full (generation 2) collection walks every object the collector tracks while
 holding the GIL.  In the soak serve's took 86-202 ms of CPU each, every 10-60 s,
 and a scrape arriving meanwhile waited for it (benchmarks/results/soak-gc.md).
 Most of those objects live as long as the process: modules, classes, the attached
-tracers' symbol tables.  `refreeze()` moves the survivors of a full collection into
-the permanent generation (`gc.freeze()`) after start-up and after each change of
-the attached tracers, so the automatic collections walk only what came since.
+tracers' symbol tables, bounded caches.  `refreeze()` moves the survivors of a full
+collection into the permanent generation (`gc.freeze()`), and `freeze_new()` what
+came since, so the automatic collections walk only the last minute's objects;
+`Freezer` says when, in the daemon's own loop and just after a scrape.
 
 The permanent generation is never collected: a detached tracer's reference
 cycles (pyelftools' structs, ctypes classes, its callbacks: ~22 MiB per tracer)
-would stay forever.  So at start-up and after a detach a refreeze begins with
-`gc.unfreeze()` and one full collection: one pause, taken by the daemon's own loop
-outside its lock, instead of one every few seconds on whichever thread
-allocates; and the detached tracer is freed at once, not minutes later.  Garbage
-that is frozen while still young waits for the next refreeze: bounded, one
-freeze's worth.
+would stay forever.  So at start-up, after a detach and every ten minutes a
+refreeze begins with `gc.unfreeze()` and one full collection: one pause, taken by
+the daemon's own loop outside its lock, instead of several a minute on whichever
+thread allocates; and a detached tracer is freed within seconds, not minutes
+later.  Cycles frozen while alive that die later wait for the next refreeze:
+at most ten minutes' worth.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class GcPauses:
         self.sums = [0.0] * GENERATIONS
         self.longest = [0.0] * GENERATIONS
         self._started = 0.0
+        self.last_scrape = -1e9  # time.monotonic() of the last scrape (its end)
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -65,6 +67,8 @@ class GcPauses:
         self.longest[generation] = max(self.longest[generation], seconds)
 
     def collect(self) -> Iterator[Metric]:
+        """Registered after the other collectors: called as a scrape ends."""
+        self.last_scrape = time.monotonic()
         pauses = HistogramMetricFamily(
             "refcntd_gc_pause_seconds", "Python garbage collections of refcntd, by "
             "generation, and how long each held the interpreter (a scrape waits)",
@@ -103,3 +107,38 @@ def refreeze() -> None:
     gc.freeze()
     log.info("garbage collector: %d objects frozen in %.0f ms", gc.get_freeze_count(),
              (time.perf_counter() - started) * 1000)
+
+
+AFTER_SCRAPE_S = 1.0  # a pause started this soon after a scrape ends misses the next one
+NO_SCRAPES_S = 30.0  # nobody scraping (or rarely): a pause disturbs no one
+YOUNG_EVERY_S = 60.0  # freeze what the minute's caches added to generation 2
+FULL_EVERY_S = 600.0  # collect what those freezes kept (cycles that died meanwhile)
+
+
+class Freezer:
+    """When the daemon's loop freezes: a full refreeze at start-up, after a detach and
+    every FULL_EVERY_S; a young one after an attach and every YOUNG_EVERY_S.  Either
+    waits for the moment just after a scrape, when the next one is furthest away
+    (Prometheus scrapes at a fixed interval), so a full pause and a scrape rarely meet."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        self.pauses = pauses
+        self.full_due = self.young_due = False
+        self._next_full = self._next_young = 0.0  # at start-up: full at once
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        full = self.full_due or now >= self._next_full
+        if not (full or self.young_due or now >= self._next_young) or not self._quiet(now):
+            return
+        if full:
+            refreeze()
+            self._next_full = now + FULL_EVERY_S
+        else:
+            freeze_new()
+        self.full_due = self.young_due = False
+        self._next_young = now + YOUNG_EVERY_S
+
+    def _quiet(self, now: float) -> bool:
+        since = now - self.pauses.last_scrape
+        return since < AFTER_SCRAPE_S or since > NO_SCRAPES_S

@@ -9,7 +9,8 @@ import weakref
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from refcntd.service.gcpauses import GcPauses, refreeze
+from refcntd.service import gcpauses
+from refcntd.service.gcpauses import Freezer, GcPauses, refreeze
 
 
 def _sample(text: str, name: str) -> float:
@@ -63,3 +64,48 @@ def test_refreeze_collects_cycles_a_previous_freeze_kept():
         assert gone() is None
     finally:
         gc.unfreeze()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _freezer(monkeypatch) -> tuple[Freezer, _Clock, list[str]]:  # noqa: ANN001
+    clock, calls = _Clock(), []
+    monkeypatch.setattr(gcpauses, "time", clock)
+    monkeypatch.setattr(gcpauses, "refreeze", lambda: calls.append("full"))
+    monkeypatch.setattr(gcpauses, "freeze_new", lambda: calls.append("young"))
+    return Freezer(GcPauses()), clock, calls
+
+
+def test_a_freeze_waits_for_the_moment_after_a_scrape(monkeypatch):
+    """Prometheus scrapes every few seconds: a pause started within a second of a
+    scrape's end is furthest from the next one."""
+    freezer, clock, calls = _freezer(monkeypatch)
+    freezer.pauses.last_scrape = clock.now - 2.0
+    freezer.tick()
+    assert calls == []  # start-up's full collection is due, but a scrape may be near
+    list(freezer.pauses.collect())  # a scrape ends
+    clock.now += 0.5
+    freezer.tick()
+    assert calls == ["full"]
+
+
+def test_young_every_minute_full_every_ten_and_at_a_detach(monkeypatch):
+    freezer, clock, calls = _freezer(monkeypatch)  # nobody scrapes: always quiet
+    for _ in range(12):  # 12 minutes, a tick a second
+        for _ in range(60):
+            freezer.tick()
+            clock.now += 1.0
+    assert calls.count("full") == 2 and calls.count("young") == 10, calls
+    calls.clear()
+    freezer.full_due = True  # a detach
+    freezer.tick()
+    assert calls == ["full"]
