@@ -12,7 +12,7 @@ came since, so the automatic collections walk only the last minute's objects;
 
 The permanent generation is never collected: a detached tracer's reference
 cycles (pyelftools' structs, ctypes classes, its callbacks: ~22 MiB per tracer)
-would stay forever.  So at start-up, after a detach and every ten minutes a
+would stay forever.  So after a detach and every ten minutes a
 refreeze begins with `gc.unfreeze()` and one full collection: one pause, taken by
 the daemon's own loop outside its lock, instead of several a minute on whichever
 thread allocates; and a detached tracer is freed within seconds, not minutes
@@ -85,9 +85,8 @@ class GcPauses:
             longest.add_metric([str(gen)], self.longest[gen])
         yield pauses
         yield longest
-        yield GaugeMetricFamily("refcntd_gc_frozen_objects", "Objects moved out of the "
-                                "collector's reach at the last start-up or target change "
-                                "(gc.freeze)", gc.get_freeze_count())
+        yield GaugeMetricFamily("refcntd_gc_frozen_objects", "Objects kept out of the "
+                                "automatic collections' walk (gc.freeze)", gc.get_freeze_count())
 
 
 def freeze_new() -> None:
@@ -116,15 +115,18 @@ FULL_EVERY_S = 600.0  # collect what those freezes kept (cycles that died meanwh
 
 
 class Freezer:
-    """When the daemon's loop freezes: a full refreeze at start-up, after a detach and
-    every FULL_EVERY_S; a young one after an attach and every YOUNG_EVERY_S.  Either
+    """When the daemon's loop freezes: a full refreeze after a detach and every
+    FULL_EVERY_S; a young one at start-up, after an attach and every YOUNG_EVERY_S.  Either
     waits for the moment just after a scrape, when the next one is furthest away
     (Prometheus scrapes at a fixed interval), so a full pause and a scrape rarely meet."""
 
     def __init__(self, pauses: GcPauses) -> None:
         self.pauses = pauses
-        self.full_due = self.young_due = False
-        self._next_full = self._next_young = 0.0  # at start-up: full at once
+        # start-up: a young freeze at once (milliseconds: the capture loop's first polls
+        # must not wait), the first full one after FULL_EVERY_S or a detach
+        self.full_due, self.young_due = False, True
+        self._next_full = time.monotonic() + FULL_EVERY_S
+        self._next_young = 0.0
 
     def tick(self) -> None:
         now = time.monotonic()

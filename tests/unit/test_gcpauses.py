@@ -91,11 +91,11 @@ def test_a_freeze_waits_for_the_moment_after_a_scrape(monkeypatch):
     freezer, clock, calls = _freezer(monkeypatch)
     freezer.pauses.last_scrape = clock.now - 2.0
     freezer.tick()
-    assert calls == []  # start-up's full collection is due, but a scrape may be near
+    assert calls == []  # start-up's young freeze is due, but a scrape may be near
     list(freezer.pauses.collect())  # a scrape ends
     clock.now += 0.5
     freezer.tick()
-    assert calls == ["full"]
+    assert calls == ["young"]
 
 
 def test_young_every_minute_full_every_ten_and_at_a_detach(monkeypatch):
@@ -104,7 +104,7 @@ def test_young_every_minute_full_every_ten_and_at_a_detach(monkeypatch):
         for _ in range(60):
             freezer.tick()
             clock.now += 1.0
-    assert calls.count("full") == 2 and calls.count("young") == 10, calls
+    assert calls.count("full") == 1 and calls.count("young") == 11, calls
     calls.clear()
     freezer.full_due = True  # a detach
     freezer.tick()
