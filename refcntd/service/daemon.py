@@ -187,6 +187,7 @@ class Daemon:
                 self.targets.remove(name)
         self._proc_events.close()
         self.gc_pauses.uninstall()
+        self.freezer.close()
         gc.unfreeze()  # an in-process caller (tests) gets its collector back whole
         log.info("detached; exiting")
 

@@ -82,6 +82,7 @@ def _freezer(monkeypatch) -> tuple[Freezer, _Clock, list[str]]:  # noqa: ANN001
     monkeypatch.setattr(gcpauses, "time", clock)
     monkeypatch.setattr(gcpauses, "refreeze", lambda: calls.append("full"))
     monkeypatch.setattr(gcpauses, "freeze_new", lambda: calls.append("young"))
+    monkeypatch.setattr(gc, "set_threshold", lambda *_: None)  # the test's own stay
     return Freezer(GcPauses()), clock, calls
 
 
@@ -109,3 +110,13 @@ def test_young_every_minute_full_every_ten_and_at_a_detach(monkeypatch):
     freezer.full_due = True  # a detach
     freezer.tick()
     assert calls == ["full"]
+
+
+def test_python_makes_no_full_collection_of_its_own_while_a_freezer_runs():
+    before = gc.get_threshold()
+    freezer = Freezer(GcPauses())
+    try:
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 1 << 20
+    finally:
+        freezer.close()
+    assert gc.get_threshold() == before
