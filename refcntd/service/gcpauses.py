@@ -7,8 +7,8 @@ and a scrape arriving meanwhile waited for it (benchmarks/results/soak-gc.md).
 Most of those objects live as long as the process: modules, classes, the attached
 tracers' symbol tables, bounded caches.  `refreeze()` moves the survivors of a full
 collection into the permanent generation (`gc.freeze()`), and `freeze_new()` what
-came since, so the automatic collections walk only the last minute's objects;
-`Freezer` says when, in the daemon's own loop and just after a scrape.
+came since; `Freezer` says when, in the daemon's own loop and just after a scrape,
+and turns Python's own full collections off (its young ones stay: under 10 ms).
 
 The permanent generation is never collected: a detached tracer's reference
 cycles (pyelftools' structs, ctypes classes, its callbacks: ~22 MiB per tracer)
@@ -124,7 +124,8 @@ class Freezer:
     def __init__(self, pauses: GcPauses) -> None:
         """Python's own full collections are turned off while it runs: after a freeze
         they came every few seconds (its "25 % more long-lived objects" rule counts
-        from the few left unfrozen), 104 in 7 minutes of soak, up to 120 ms each."""
+        from the few left unfrozen): 104 in 7 minutes of soak, 10 of them 50 ms or
+        more of CPU."""
         self.pauses = pauses
         self._thresholds = gc.get_threshold()
         gc.set_threshold(self._thresholds[0], self._thresholds[1], NO_AUTOMATIC_FULL)
