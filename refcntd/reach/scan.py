@@ -23,6 +23,7 @@ from refcntd.reach.roots import Root, describe, find_roots, read_threads
 REACHABLE = "still reachable"
 DEFINITELY = "definitely lost"
 INDIRECTLY = "indirectly lost"
+LATE = "created after the scan"  # by a thread still running once the scan was over
 KIND_OF_STATE = {graph.REACHABLE: REACHABLE, graph.POSSIBLE: REACHABLE,
                  graph.UNREACHED: DEFINITELY, graph.INDIRECT: INDIRECTLY}
 
@@ -52,6 +53,7 @@ class ReachScan:
     heap_bytes: int = 0
     bytes_read: int = 0
     seconds: float = 0.0
+    taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
 
     @property
@@ -97,7 +99,7 @@ class ReachScan:
 def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
     """Scan `pid` (stopped by the caller): the kind of every heap block."""
     began = time.monotonic()
-    out = ReachScan(pid)
+    out = ReachScan(pid, taken_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
     mem = ProcessMemory(pid, proc)
     try:
         _scan(mem, out, proc)
@@ -123,7 +125,7 @@ def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions)
     out.notes += notes
     starts, ends = out.heap.starts, out.heap.ends
-    edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions)
+    edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions, out.heap.tails)
     out.kinds = graph.classify(len(starts), edges)
     out.heap_bytes = int((ends - starts).sum()) if len(starts) else 0
     out.lost_blocks = int(np.count_nonzero((out.kinds.state == graph.UNREACHED)
