@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from refcntd.reach import glibc, graph
+from refcntd.reach.exitframes import exit_path
 from refcntd.reach.memory import ProcessMemory, read_maps
 from refcntd.reach.roots import Root, describe, find_roots, read_threads
 
@@ -122,7 +123,9 @@ def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
         out.complete = False
         return
     threads = read_threads(out.pid, proc)
-    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions)
+    exiting = {t.tid: p for t in threads if t.sp is not None and t.pc
+               and (p := exit_path(mem, maps, t.sp, t.pc)) is not None}
+    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
     starts, ends = out.heap.starts, out.heap.ends
     edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions, out.heap.tails)

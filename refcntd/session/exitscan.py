@@ -56,6 +56,11 @@ class ExitScans:
         if not stopped:
             scan.notes.append(f"not every thread had stopped after {STOP_WAIT_S} s: "
                               "scanned while some ran")
+        elif scan.complete and not still_stopped(tgid):
+            scan.complete = False  # its stacks may have gone mid-scan: no kind is sure
+            scan.notes.append(f"{NOT_SCANNED}: the process ran on during the scan (another "
+                              "signal continued it); every object alive at exit is a leak, "
+                              "as with --no-leak-kinds")
         self.seconds += time.monotonic() - began
         self.scanned += 1
         self.heap_bytes += scan.heap_bytes
@@ -87,6 +92,12 @@ def wait_stopped(pid: int, proc: Path = Path("/proc"), timeout_s: float = STOP_W
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.0005)
+
+
+def still_stopped(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether every thread of `pid` is stopped now (not running, not exited)."""
+    states = [_state(task) for task in (proc / str(pid) / "task").glob("*")]
+    return bool(states) and all(s in ("T", "t") for s in states)
 
 
 def _state(task: Path) -> str:
