@@ -13,7 +13,9 @@
    name reduced to its module.  valgrind lists every block allocated under
    g_type_create_instance, also objects the spec does not follow (made inside
    GLib's libraries); a site is equal when the kinds refcntd gives its objects are
-   the kinds valgrind gives as many of that site's blocks.
+   the kinds valgrind gives as many of that site's blocks.  Objects refcntd calls
+   `created after the scan` (made by threads that ran on after the exit scan) are
+   shown and not compared: no leak checker sees them.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ from reachtruth import valgrind_kinds as valgrind_by_size  # noqa: E402
 
 PROGRAMS = {"cancellable": glib_test_argv("cancellable"),
             "gdbus-close-pending": glib_test_argv("gdbus-close-pending"),
+            "gdbus-proxy-unique-name": glib_test_argv("gdbus-proxy-unique-name"),
             "gio list /usr/share": ["gio", "list", "/usr/share"],
-            "gio tree /usr/share/glib-2.0": ["gio", "tree", "/usr/share/glib-2.0"]}
+            "gio tree /usr/share/glib-2.0": ["gio", "tree", "/usr/share/glib-2.0"],
+            "gio mime text/plain": ["gio", "mime", "text/plain"]}
+LATE = "created after the scan"  # refcntd's kind for what no checker sees: not compared
 CONSTRUCTOR = re.compile(r"^g_object_new(_valist|_with_properties|v|_internal)?$")
 VG_FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+) \((?:in )?([^)]*)\)")
 # Under valgrind, GLib marks an instance with private data as two blocks, the
@@ -182,7 +187,8 @@ def program_rows(name: str, argv: list[str], tmp: Path) -> list[dict[str, object
     ours, theirs = refcntd_sites(run), valgrind_sites(argv, private_copies(tmp))
     return [{"program": name, "site": " < ".join(site) or "?", "refcntd": dict(kinds),
              "valgrind": dict(theirs.get(site, Counter())),
-             "equal": all(theirs.get(site, Counter())[k] >= n for k, n in kinds.items())}
+             "equal": all(theirs.get(site, Counter())[k] >= n for k, n in kinds.items()
+                          if k != LATE)}
             for site, kinds in sorted(ours.items())] or \
         [{"program": name, "site": "(no object alive at exit)", "refcntd": {},
           "valgrind": {}, "equal": True}]
