@@ -19,6 +19,7 @@ from an atexit handler, would scan those stale words too: refcntd follows valgri
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from bisect import bisect_right
@@ -62,7 +63,7 @@ def exit_path(mem: ProcessMemory, maps: list[Mapping], sp: int, pc: int) -> Exit
                  and m.offset == 0), None)
     if libc is None:
         return None
-    table = _libc_frames(libc.path)
+    table = libc_frames(libc.path)
     if table is None or not table.within(pc - libc.start, "_exit"):
         return None
     cfa, saved = sp, list[int]()  # cfa: the frame's stack pointer, then its CFA
@@ -102,10 +103,15 @@ class _Table:
         return rows[-1] if rows else None
 
 
-@cache
-def _libc_frames(path: str) -> _Table | None:
+def libc_frames(path: str) -> _Table | None:
     """libc's CFI rows and its exit functions (file-relative: libc's first mapping is at
-    its vaddr 0), read once per libc; None when it cannot be read."""
+    its vaddr 0), read once per libc file (by its real path); None when it cannot be
+    read."""
+    return _frames(os.path.realpath(path))
+
+
+@cache
+def _frames(path: str) -> _Table | None:
     try:
         with open_untrusted(path, ELF_LIMIT, what="module", follow_symlinks=True) as libc:
             image = ElfImage(libc.fd_path)

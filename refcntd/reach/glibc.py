@@ -102,12 +102,15 @@ def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     addr = np.concatenate([r.addr[r.inuse] for r in runs])
     size = np.concatenate([r.size[r.inuse] for r in runs])
-    spare = np.concatenate([np.full(int(r.inuse.sum()), 0 if r.mmapped else 8, np.uint64)
-                            for r in runs])
     if len(addr) > 1 and not bool((addr[1:] > addr[:-1]).all()):
         order = np.argsort(addr, kind="stable")
-        addr, size, spare = addr[order], size[order], spare[order]
-    return addr + np.uint64(16), addr + size, addr + size + spare
+        addr, size = addr[order], size[order]
+    ends = addr + size
+    tails = ends + np.uint64(8)
+    mapped = np.array([int(r.addr[0]) for r in runs if r.mmapped and len(r.addr)], np.uint64)
+    if len(mapped):  # a chunk of its own mapping (few): no next chunk to borrow from
+        tails[np.searchsorted(addr, mapped)] -= np.uint64(8)
+    return addr + np.uint64(16), ends, tails
 
 
 def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap

@@ -97,13 +97,15 @@ class ReachScan:
                           int(self.heap.starts[block]))
 
 
-def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
-    """Scan `pid` (stopped by the caller): the kind of every heap block."""
+def scan_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) -> ReachScan:
+    """Scan `pid` (stopped by the caller): the kind of every heap block.  `at_exit`: held
+    at `_exit`, whose thread's exit frames are scanned as valgrind does
+    (exitframes.py)."""
     began = time.monotonic()
     out = ReachScan(pid, taken_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
     mem = ProcessMemory(pid, proc)
     try:
-        _scan(mem, out, proc)
+        _scan(mem, out, proc, at_exit)
     finally:
         mem.close()
     out.bytes_read = mem.bytes_read
@@ -111,7 +113,7 @@ def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
     return out
 
 
-def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
+def _scan(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False) -> None:
     maps = read_maps(out.pid, proc)
     if not maps:
         out.complete = False
@@ -123,7 +125,7 @@ def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
         out.complete = False
         return
     threads = read_threads(out.pid, proc)
-    exiting = {t.tid: p for t in threads if t.sp is not None and t.pc
+    exiting = {t.tid: p for t in threads if at_exit and t.sp is not None and t.pc
                and (p := exit_path(mem, maps, t.sp, t.pc)) is not None}
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes

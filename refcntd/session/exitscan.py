@@ -17,6 +17,7 @@ from refcntd.binary.elf import ElfImage
 from refcntd.binary.libpaths import resolve_library
 from refcntd.errors import BinaryError
 from refcntd.kernel.parts import Probes
+from refcntd.reach.exitframes import libc_frames
 from refcntd.reach.scan import ReachScan, scan_process
 
 STOP_WAIT_S = 2.0  # every thread must have taken the SIGSTOP before memory is read
@@ -47,12 +48,14 @@ class ExitScans:
         why = self.probes.attach_exit_hold(str(libc.path), offsets) if offsets else \
             f"no _exit in {libc.path}"
         self.problem = f"the probe on _exit failed: {why}" if why else ""
+        if not why:
+            libc_frames(str(libc.path))  # read now, not while the first process waits
 
     def held(self, tgid: int) -> None:
         """A process stopped at _exit: scan it (the caller continues it, always)."""
         began = time.monotonic()
         stopped = wait_stopped(tgid)
-        scan = scan_process(tgid)
+        scan = scan_process(tgid, at_exit=True)
         if not stopped:
             scan.notes.append(f"not every thread had stopped after {STOP_WAIT_S} s: "
                               "scanned while some ran")

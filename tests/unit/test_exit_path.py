@@ -53,7 +53,7 @@ def test_rows_inherit_their_cie_and_keep_saved_registers() -> None:
 def test_exit_frames_keep_only_the_saved_registers(monkeypatch) -> None:
     """_exit at sp; __run_exit_handlers' frame (CFA sp+8+64) with rbx and r15 saved;
     exit's (CFA +16): the exit path ends where exit's caller's frame begins."""
-    monkeypatch.setattr("refcntd.reach.exitframes._libc_frames", lambda path: TABLE)
+    monkeypatch.setattr("refcntd.reach.exitframes.libc_frames", lambda path: TABLE)
     sp = 0x7ffd_0000
     mem = FakeMemory({sp: LIBC + 0x250, sp + 8 + 64 - 8: LIBC + 0x30a})
     maps = [Mapping(LIBC, LIBC + 0x1000, "r-xp", 0, 1, "/lib/libc.so.6")]
