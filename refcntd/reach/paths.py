@@ -6,7 +6,7 @@ pointed at by nothing else: once u is reached, v is, and only through u.  Links 
 paths (a linked list's `next` fields); a breadth-first search would take one step
 per element, which is what made a list of millions of blocks cost minutes.  The
 paths are ranked in O(blocks) numpy work (a sparse ruling set: every path's head and
-one member in RULER_EVERY, chosen at random with a fixed seed, walk in step to the
+one member in RULER_EVERY, chosen by a hash of its index, walk in step to the
 next ruler; the rulers' own list is ranked by pointer jumping), then stored head to
 tail, each path contiguous: a reached block reaches the range after it.  Links in a
 cycle (a circular list nothing else points into) are left to the search.
@@ -54,8 +54,10 @@ def find_paths(count: int, indptr: np.ndarray, dst: np.ndarray) -> Paths:
                      np.zeros(0, np.int64), np.zeros(0, np.int64))
     # rulers: every head, and the members whose index hashes (Fibonacci hashing, a fixed
     # spread that needs no random numbers) into one slot of RULER_EVERY
-    hashed = np.arange(count, dtype=np.uint64) * _GOLDEN >> _RULER_SHIFT == 0
-    rulers = np.flatnonzero(starting | (hashed & (linked | has_in)))
+    hashed = np.arange(count, dtype=np.uint64)  # in place: one array of `count` words
+    hashed *= _GOLDEN
+    hashed >>= _RULER_SHIFT
+    rulers = np.flatnonzero(starting | ((hashed == 0) & (linked | has_in)))
     heads = np.flatnonzero(starting)
     seg = _walk_segments(count, link, rulers)
     steps, tail = _rank_rulers(seg)
