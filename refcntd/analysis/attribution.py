@@ -309,10 +309,15 @@ def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathO
 @functools.lru_cache(maxsize=1 << 16)  # called for every get/put pair's frames
 def api_class(func: FuncKey) -> str:
     """The object a C function works on, by the codebase's naming: perf's
-    `map__new2`/`__dsos__add` -> map/dsos, GLib's `gst_bin_add` -> gst_bin."""
+    `map__new2`/`__dsos__add` -> map/dsos, GLib's `gst_bin_add` -> gst_bin.  An
+    upper-case prefix is a symbol alias, not a class: fontconfig's hidden copies
+    `IA__FcConfigDestroy` and `IA__FcConfigReference` share no object (read as
+    class "IA", a charset's initial reference paired with the configuration's
+    teardown by affinity: benchmarks/mutants, fcxml.c:1091)."""
     name = func[1].split(".")[0].lstrip("_")
     if "__" in name:
-        return name.split("__")[0]
+        prefix, rest = name.split("__", 1)
+        return api_class((func[0], rest)) if prefix.isupper() else prefix
     words = name.split("_")
     return "_".join(words[:2]) if len(words) > 2 else ""
 
