@@ -31,8 +31,11 @@ object pairs the rest off as well and leads to another function
 released object shows handing references up (it may have stored it, or had
 one too many); when the keeper is a constructor or inserter of another
 object (the put is missing where that object goes, which this one's history
-does not show); and when released objects had such a reference put below
-the keeper but nothing in this object's history shows where it went.
+does not show); when released objects had such a reference put below
+the keeper but nothing in this object's history shows where it went, or the
+keeper itself put as many as were got there (released paths are pooled, not
+kept per object); and when no get of the kind ever met a put (a release
+function that lost its put leaves no operation to see).
 """
 
 from __future__ import annotations
