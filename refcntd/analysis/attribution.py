@@ -422,7 +422,8 @@ class Baseline:
     sources: set[FuncKey]
     sinks: set[FuncKey]
     wrappers: set[FuncKey]  # sinks that never see a get: release()-style put wrappers
-    expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]]  # get path -> puts
+    # (initial reference or not, get path) -> the puts released pairs matched with it
+    expected: dict[tuple[bool, tuple[FuncKey, ...]], list[tuple[PathOp, int]]]
     suffixes: set[tuple[FuncKey, ...]]  # every outer part of a released path
     callers: set[FuncKey] = field(default_factory=set)  # put_callers(): who owns a put
     # functions that released pairs show handing a reference up to their caller (not
@@ -440,17 +441,26 @@ class Baseline:
            sinks: set[FuncKey] | None = None) -> Baseline:
         src = reference_sources(released) if sources is None else sources
         snk = reference_sinks(released) if sinks is None else sinks
-        expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]] = {}
+        expected: dict[tuple[bool, tuple[FuncKey, ...]], list[tuple[PathOp, int]]] = {}
         wrappers = put_wrappers(released)
         pairs = _Pairs(released, src, wrappers, one_object=False)
         matches = pairs.pair()[1]
         for get, put, n in matches:
-            expected.setdefault(get.path, []).append((put, n))
+            expected.setdefault(_expected_key(get), []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
         return cls(released, src, snk, wrappers, expected, suffixes,
                    put_callers(released), set(_handed_up(matches, pairs.everywhere)),
                    {(f.module, f.vaddr) for op in released if is_get(op.op)
                     for f in op.frames})
+
+
+def _expected_key(get: PathOp) -> tuple[bool, tuple[FuncKey, ...]]:
+    """Released pairs speak for a get made at the same path in the same way: an
+    initial reference made there (a constructor's call) and a reference taken on an
+    existing object there are different references, whose puts are elsewhere
+    (fontconfig's FcParseInclude makes a rule set that FcConfigCleanup puts and
+    takes a reference on the set it flushes, which FcConfigDestroy puts)."""
+    return get.op == Role.INIT, get.path
 
 
 # Name words of functions that return a new reference by convention (perf's
@@ -594,7 +604,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
     maker = _maker_unknown(get, i, base)
     if maker:
         return maker
-    expected = base.expected.get(get.path, [])
+    expected = base.expected.get(_expected_key(get), [])
     name = _name(get.frames[i])
     twice = _two_at_once(get, ops, i, base.get_sites)
     if twice is not None and not expected:
@@ -678,11 +688,21 @@ def _puts_its_own(get: PathOp, base: Baseline, i: int) -> str:
 
 def _twins(get: PathOp, ops: list[PathOp], j: int) -> list[PathOp]:
     """Other gets of the object made through the same calls as `get` except at
-    frame j, as often: the same call of path[j] reached two get sites."""
+    frame j, as often: the same call of path[j] reached two get sites.  A frame
+    that path[j] is inlined into shares its address, so it is the same call when
+    its line is (fontconfig's FcParseInclude inlined into FcEndElement, two calls
+    of FcRuleSetReference apart).  Two copies of an inlined getter on one line of
+    its caller (perf's map__get) look the same: the caller may have called twice."""
+    def same(k: int, a: Frame, b: Frame) -> bool:
+        if k == j:
+            return True
+        if b.vaddr == get.frames[j].vaddr and k > j:  # inlined: compare the call line
+            return bool(a.line) and (a.file, a.line) == (b.file, b.line)
+        return a.vaddr == b.vaddr
     return [op for op in ops if op is not get and is_get(op.op) and op.path == get.path
             and op.count == get.count and op.frames[j].vaddr != get.frames[j].vaddr
-            and all(a.vaddr == b.vaddr for k, (a, b) in enumerate(zip(
-                op.frames, get.frames, strict=True)) if k != j)]
+            and all(same(k, a, b) for k, (a, b) in enumerate(zip(
+                op.frames, get.frames, strict=True)))]
 
 
 def _two_at_once(get: PathOp, ops: list[PathOp], holder: int,
@@ -713,7 +733,7 @@ def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culp
     them: that function is where this one's put is missing, or, when this object
     has that put too, where the reference was got once more.  Direct evidence,
     before any rule about which callers hand references up."""
-    expected = base.expected.get(get.path, [])
+    expected = base.expected.get(_expected_key(get), [])
     if not expected:
         return None
     put, n = max(expected, key=lambda e: (e[1], _in_time(e[0])))
