@@ -80,8 +80,8 @@ class _Clock:
 def _freezer(monkeypatch) -> tuple[Freezer, _Clock, list[str]]:  # noqa: ANN001
     clock, calls = _Clock(), []
     monkeypatch.setattr(gcpauses, "time", clock)
-    monkeypatch.setattr(gcpauses, "refreeze", lambda: calls.append("full"))
-    monkeypatch.setattr(gcpauses, "freeze_new", lambda: calls.append("young"))
+    monkeypatch.setattr(gcpauses, "refreeze", lambda: calls.append("full") or 7)
+    monkeypatch.setattr(gcpauses, "freeze_new", lambda: calls.append("young") or 5)
     monkeypatch.setattr(gc, "set_threshold", lambda *_: None)  # the test's own stay
     return Freezer(GcPauses()), clock, calls
 
@@ -120,3 +120,19 @@ def test_python_makes_no_full_collection_of_its_own_while_a_freezer_runs():
     finally:
         freezer.close()
     assert gc.get_threshold() == before
+
+
+def test_a_scrape_does_not_count_the_frozen_objects(monkeypatch):
+    """gc.get_freeze_count() walks the permanent generation's whole list with the GIL
+    held (about 35 ms per scrape at 226 000 objects in the hour's soak): the gauge is
+    the count taken at the last freeze."""
+    freezer, clock, calls = _freezer(monkeypatch)
+    freezer.pauses.last_scrape = clock.now - 0.5
+    freezer.tick()
+    assert calls == ["young"]
+
+    def walked() -> int:
+        raise AssertionError("a scrape walked the frozen objects")
+    monkeypatch.setattr(gc, "get_freeze_count", walked)
+    (gauge,) = [m for m in freezer.pauses.collect() if m.name == "refcntd_gc_frozen_objects"]
+    assert gauge.samples[0].value == 5
