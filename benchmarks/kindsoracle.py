@@ -13,7 +13,10 @@
    name reduced to its module.  valgrind lists every block allocated under
    g_type_create_instance, also objects the spec does not follow (made inside
    GLib's libraries); a site is equal when the kinds refcntd gives its objects are
-   the kinds valgrind gives as many of that site's blocks.
+   the kinds valgrind gives as many of that site's blocks.  Objects refcntd calls
+   `created after the scan` (made by threads that ran on after the exit scan) are
+   shown and not compared: no leak checker sees them.  Only the command's own
+   process is compared: valgrind does not follow the subprocesses a test spawns.
 """
 
 from __future__ import annotations
@@ -42,8 +45,13 @@ from reachtruth import valgrind_kinds as valgrind_by_size  # noqa: E402
 
 PROGRAMS = {"cancellable": glib_test_argv("cancellable"),
             "gdbus-close-pending": glib_test_argv("gdbus-close-pending"),
+            "gdbus-proxy-unique-name": glib_test_argv("gdbus-proxy-unique-name"),
             "gio list /usr/share": ["gio", "list", "/usr/share"],
-            "gio tree /usr/share/glib-2.0": ["gio", "tree", "/usr/share/glib-2.0"]}
+            "gio tree /usr/share/glib-2.0": ["gio", "tree", "/usr/share/glib-2.0"],
+            "gio mime text/plain": ["gio", "mime", "text/plain"],
+            "task": glib_test_argv("task"),
+            "gio info /usr/share/glib-2.0": ["gio", "info", "/usr/share/glib-2.0"]}
+LATE = "created after the scan"  # refcntd's kind for what no checker sees: not compared
 CONSTRUCTOR = re.compile(r"^g_object_new(_valist|_with_properties|v|_internal)?$")
 VG_FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+) \((?:in )?([^)]*)\)")
 # Under valgrind, GLib marks an instance with private data as two blocks, the
@@ -104,9 +112,16 @@ def _site(frames: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(f or _module(m) for f, m in after)
 
 
-def refcntd_sites(run: dict) -> dict[tuple[str, ...], Counter[str]]:  # type: ignore[type-arg]
+def refcntd_sites(run: dict, argv: list[str]  # type: ignore[type-arg]
+                  ) -> dict[tuple[str, ...], Counter[str]]:
+    """The command's own process only: valgrind (without --trace-children) does not
+    follow the subprocesses a test spawns (GLib's g_test_trap_subprocess), refcntd
+    does."""
     out: dict[tuple[str, ...], Counter[str]] = {}
     for p in run["processes"]:
+        command = p.get("command") or [""]
+        if Path(command[0]).name != Path(argv[0]).name or command[1:] != argv[1:]:
+            continue
         for g in p["groups"]:
             site = _site([(f.get("function") or f"{_module(f['module'])}+{f['address']}",
                            f["module"]) for f in g["stack"]])
@@ -179,10 +194,11 @@ def _offset(address: int, module: str, bases: dict[str, int]) -> str:
 def program_rows(name: str, argv: list[str], tmp: Path) -> list[dict[str, object]]:
     """Per allocation site of the objects refcntd lists: both sides' kinds."""
     run = refcntd_json(argv, tmp, ["--spec", "gobject"])
-    ours, theirs = refcntd_sites(run), valgrind_sites(argv, private_copies(tmp))
+    ours, theirs = refcntd_sites(run, argv), valgrind_sites(argv, private_copies(tmp))
     return [{"program": name, "site": " < ".join(site) or "?", "refcntd": dict(kinds),
              "valgrind": dict(theirs.get(site, Counter())),
-             "equal": all(theirs.get(site, Counter())[k] >= n for k, n in kinds.items())}
+             "equal": all(theirs.get(site, Counter())[k] >= n for k, n in kinds.items()
+                          if k != LATE)}
             for site, kinds in sorted(ours.items())] or \
         [{"program": name, "site": "(no object alive at exit)", "refcntd": {},
           "valgrind": {}, "equal": True}]

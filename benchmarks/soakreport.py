@@ -56,7 +56,7 @@ def _floors(rows: list[dict]) -> dict[str, list[float]]:
 
 
 def _fd_growth(settled: list[dict]) -> str:
-    """Which kinds of fd (soaksample.fd_kinds) the last settled pause holds more of than
+    """Which kinds of fd (refcntd.kernel.procfds.fd_kinds) the last settled pause holds more of than
     the first one with the same tracers."""
     out = []
     for extra in (False, True):

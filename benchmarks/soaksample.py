@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from collections import Counter
 from pathlib import Path
+
+from refcntd.kernel.procfds import fd_kinds
 
 # map types whose entries come and go (an array or a ring buffer is always full)
 COUNTED = {"hash", "lru_hash", "percpu_hash", "lru_percpu_hash", "stack_trace"}
@@ -34,22 +35,6 @@ def process(pid: int) -> dict[str, float]:
             "malloc_arenas": malloc_arenas(pid), "fds": fds, "threads": threads,
             "fd_kinds": fd_kinds(pid),
             "cpu_s": round((int(stat[11]) + int(stat[12])) / CLK_TCK, 1)}
-
-
-def fd_kinds(pid: int) -> dict[str, int]:
-    """Open fds of `pid` by what they are (bpf-map, [perf_event], socket, pipe, a file's
-    directory): the hour's soak saw 12 fds more after an upgrade and could not say
-    which."""
-    kinds: Counter[str] = Counter()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:  # closed since the listing
-            continue
-        # a file by its directory; socket:[123] and pipe:[45] without their inode
-        kinds[os.path.dirname(target) if target.startswith("/") else
-              re.sub(r":\[\d+\]$", "", target)] += 1
-    return dict(kinds)
 
 
 def _floor(pid: int) -> tuple[int, int]:

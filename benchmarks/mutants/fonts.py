@@ -12,6 +12,8 @@ function's address, so a call instruction may name either.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import debian
@@ -26,14 +28,19 @@ PACKAGES = ["meson", "ninja-build", "gperf", "pkg-config", "libfreetype-dev", "l
 MESON = ["--buildtype=debugoptimized", "-Dc_args=-fno-omit-frame-pointer", "--prefix=/usr",
          "--sysconfdir=/etc", "--localstatedir=/var", "-Ddoc=disabled", "-Dnls=disabled",
          "-Dtests=enabled", "-Dtools=enabled", "-Dcache-build=disabled"]
-GETS = frozenset({"FcPatternReference", "FcCharSetCopy"})
-PUTS = frozenset({"FcPatternDestroy", "FcCharSetDestroy", "FcStrSetDestroy", "FcStrListDone"})
+GETS = frozenset({"FcPatternReference", "FcCharSetCopy", "FcRuleSetReference"})
+PUTS = frozenset({"FcPatternDestroy", "FcCharSetDestroy", "FcStrSetDestroy", "FcStrListDone",
+                  "FcRuleSetDestroy"})
 TYPE = {"FcPatternReference": "FcPattern", "FcPatternDestroy": "FcPattern",
         "FcCharSetCopy": "FcCharSet", "FcCharSetDestroy": "FcCharSet",
-        "FcStrSetDestroy": "FcStrSet", "FcStrListDone": "FcStrSet"}
+        "FcStrSetDestroy": "FcStrSet", "FcStrListDone": "FcStrSet",
+        "FcRuleSetReference": "FcRuleSet", "FcRuleSetDestroy": "FcRuleSet"}
+# FcRuleSet (batch 5, issue 41): a configuration file's rules, made per file parsed,
+# referenced by each substitution list and the configuration's list that holds it
 CONSTRUCTORS = {"FcPattern": ("FcPatternCreate", "FcPatternDuplicate"),
                 "FcCharSet": ("FcCharSetCreate", "FcCharSetOperate", "FcNameParseCharSet"),
-                "FcStrSet": ("FcStrSetCreate",)}
+                "FcStrSet": ("FcStrSetCreate",), "FcRuleSet": ("FcRuleSetCreate",)}
+VOID_GETS = frozenset({"FcPatternReference", "FcRuleSetReference"})  # get added: called twice
 # FcStrSet (added for a third held-out batch, issue 41: sites the rules were never tuned
 # on): the sets FcStrSetCreateEx makes are not seen made (gcc inlined it into
 # FcStrSetCreate and FcStrBuildFilename, and refcntd refuses a spec naming a function
@@ -49,7 +56,8 @@ FONTS = "/usr/share/fonts/truetype"
 # FcPatternFormat's filters (+ keeps, - drops, [] enumerates) and a charset printed
 FORMAT = ("%{+family,style{%{=unparse}}}\n%{-file,charset,lang{%{=unparse}}}\n"
           "%{[]family,familylang{%{family} (%{familylang})\n}}%{charset}\n")
-TOOLS = ("fc-match", "fc-list", "fc-pattern", "fc-query", "fc-scan", "fc-cat")
+TOOLS = ("fc-match", "fc-list", "fc-pattern", "fc-query", "fc-scan", "fc-cat", "fc-conflist",
+         "fc-validate", "fc-cache")
 TESTS = ("name_parse", "family_matching", "bz89617", "bz131804", "bz1744377", "bz96676",
          "bz106618", "issue180", "bz106632", "crbug1004254", "issue107")
 # (label, path under the build, arguments): the tools on the machine's fonts and the
@@ -97,12 +105,84 @@ HELD_OUT = (
                                                      ":charset=20-7e 3b1-3c9")),
     *((f"test {t}", f"test/test_{t}", ()) for t in TESTS[-2:]),
 )
+# batch 4 (issue 41), added after the rules of db2cf22 were committed and before any
+# of its mutants ran: tools no batch ran (fc-conflist, fc-validate, fc-cache into a
+# cache directory of its own), error paths (a configuration with mistakes fontconfig
+# warns about and goes on: a missing include, bad values, an unknown element, an
+# inverted charset range; a file that is no font, a truncated font, a pattern that
+# does not parse) and calls no workload made (fc-match -a, fc-list -v, aliases,
+# langsets, a scan rule).  Their argv's WORK is the codebase's work directory.
+BAD_CONF = """<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">
+<fontconfig>
+  <include ignore_missing="no">/etc/fonts/fonts.conf</include>
+  <include ignore_missing="no">/nonexistent/refcntd.conf</include>
+  <dir>/nonexistent/fonts</dir>
+  <bogus><string>unknown element</string></bogus>
+  <alias binding="same"><family>Sansy</family>
+    <prefer><family>DejaVu Sans</family></prefer>
+    <accept><family>Liberation Sans</family></accept>
+    <default><family>sans-serif</family></default></alias>
+  <match target="pattern">
+    <test name="family"><string>Sansy</string></test>
+    <edit name="weight" mode="assign"><int>notanumber</int></edit>
+    <edit name="lang" mode="prepend"><string>ja</string></edit></match>
+  <match target="pattern">
+    <test name="lang" compare="contains"><langset><string>ja</string><string>zh-cn</string>
+      </langset></test>
+    <edit name="family" mode="append_last"><string>Liberation Serif</string></edit></match>
+  <match target="pattern">
+    <test name="charset"><charset><range><int>0x5a</int><int>0x41</int></range></charset>
+    </test>
+    <edit name="family" mode="append"><string>Liberation Mono</string></edit></match>
+  <match target="font">
+    <test name="pixelsize" compare="more"><double>1</double></test>
+    <edit name="pixelsize" mode="assign"><times><name>pixelsize</name><double>1.5</double>
+      </times></edit></match>
+  <match target="scan">
+    <test name="family"><string>DejaVu Sans</string></test>
+    <edit name="charset" mode="assign"><plus><name>charset</name><charset><int>0x2603</int>
+      </charset></plus></edit></match>
+  <selectfont><acceptfont><glob>/usr/share/fonts/*</glob>
+    <pattern><patelt name="family"><string>DejaVu Sans</string></patelt></pattern>
+  </acceptfont></selectfont>
+</fontconfig>
+"""
+CACHE_CONF = """<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">
+<fontconfig>
+  <dir>WORK/fontdir</dir>
+  <cachedir>WORK/cache</cachedir>
+</fontconfig>
+"""
+BATCH4 = (
+    ("bad conf fc-match", "bad.conf", "fc-match/fc-match", ("-s", "Sansy:pixelsize=12")),
+    ("bad conf fc-list", "bad.conf", "fc-list/fc-list", (":lang=ja", "family", "lang")),
+    ("bad conf fc-match charset", "bad.conf", "fc-match/fc-match",
+     ("-a", ":charset=41-5a")),
+    ("fc-conflist", "bad.conf", "fc-conflist/fc-conflist", ()),
+    ("fc-validate", "fonts.conf", "fc-validate/fc-validate",
+     ("-l", "ja", f"{FONTS}/dejavu/DejaVuSans.ttf")),
+    ("fc-cache", "cache.conf", "fc-cache/fc-cache", ("-f", "-v")),
+    ("fc-scan junk", "fonts.conf", "fc-scan/fc-scan", ("WORK/fontdir",)),
+    ("fc-query junk", "fonts.conf", "fc-query/fc-query", ("WORK/fontdir/notafont.ttf",)),
+    ("fc-pattern bad", "fonts.conf", "fc-pattern/fc-pattern", ("-c", "-d", "DejaVu:size=x")),
+    ("fc-match -a", "fonts.conf", "fc-match/fc-match", ("-a", "Liberation Mono:bold")),
+    ("fc-list -v", "fonts.conf", "fc-list/fc-list", ("-v", "DejaVu Sans Mono:bold")),
+)
+
+
+def _only(workloads: list[Workload]) -> list[Workload]:
+    """MUTANTS_FC_ONLY=LABEL,LABEL: run these workloads only (batch 5's FcRuleSet sites
+    run in every workload's configuration parse: fewer baselines, same sites)."""
+    only = os.environ.get("MUTANTS_FC_ONLY")
+    return [w for w in workloads if w.label in only.split(",")] if only else workloads
 
 
 def codebase(out: Path) -> Codebase:
     work = out / "fontconfig"
     build = work / "build"
-    api = Api(GETS, PUTS, {}, TYPE, frozenset({"FcPatternReference"}))
+    api = Api(GETS, PUTS, {}, TYPE, VOID_GETS)
     targets = {n: ("get" if n in GETS else "put") for n in GETS | PUTS}
     targets |= {f"IA__{n}": role for n, role in targets.items()}
     return Codebase(
@@ -110,11 +190,14 @@ def codebase(out: Path) -> Codebase:
         ["src/*.c", "fc-*/*.c", "test/*.c"],
         [build / "src" / "libfontconfig.so.1", *(build / t / t for t in TOOLS),
          *(build / "test" / f"test_{t}" for t in TESTS)],
-        [*(Workload(label, (str(build / path), *args)) for label, path, args in WORKLOADS),
+        _only([*(Workload(label, (str(build / path), *args)) for label, path, args in WORKLOADS),
          *(Workload(label, ("/usr/bin/env", f"FONTCONFIG_FILE={work / 'fonts.conf'}",
                             str(build / path), *(a.replace("SRC", str(work / "src"))
                                                  for a in args)))
-           for label, path, args in HELD_OUT)],
+           for label, path, args in HELD_OUT),
+         *(Workload(label, ("/usr/bin/env", f"FONTCONFIG_FILE={work / conf}",
+                            str(build / path), *(a.replace("WORK", str(work)) for a in args)))
+           for label, conf, path, args in BATCH4)]),
         work / "fontconfig-built.yaml", env={"FONTCONFIG_FILE": "/etc/fonts/fonts.conf"},
         build_cmd=["ninja", "-C", str(build)])
 
@@ -123,10 +206,24 @@ def prepare(cb: Codebase) -> None:
     debian.install(PACKAGES)
     steps = debian_meson(cb, "fontconfig", MESON)
     (cb.work / "fonts.conf").write_text(CONF)
+    (cb.work / "bad.conf").write_text(BAD_CONF)
+    (cb.work / "cache.conf").write_text(CACHE_CONF.replace("WORK", str(cb.work)))
+    _font_dir(cb.work / "fontdir")
     spec = (HERE / "fontconfig" / "fontconfig.yaml").read_text()
     cb.spec.write_text(spec.replace("library: libfontconfig.so.1",
                                     f"library: {cb.binaries[0]}"))
     cb.prepared = steps
+
+
+def _font_dir(d: Path) -> None:
+    """Batch 4's directory: two fonts, a truncated one, a file that is no font and a
+    subdirectory (fc-cache's and fc-scan's error paths and their directory sets)."""
+    (d / "sub").mkdir(parents=True, exist_ok=True)
+    shutil.copy(f"{FONTS}/dejavu/DejaVuSans.ttf", d / "DejaVuSans.ttf")
+    shutil.copy(f"{FONTS}/liberation/LiberationMono-Bold.ttf", d / "sub" / "Mono.ttf")
+    font = Path(f"{FONTS}/dejavu/DejaVuSerif.ttf").read_bytes()
+    (d / "truncated.ttf").write_bytes(font[:4096])
+    (d / "notafont.ttf").write_text("not a font\n")
 
 
 def probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:

@@ -31,8 +31,11 @@ object pairs the rest off as well and leads to another function
 released object shows handing references up (it may have stored it, or had
 one too many); when the keeper is a constructor or inserter of another
 object (the put is missing where that object goes, which this one's history
-does not show); and when released objects had such a reference put below
-the keeper but nothing in this object's history shows where it went.
+does not show); when released objects had such a reference put below
+the keeper but nothing in this object's history shows where it went, or the
+keeper itself put as many as were got there (released paths are pooled, not
+kept per object); and when no get of the kind ever met a put (a release
+function that lost its put leaves no operation to see).
 """
 
 from __future__ import annotations
@@ -309,10 +312,15 @@ def unmatched_gets(ops: list[PathOp], sources: set[FuncKey]) -> list[tuple[PathO
 @functools.lru_cache(maxsize=1 << 16)  # called for every get/put pair's frames
 def api_class(func: FuncKey) -> str:
     """The object a C function works on, by the codebase's naming: perf's
-    `map__new2`/`__dsos__add` -> map/dsos, GLib's `gst_bin_add` -> gst_bin."""
+    `map__new2`/`__dsos__add` -> map/dsos, GLib's `gst_bin_add` -> gst_bin.  An
+    upper-case prefix is a symbol alias, not a class: fontconfig's hidden copies
+    `IA__FcConfigDestroy` and `IA__FcConfigReference` share no object (read as
+    class "IA", a charset's initial reference paired with the configuration's
+    teardown by affinity: benchmarks/mutants, fcxml.c:1091)."""
     name = func[1].split(".")[0].lstrip("_")
     if "__" in name:
-        return name.split("__")[0]
+        prefix, rest = name.split("__", 1)
+        return api_class((func[0], rest)) if prefix.isupper() else prefix
     words = name.split("_")
     return "_".join(words[:2]) if len(words) > 2 else ""
 
@@ -414,7 +422,8 @@ class Baseline:
     sources: set[FuncKey]
     sinks: set[FuncKey]
     wrappers: set[FuncKey]  # sinks that never see a get: release()-style put wrappers
-    expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]]  # get path -> puts
+    # (initial reference or not, get path) -> the puts released pairs matched with it
+    expected: dict[tuple[bool, tuple[FuncKey, ...]], list[tuple[PathOp, int]]]
     suffixes: set[tuple[FuncKey, ...]]  # every outer part of a released path
     callers: set[FuncKey] = field(default_factory=set)  # put_callers(): who owns a put
     # functions that released pairs show handing a reference up to their caller (not
@@ -423,23 +432,35 @@ class Baseline:
     get_sites: set[tuple[str, int]] = field(default_factory=set)  # (module, vaddr) on gets
     # sources only the leaked objects' own pairs show (PairedGroup.of)
     by_leaks: set[FuncKey] = field(default_factory=set)
+    # whether any get (not an initial reference) met a put, in released objects or in
+    # the leaked objects' own pairs (PairedGroup.of)
+    gets_put: bool = True
 
     @classmethod
     def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
            sinks: set[FuncKey] | None = None) -> Baseline:
         src = reference_sources(released) if sources is None else sources
         snk = reference_sinks(released) if sinks is None else sinks
-        expected: dict[tuple[FuncKey, ...], list[tuple[PathOp, int]]] = {}
+        expected: dict[tuple[bool, tuple[FuncKey, ...]], list[tuple[PathOp, int]]] = {}
         wrappers = put_wrappers(released)
         pairs = _Pairs(released, src, wrappers, one_object=False)
         matches = pairs.pair()[1]
         for get, put, n in matches:
-            expected.setdefault(get.path, []).append((put, n))
+            expected.setdefault(_expected_key(get), []).append((put, n))
         suffixes = {op.path[k:] for op in released for k in range(len(op.path))}
         return cls(released, src, snk, wrappers, expected, suffixes,
                    put_callers(released), set(_handed_up(matches, pairs.everywhere)),
                    {(f.module, f.vaddr) for op in released if is_get(op.op)
                     for f in op.frames})
+
+
+def _expected_key(get: PathOp) -> tuple[bool, tuple[FuncKey, ...]]:
+    """Released pairs speak for a get made at the same path in the same way: an
+    initial reference made there (a constructor's call) and a reference taken on an
+    existing object there are different references, whose puts are elsewhere
+    (fontconfig's FcParseInclude makes a rule set that FcConfigCleanup puts and
+    takes a reference on the set it flushes, which FcConfigDestroy puts)."""
+    return get.op == Role.INIT, get.path
 
 
 # Name words of functions that return a new reference by convention (perf's
@@ -565,6 +586,11 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
     direct = _expected_owner(get, ops, base)
     if direct is not None:
         return direct
+    if get.op == Role.GET and base.released and not base.gets_put:
+        return ("no get of the object's kind ever met a put (released objects dropped "
+                "initial references only, and no leaked object's get was put): the "
+                "function that releases what a get takes, which every caller uses, may "
+                "have lost its put, and a caller that skipped it leaves the same counts")
     i = reference_holder(get, base.sources, not base.released, base.sinks)
     if i is None:
         return (f"every function on the path of the unmatched {get.op.name.lower()} "
@@ -578,7 +604,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
     maker = _maker_unknown(get, i, base)
     if maker:
         return maker
-    expected = base.expected.get(get.path, [])
+    expected = base.expected.get(_expected_key(get), [])
     name = _name(get.frames[i])
     twice = _two_at_once(get, ops, i, base.get_sites)
     if twice is not None and not expected:
@@ -633,16 +659,50 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
         return [Culprit(MISSING_PUT, get.frames[i], frames, expected=put.frames, why=(
             f"released objects got {n} such reference(s) here and {name} put them at "
             f"{where}; in this object it never did"))]
+    mixed = _puts_its_own(get, base, i)
+    if mixed:
+        return mixed
     return _handover(get, ops, base, i, put, n)
+
+
+def _puts_its_own(get: PathOp, base: Baseline, i: int) -> str:
+    """Why a hand-over is not read from released objects whose holder (frame i) put,
+    under this very path, as many references as they got at it.  Released objects'
+    operations are pooled by path, not by object: pairing the pool can give one
+    object's reference to another's teardown when the holder's own put balances
+    either equally well (fontconfig's fc-cat: the arguments set made and destroyed
+    in main, the configuration's sets put by FcFini, the cache's `dirs` set no
+    longer destroyed, blamed on the function that listed it).  "" otherwise."""
+    got = sum(op.count for op in base.released if is_get(op.op) and op.path == get.path)
+    n = len(get.path)
+    own = sum(op.count for op in base.released if op.op == Role.PUT and len(op.path) > n - 1
+              and op.path[len(op.path) - n:] == get.path
+              and put_owner(op, base.callers) == get.path[i])
+    if not got or own < got:
+        return ""
+    name = _name(get.frames[i])
+    return (f"released objects got {got} reference(s) at this path and {name} put {own} "
+            f"itself, under the same calls: whether {name} or a function it handed the "
+            "object to should have put this one is not decided by pooled counts")
 
 
 def _twins(get: PathOp, ops: list[PathOp], j: int) -> list[PathOp]:
     """Other gets of the object made through the same calls as `get` except at
-    frame j, as often: the same call of path[j] reached two get sites."""
+    frame j, as often: the same call of path[j] reached two get sites.  A frame
+    that path[j] is inlined into shares its address, so it is the same call when
+    its line is (fontconfig's FcParseInclude inlined into FcEndElement, two calls
+    of FcRuleSetReference apart).  Two copies of an inlined getter on one line of
+    its caller (perf's map__get) look the same: the caller may have called twice."""
+    def same(k: int, a: Frame, b: Frame) -> bool:
+        if k == j:
+            return True
+        if b.vaddr == get.frames[j].vaddr and k > j:  # inlined: compare the call line
+            return bool(a.line) and (a.file, a.line) == (b.file, b.line)
+        return a.vaddr == b.vaddr
     return [op for op in ops if op is not get and is_get(op.op) and op.path == get.path
             and op.count == get.count and op.frames[j].vaddr != get.frames[j].vaddr
-            and all(a.vaddr == b.vaddr for k, (a, b) in enumerate(zip(
-                op.frames, get.frames, strict=True)) if k != j)]
+            and all(same(k, a, b) for k, (a, b) in enumerate(zip(
+                op.frames, get.frames, strict=True)))]
 
 
 def _two_at_once(get: PathOp, ops: list[PathOp], holder: int,
@@ -673,7 +733,7 @@ def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culp
     them: that function is where this one's put is missing, or, when this object
     has that put too, where the reference was got once more.  Direct evidence,
     before any rule about which callers hand references up."""
-    expected = base.expected.get(get.path, [])
+    expected = base.expected.get(_expected_key(get), [])
     if not expected:
         return None
     put, n = max(expected, key=lambda e: (e[1], _in_time(e[0])))
@@ -777,11 +837,13 @@ class PairedGroup:
         # function whose references were left over more often than handed up keeps them
         handed: Counter[FuncKey] = Counter()
         kept: Counter[FuncKey] = Counter()
+        gets_put = any(op.op == Role.GET for op in released)
         for addr, ops in objects:
             pairs = _Pairs(ops, base.sources, base.wrappers)
             unmatched, matches = pairs.pair()
             paired.append((addr, ops, unmatched))
             handed.update(_handed_up(matches, pairs.everywhere))
+            gets_put = gets_put or any(g.op == Role.GET for g, _, _ in matches)
             kept.update(kept_by_leaked(unmatched))
             if not unmatched:
                 continue
@@ -792,6 +854,7 @@ class PairedGroup:
             alternatives[addr] = [ops[k] for k in seen[shape]]
         own = {func for func, n in handed.items() if n >= kept[func]}
         base.by_leaks = own - base.sources
+        base.gets_put = gets_put
         base.sources |= own
         return cls(base, paired, alternatives)
 

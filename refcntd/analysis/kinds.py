@@ -15,17 +15,22 @@ from collections import Counter
 from dataclasses import replace
 
 from refcntd.analysis.model import LeakedObject, LeakGroup
-from refcntd.reach.scan import INDIRECTLY, ObjectKind, ReachScan
+from refcntd.reach.scan import INDIRECTLY, LATE, ObjectKind, ReachScan
 
-ORDER = {"definitely lost": 0, INDIRECTLY: 1, "still reachable": 2, "": 3}
+ORDER = {"definitely lost": 0, INDIRECTLY: 1, "still reachable": 2, LATE: 3, "": 4}
 
 
-def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
+def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = None
+                ) -> list[LeakGroup]:
     """The groups with each object's kind and root, split by kind; a note on `scan` for
-    objects that share their block (a pool allocator's slab: GSlice in GLib < 2.76)."""
+    objects that share their block (a pool allocator's slab: GSlice in GLib < 2.76).
+    `now_ns` (the clock of the objects' ages): objects created after the scan began
+    are LATE, whatever their address holds now."""
     if not scan.complete:
         return groups
-    kinds = scan.kinds_of(o.address for g in groups for o in g.objects)
+    late = _late(groups, scan, now_ns)
+    kinds = scan.kinds_of(o.address for g in groups for o in g.objects
+                          if o.address not in late)
     types = {o.address: g.type_name for g in groups for o in g.objects}
     per_block = Counter(k.block for k in kinds.values())
     shared = [a for a, k in kinds.items() if per_block[k.block] > 1]
@@ -36,7 +41,9 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
                           "pool allocator's slab): no kind, every one a leak as without "
                           "--leak-kinds (G_SLICE=always-malloc gives each GObject a block "
                           "of its own)")
-    _note_freed(scan, [o.address for g in groups for o in g.objects if o.address not in kinds])
+    _note_freed(scan, [o.address for g in groups for o in g.objects
+                       if o.address not in kinds and o.address not in late])
+    kinds.update(late)
     out = []
     for group in groups:
         parts: dict[str, list[LeakedObject]] = {}
@@ -49,6 +56,23 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan) -> list[LeakGroup]:
             out.append(replace(group, objects=parts[kind], kind=kind, culprits=list(
                 group.culprits)))
     return sorted(out, key=LeakGroup.order)
+
+
+def _late(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None
+          ) -> dict[int, ObjectKind]:
+    """Objects created after the scan began: at exit, by threads that ran on once the
+    process was continued, until exit_group ended them (their memory was free or
+    another block's at the scan).  No checker sees them: valgrind and LeakSanitizer
+    judge the heap at one moment.  A note says how many."""
+    if now_ns is None or not scan.taken_ns:
+        return {}
+    late = {o.address: ObjectKind(LATE) for g in groups for o in g.objects
+            if now_ns - o.age_ns > scan.taken_ns}
+    if late:
+        scan.notes.append(f"{len(late)} object(s) created after the scan, by threads still "
+                          "running once it was over: not judged (no leak checker sees "
+                          "them)")
+    return late
 
 
 def _note_freed(scan: ReachScan, unkinded: list[int]) -> None:

@@ -63,7 +63,8 @@ class LeakedObject:
     leak: str = ""  # with --history: "direct", "indirect" or "cycle"
     held_by: tuple[Holder, ...] = ()  # leaked objects holding its outstanding references
     cycle: tuple[int, ...] = ()  # the objects of its cycle (leak == "cycle")
-    kind: str = ""  # --leak-kinds: "definitely lost", "indirectly lost", "still reachable"
+    kind: str = ""  # --leak-kinds: "definitely lost", "indirectly lost", "still reachable",
+    #                 "created after the scan"
     root: str = ""  # still reachable: what it is reachable from ("global cache (prog)")
 
 

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(daemon.collector())
+    registry.register(daemon.gc_pauses)
     registry.register(BuildInfo(__version__, _bcc_version()))
     ready = httpserver.Readiness()
     try:

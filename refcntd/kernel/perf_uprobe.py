@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refcntd.kernel import bpfsys
+from refcntd.kernel.procfds import fd_kinds
 
 NR_PERF_EVENT_OPEN = 298
 PERF_TYPE_TRACEPOINT = 2
@@ -160,15 +161,8 @@ MULTI_EINVAL = ("invalid argument (EINVAL): a program not loaded for BPF_TRACE_U
 
 def held_fds(pid: int | str = "self") -> dict[str, int]:
     """BPF links and perf events a process holds (/proc/PID/fd): what detach must close."""
-    kinds = {"bpf_link": 0, "[perf_event]": 0}
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        for kind in kinds:
-            kinds[kind] += target == f"anon_inode:{kind}"
-    return kinds
+    kinds = fd_kinds(pid)
+    return {kind: kinds.get(f"anon_inode:{kind}", 0) for kind in ("bpf_link", "[perf_event]")}
 
 
 ENOTSUPP = 524  # the kernel's own "not supported" (include/linux/errno.h), not in errno

@@ -79,7 +79,7 @@ class InstanceJson(TypedDict):
     history_total: NotRequired[int]
     history_dropped: NotRequired[int]
     history: NotRequired[list[HistoryStepJson]]
-    kind: NotRequired[str]  # --leak-kinds: definitely lost, indirectly lost, still reachable
+    kind: NotRequired[str]  # --leak-kinds: definitely/indirectly lost, still reachable, late
     root: NotRequired[str]  # still reachable: from what ("global cache (prog)")
 
 

@@ -43,6 +43,7 @@ Size = tuple[int, int]  # a finding's (objects or occurrences, references)
 FAILING, SUPPRESSED, BASELINE, UNDER_THRESHOLD = "failing", "suppressed", "in baseline", \
     "under threshold"
 REACHABLE, NOT_JUDGED = "still reachable", "not judged"  # --leak-kinds (LeakSanitizer's)
+LATE = "created after the scan"  # --leak-kinds: reach/scan.py's LATE
 
 
 @dataclass
@@ -172,19 +173,20 @@ def parse_thresholds(items: list[str]) -> dict[str, int]:
 
 def collect_findings(result: RunResult) -> list[Finding]:
     """Leak groups and anomalies of every exited process, folded by their stable key."""
-    found: dict[tuple[FindingKey, bool], Finding] = {}
+    found: dict[tuple[FindingKey, str], Finding] = {}
     for p in result.processes:
         if p.state == "live at detach":
             continue
-        for g in p.groups:  # still reachable objects apart (--leak-kinds)
-            f = found.setdefault((_key("leak", g.type_name, g.frames), g.kind == REACHABLE),
+        for g in p.groups:  # still reachable and late objects apart (--leak-kinds)
+            apart = g.kind if g.kind in (REACHABLE, LATE) else ""
+            f = found.setdefault((_key("leak", g.type_name, g.frames), apart),
                                  Finding("leak", g.type_name, g.frames))
             f.objects += len(g.objects)
             f.references += g.references()
             f.groups.append(g)
             f.pids.append(p.pid)
         for a in p.misuse:
-            f = found.setdefault((_key(a.kind, a.type_name, a.frames), False),
+            f = found.setdefault((_key(a.kind, a.type_name, a.frames), ""),
                                  Finding(a.kind, a.type_name, a.frames, anomaly=a))
             f.objects += a.occurrences
             f.pids.append(p.pid)
@@ -270,6 +272,9 @@ class Policy:
         if not self.judge_killed and f.pids and all(p in killed for p in f.pids):
             f.status, f.reason = NOT_JUDGED, "its processes were killed by a signal " \
                 "(--judge-killed judges them)"
+        elif f.groups and all(g.kind == LATE for g in f.groups):
+            f.status, f.reason = NOT_JUDGED, "created after the exit scan, by threads " \
+                "still running as the process exited: no leak checker sees them"
         elif not self.fail_on_reachable and f.groups and \
                 all(g.kind == REACHABLE for g in f.groups):
             f.status, f.reason = REACHABLE, "still reachable at exit (--fail-on reachable " \

@@ -34,6 +34,7 @@ class Chunks:
     addr: np.ndarray  # uint64
     size: np.ndarray  # uint64
     inuse: np.ndarray  # bool: the next chunk's PREV_INUSE (the top: False)
+    mmapped: bool = False  # a chunk of its own mapping: no next chunk's prev_size to use
 
 
 @dataclass
@@ -62,7 +63,7 @@ def walk(mem: ProcessMemory, start: int, end: int) -> Chunks | None:
     if address < end and (not parts or end - address >= TAIL_SLACK):
         return None
     if not parts:
-        return Chunks(*(np.zeros(0, t) for t in (np.uint64, np.uint64, bool)))
+        return Chunks(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, bool))
     prev = np.concatenate([w.prev_inuse for w in parts])
     return Chunks(np.concatenate([w.addr for w in parts]),
                   np.concatenate([w.size for w in parts]),

@@ -41,11 +41,15 @@ OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "tbbmalloc", "s
 
 @dataclass
 class Heap:
-    """In-use blocks (user pointer, end of usable bytes), sorted, and the memory they
-    live in (never a root)."""
+    """In-use blocks (user pointer, end of the chunk), sorted, and the memory they live
+    in (never a root).  `tails`: where the block's bytes end as a holder of pointers,
+    8 bytes past `ends`: the next chunk's prev_size is the last word of an in-use
+    chunk's usable bytes (malloc_usable_size), where a struct's last field lives; as a
+    pointer's target that word is the next chunk's header (glibc's bins point there)."""
 
     starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    tails: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     regions: list[tuple[int, int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     recognised: bool = True
@@ -76,8 +80,8 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
     for address, size in _mmapped_chunks(mem, maps, heap.regions):
         heap.regions.append((address, address + size))
         runs.append(Chunks(np.array([address], np.uint64), np.array([size], np.uint64),
-                           np.array([True])))
-    heap.starts, heap.ends = _in_use(runs)
+                           np.array([True]), mmapped=True))
+    heap.starts, heap.ends, heap.tails = _in_use(runs)
     main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
     if heap.recognised:
         free: set[int] = set()
@@ -87,21 +91,26 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
         keep = ~np.isin(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
         heap.free_chunks = len(keep) - int(np.count_nonzero(keep))
         heap.freed, heap.freed_ends = heap.starts[~keep], heap.ends[~keep]
-        heap.starts, heap.ends = heap.starts[keep], heap.ends[keep]
+        heap.starts, heap.ends, heap.tails = (a[keep] for a in (heap.starts, heap.ends,
+                                                               heap.tails))
     return heap
 
 
-def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted user starts and ends of the in-use chunks.  The next chunk's prev_size is
-    usable too, but a pointer there is one to the next chunk: glibc's own (top, bins)."""
+def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted user starts, ends and tails (Heap) of the in-use chunks."""
     if not runs:
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     addr = np.concatenate([r.addr[r.inuse] for r in runs])
     size = np.concatenate([r.size[r.inuse] for r in runs])
     if len(addr) > 1 and not bool((addr[1:] > addr[:-1]).all()):
         order = np.argsort(addr, kind="stable")
         addr, size = addr[order], size[order]
-    return addr + np.uint64(16), addr + size
+    ends = addr + size
+    tails = ends + np.uint64(8)
+    mapped = np.array([int(r.addr[0]) for r in runs if r.mmapped and len(r.addr)], np.uint64)
+    if len(mapped):  # a chunk of its own mapping (few): no next chunk to borrow from
+        tails[np.searchsorted(addr, mapped)] -= np.uint64(8)
+    return addr + np.uint64(16), ends, tails
 
 
 def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap

@@ -41,8 +41,10 @@ class Edges:
 
 
 def scan_words(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray,
-               roots: list[Root], regions: list[tuple[int, int]]) -> Edges:
-    """Every pointer into a block from the roots and from the blocks themselves."""
+               roots: list[Root], regions: list[tuple[int, int]],
+               tails: np.ndarray | None = None) -> Edges:
+    """Every pointer into a block from the roots and from the blocks themselves (a
+    block holds the words up to its tail, glibc.Heap; its end without tails)."""
     parts = []
     for index, root in enumerate(roots):
         if root.values:
@@ -52,7 +54,7 @@ def scan_words(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray,
             parts.append(_hits(base, words, starts, ends, np.int64(-1 - index)))
     for start, end in regions:
         for base, words in _windows(mem, start, end):
-            parts.append(_hits(base, words, starts, ends, None))
+            parts.append(_hits(base, words, starts, ends, None, tails=tails))
     if not parts:
         return Edges(*_nothing())
     return Edges(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
@@ -71,9 +73,10 @@ def _windows(mem: ProcessMemory, start: int, end: int) -> Iterator[tuple[int, np
 
 
 def _hits(base: int, words: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-          root: np.int64 | None, registers: bool = False) -> tuple[np.ndarray, ...]:
+          root: np.int64 | None, registers: bool = False, tails: np.ndarray | None = None
+          ) -> tuple[np.ndarray, ...]:
     """The words pointing into a block (the word at `base` first); `root` None: the
-    words are inside blocks, and count only inside an in-use one."""
+    words are inside blocks, and count only inside an in-use one (before its tail)."""
     if len(starts) == 0:
         return _nothing()
     kept = np.flatnonzero((words >= starts[0]) & (words < ends[-1]))  # most: cheap to drop
@@ -84,7 +87,8 @@ def _hits(base: int, words: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     inside = (dst >= 0) & (words < ends[np.maximum(dst, 0)])
     if root is None:
         src = np.searchsorted(starts, where, "right").astype(np.int64) - 1
-        inside &= (src >= 0) & (where < ends[np.maximum(src, 0)])
+        held_to = ends if tails is None else tails
+        inside &= (src >= 0) & (where < held_to[np.maximum(src, 0)])
         src = src[inside]
     else:
         src = np.full(int(np.count_nonzero(inside)), root, np.int64)

@@ -20,6 +20,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from refcntd.reach.exitframes import ExitPath
 from refcntd.reach.memory import Mapping
 
 RED_ZONE = 128  # the x86-64 ABI's area below the stack pointer a leaf function may use
@@ -32,6 +33,7 @@ class Thread:
     comm: str
     sp: int | None  # None: the kernel did not say (the thread was running)
     registers: tuple[int, ...] = ()  # a blocked system call's arguments
+    pc: int = 0  # where it stopped (0: not said)
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,16 @@ def read_threads(pid: int, proc: Path = Path("/proc")) -> list[Thread]:
             out.append(Thread(tid, comm, None))
             continue
         args = tuple(int(v, 16) for v in fields[1:-2])
-        out.append(Thread(tid, comm, int(fields[-2], 16), args))
+        out.append(Thread(tid, comm, int(fields[-2], 16), args, int(fields[-1], 16)))
     return out
 
 
 def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
-               heap_regions: list[tuple[int, int]]) -> tuple[list[Root], list[str]]:
-    """The root ranges and the notes on what could not be scanned as a scan should."""
+               heap_regions: list[tuple[int, int]],
+               exiting: dict[int, ExitPath] | None = None) -> tuple[list[Root], list[str]]:
+    """The root ranges and the notes on what could not be scanned as a scan should.
+    `exiting`: per thread held in `_exit`, libc's exit frames (exitframes.py), of
+    which only the registers they saved are scanned."""
     notes: list[str] = []
     stacks = _stack_mappings(maps)
     unknown_sp = [t for t in threads if t.sp is None]
@@ -77,12 +82,17 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
         notes.append(f"{len(unknown_sp)} thread(s) without a stack pointer (running): "
                      "their whole stack mapping scanned")
     on_stack: dict[int, Root] = {}
+    roots: list[Root] = []
     for t in threads:
         m = _containing(maps, t.sp) if t.sp is not None else None
-        if m is not None:
-            low = max(m.start, (t.sp - RED_ZONE) & ~7)  # type: ignore[operator]
-            on_stack[m.start] = Root(low, m.end, "stack", f"{t.tid} ({t.comm})")
-    roots: list[Root] = []
+        if m is None:
+            continue
+        low = max(m.start, (t.sp - RED_ZONE) & ~7)  # type: ignore[operator]
+        path = (exiting or {}).get(t.tid)
+        if path is not None:
+            low = path.top
+            roots += [Root(a, a + 8, "stack", f"{t.tid} ({t.comm})") for a in path.saved]
+        on_stack[m.start] = Root(low, m.end, "stack", f"{t.tid} ({t.comm})")
     module, base, last_end = "", 0, 0
     for m in maps:
         if m.path and not m.path.startswith("["):

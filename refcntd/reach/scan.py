@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from refcntd.reach import glibc, graph
+from refcntd.reach.exitframes import exit_path
 from refcntd.reach.memory import ProcessMemory, read_maps
 from refcntd.reach.roots import Root, describe, find_roots, read_threads
 
 REACHABLE = "still reachable"
 DEFINITELY = "definitely lost"
 INDIRECTLY = "indirectly lost"
+LATE = "created after the scan"  # by a thread still running once the scan was over
 KIND_OF_STATE = {graph.REACHABLE: REACHABLE, graph.POSSIBLE: REACHABLE,
                  graph.UNREACHED: DEFINITELY, graph.INDIRECT: INDIRECTLY}
 
@@ -52,6 +54,7 @@ class ReachScan:
     heap_bytes: int = 0
     bytes_read: int = 0
     seconds: float = 0.0
+    taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
 
     @property
@@ -94,13 +97,15 @@ class ReachScan:
                           int(self.heap.starts[block]))
 
 
-def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
-    """Scan `pid` (stopped by the caller): the kind of every heap block."""
+def scan_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) -> ReachScan:
+    """Scan `pid` (stopped by the caller): the kind of every heap block.  `at_exit`: held
+    at `_exit`, whose thread's exit frames are scanned as valgrind does
+    (exitframes.py)."""
     began = time.monotonic()
-    out = ReachScan(pid)
+    out = ReachScan(pid, taken_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
     mem = ProcessMemory(pid, proc)
     try:
-        _scan(mem, out, proc)
+        _scan(mem, out, proc, at_exit)
     finally:
         mem.close()
     out.bytes_read = mem.bytes_read
@@ -108,7 +113,7 @@ def scan_process(pid: int, proc: Path = Path("/proc")) -> ReachScan:
     return out
 
 
-def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
+def _scan(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False) -> None:
     maps = read_maps(out.pid, proc)
     if not maps:
         out.complete = False
@@ -120,10 +125,12 @@ def _scan(mem: ProcessMemory, out: ReachScan, proc: Path) -> None:
         out.complete = False
         return
     threads = read_threads(out.pid, proc)
-    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions)
+    exiting = {t.tid: p for t in threads if at_exit and t.sp is not None and t.pc
+               and (p := exit_path(mem, maps, t.sp, t.pc)) is not None}
+    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
     starts, ends = out.heap.starts, out.heap.ends
-    edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions)
+    edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions, out.heap.tails)
     out.kinds = graph.classify(len(starts), edges)
     out.heap_bytes = int((ends - starts).sum()) if len(starts) else 0
     out.lost_blocks = int(np.count_nonzero((out.kinds.state == graph.UNREACHED)

@@ -10,6 +10,7 @@ systemd.py tells systemd, procconnector.py reports new programs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
 from refcntd.service import checkpoint, malloc
+from refcntd.service.gcpauses import Freezer, GcPauses
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
 from refcntd.service.sharedlock import SharedLock
@@ -54,6 +56,10 @@ class Daemon:
         self._next_prune = 0.0
         self._next_watch = 0.0
         self._pending_execs: list[tuple[int, str]] = []
+        self.gc_pauses = GcPauses()  # a Prometheus collector: what the collector costs
+        self.gc_pauses.install()
+        self.freezer = Freezer(self.gc_pauses)
+        self._frozen_at = (0, 0)  # (attached, detached) told to the freezer
 
     # ---- lifecycle -----------------------------------------------------------
     def attach_all(self) -> None:
@@ -76,21 +82,35 @@ class Daemon:
             self.shutdown()
 
     def _round(self) -> None:
-        # Capture: only this thread changes the set of targets, so reading it needs
-        # no lock, and a scrape (which holds the lock) never delays the ring buffers.
-        for runtime in list(self.targets.runtimes.values()):
-            for tracer in list(runtime.tracers.values()):
-                self._poll(runtime, tracer)
+        self._capture()
         self._pending_execs += self._proc_events.execs(IDLE_S)
         # the report files and malloc's free pages: nothing readers of the targets use,
         # so no scrape waits for it (listing and pruning 5 000 reports, trimming the heap)
         self._prune_on_timer()
-        if not self.lock.acquire(blocking=False):
-            return  # scrapes or diffs read the targets: change them next round
-        try:
-            self._manage()
-        finally:
-            self.lock.release()
+        if self.lock.acquire(blocking=False):  # else scrapes or diffs read the targets
+            try:
+                self._manage()
+            finally:
+                self.lock.release()
+        self._refreeze_on_change()
+
+    def _capture(self) -> None:
+        """Only this thread changes the set of targets, so reading it needs no lock, and
+        a scrape (which holds the lock) never delays the ring buffers.  A method of its
+        own: a detached tracer left in a loop variable would outlive the refreeze."""
+        for runtime in list(self.targets.runtimes.values()):
+            for tracer in list(runtime.tracers.values()):
+                self._poll(runtime, tracer)
+
+    def _refreeze_on_change(self) -> None:
+        """A detach's tracer is collected (a full refreeze); an attach's new objects
+        frozen (gcpauses.py), at the Freezer's next quiet moment."""
+        changes = (self.targets.attached, self.targets.detached)
+        if changes != self._frozen_at:
+            self.freezer.full_due |= changes[1] != self._frozen_at[1]
+            self.freezer.young_due = True
+            self._frozen_at = changes
+        self.freezer.tick()
 
     def _poll(self, runtime: TargetRuntime, tracer: Tracer) -> None:
         """A report that failed to build is a bug: logged and counted, and the daemon
@@ -166,6 +186,9 @@ class Daemon:
             for name in list(self.targets.runtimes):
                 self.targets.remove(name)
         self._proc_events.close()
+        self.gc_pauses.uninstall()
+        self.freezer.close()
+        gc.unfreeze()  # an in-process caller (tests) gets its collector back whole
         log.info("detached; exiting")
 
     # ---- targets -------------------------------------------------------------

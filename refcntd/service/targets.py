@@ -58,6 +58,9 @@ class Targets:
         self.runtimes: dict[str, TargetRuntime] = {}
         self._on_report, self._adopt, self.strict = on_report, adopt, strict
         self._unlocked = unlocked
+        # tracers attached and detached so far: the daemon freezes the garbage collector's
+        # generations on them (gcpauses.py)
+        self.attached = self.detached = 0
 
     def tracers(self) -> dict[str, list[Tracer]]:
         return {name: list(rt.tracers.values()) for name, rt in self.runtimes.items()}
@@ -144,6 +147,7 @@ class Targets:
                               runtime.target.name, path)
             finally:
                 tracer.close()  # continues every process it held stopped
+                self.detached += 1
 
     def _attach_binary(self, runtime: TargetRuntime, path: str) -> None:
         target = runtime.target
@@ -168,6 +172,7 @@ class Targets:
         runtime.identity[path] = file_identity(path)
         runtime.stats.tracers = list(runtime.tracers.values())
         runtime.stats.probes_failed = 0
+        self.attached += 1
         for probe in tracer.tracing_status().probes:
             if not probe.installed:
                 log.error("target=%s binary=%s probe not installed: %s %s: %s", target.name,

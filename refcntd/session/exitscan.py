@@ -17,6 +17,7 @@ from refcntd.binary.elf import ElfImage
 from refcntd.binary.libpaths import resolve_library
 from refcntd.errors import BinaryError
 from refcntd.kernel.parts import Probes
+from refcntd.reach.exitframes import libc_frames
 from refcntd.reach.scan import ReachScan, scan_process
 
 STOP_WAIT_S = 2.0  # every thread must have taken the SIGSTOP before memory is read
@@ -47,15 +48,22 @@ class ExitScans:
         why = self.probes.attach_exit_hold(str(libc.path), offsets) if offsets else \
             f"no _exit in {libc.path}"
         self.problem = f"the probe on _exit failed: {why}" if why else ""
+        if not why:
+            libc_frames(str(libc.path))  # read now, not while the first process waits
 
     def held(self, tgid: int) -> None:
         """A process stopped at _exit: scan it (the caller continues it, always)."""
         began = time.monotonic()
         stopped = wait_stopped(tgid)
-        scan = scan_process(tgid)
+        scan = scan_process(tgid, at_exit=True)
         if not stopped:
             scan.notes.append(f"not every thread had stopped after {STOP_WAIT_S} s: "
                               "scanned while some ran")
+        elif scan.complete and not still_stopped(tgid):
+            scan.complete = False  # its stacks may have gone mid-scan: no kind is sure
+            scan.notes.append(f"{NOT_SCANNED}: the process ran on during the scan (another "
+                              "signal continued it); every object alive at exit is a leak, "
+                              "as with --no-leak-kinds")
         self.seconds += time.monotonic() - began
         self.scanned += 1
         self.heap_bytes += scan.heap_bytes
@@ -87,6 +95,12 @@ def wait_stopped(pid: int, proc: Path = Path("/proc"), timeout_s: float = STOP_W
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.0005)
+
+
+def still_stopped(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether every thread of `pid` is stopped now (not running, not exited)."""
+    states = [_state(task) for task in (proc / str(pid) / "task").glob("*")]
+    return bool(states) and all(s in ("T", "t") for s in states)
 
 
 def _state(task: Path) -> str:

@@ -211,7 +211,7 @@ class SessionTracker:
             groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
         notes = self.sym.take_notes(s.tgid)
         if job.scan is not None:
-            groups = apply_kinds(groups, job.scan)
+            groups = apply_kinds(groups, job.scan, job.now)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "

@@ -112,3 +112,32 @@ def test_glib_cancellable_gobjects_are_still_reachable(bpf, tmp_path):
     assert {g["kind"] for g in groups} == {"still reachable"}
     assert all(i["root"] for g in groups for i in g["instances"])
     assert result.returncode == 0, result.stderr
+
+
+def test_stale_copies_in_libcs_exit_frames_keep_nothing(bpf, programs, tmp_path):
+    """A returned function's copies of the only pointer lie where exit()'s and
+    __run_exit_handlers' frames go: valgrind counts none of those unwritten slots
+    (undefined), so neither does refcntd (reach/exitframes.py); before, the object was
+    still reachable from the stack of the exiting thread."""
+    exe, vg = programs
+    truth = valgrind_kinds([str(vg), "exitframe"])
+    result, process = kinds_run(bpf, exe, tmp_path, "exitframe")
+    ((address, (name, size)),) = fixture_objects(result.stdout).items()
+    (expected,) = truth[size]
+    _, inst = instances(process)[address]
+    assert (name, expected) == ("exit_frame_lost", "definitely lost")
+    assert inst["kind"] == "definitely lost", (inst, result.stderr)
+    assert result.returncode == 23, result.stderr
+
+
+def test_a_pointer_in_a_blocks_last_word_holds(bpf, programs, tmp_path):
+    """The last 8 of a 24-byte block's bytes are the next chunk's prev_size field in
+    glibc: a pointer there is the block's (as GFilterOutputStream's base_stream)."""
+    exe, vg = programs
+    truth = valgrind_kinds([str(vg), "tail"])
+    result, process = kinds_run(bpf, exe, tmp_path, "tail")
+    ((address, (name, size)),) = fixture_objects(result.stdout).items()
+    _, inst = instances(process)[address]
+    assert (name, truth[size]) == ("tail_held", ["still reachable"])
+    assert inst["kind"] == "still reachable", (inst, result.stderr)
+    assert result.returncode == 0, result.stderr

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from refcntd.cli.main import build_parser
 from refcntd.outputs.reportstore import StoreStats
+from refcntd.service.gcpauses import GcPauses
 from refcntd.service.metrics import BuildInfo, RefcntdCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +111,7 @@ def exported_metrics() -> set[str]:
     registry = CollectorRegistry()
     registry.register(RefcntdCollector(lambda: nullcontext([]), StoreStats))
     registry.register(BuildInfo("0", "0"))
+    registry.register(GcPauses())
     text = generate_latest(registry).decode()
     return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
 

@@ -88,3 +88,33 @@ def test_objects_in_freed_chunks_are_said():
     assert scan.notes == ["1 object(s) in malloc chunks free at the scan (their memory was "
                           "released, their delete not seen): no kind, a leak as without "
                           "leak kinds"]
+
+
+def test_objects_created_after_the_scan_are_late_and_not_judged():
+    """At exit, threads run on between the scan and exit_group: an object they create
+    then (its age younger than the scan) sits where the scan saw free memory or another
+    block.  It gets the kind LATE, a note, and its finding is not judged; an older object
+    at a free chunk keeps the freed note."""
+    import numpy as np
+
+    from refcntd.analysis.kinds import apply_kinds
+    from refcntd.reach import glibc, graph
+    from refcntd.reach.scan import LATE, ReachScan
+
+    heap = glibc.Heap(np.array([0x1000], np.uint64), np.array([0x1100], np.uint64))
+    heap.freed, heap.freed_ends = np.array([0x2000], np.uint64), np.array([0x2040], np.uint64)
+    scan = ReachScan(1, heap=heap, taken_ns=1_000, kinds=graph.Kinds(
+        np.array([graph.UNREACHED], np.int8), np.array([-1]), np.array([0], np.uint64),
+        np.array([-1])))
+    now = 5_000  # the exit event: ages are counted back from it
+    g = LeakGroup("obj", (), [LeakedObject(0x1000, 1, 0, 0, 3_000),  # created 2_000: late
+                              LeakedObject(0x2010, 1, 0, 0, 3_000),  # late, at a free chunk
+                              LeakedObject(0x2020, 1, 0, 0, 4_500)])  # 500: freed unseen
+    out = apply_kinds([g], scan, now)
+    assert sorted((x.kind, len(x.objects)) for x in out) == [("", 1), (LATE, 2)]
+    assert scan.notes[0].startswith("2 object(s) created after the scan")
+    assert scan.notes[1].startswith("1 object(s) in malloc chunks free at the scan")
+    result = run(proc(1, "exit 0", *[x for x in out if x.kind == LATE]))
+    assert statuses(Policy(lsan=True), result) == [NOT_JUDGED]
+    assert statuses(Policy(), result) == [FAILING]  # without --leak-kinds
+    assert apply_kinds([g], scan)[0].kind != LATE  # no clock given: no late objects

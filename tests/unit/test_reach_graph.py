@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from refcntd.reach import graph
+from refcntd.reach.chunks import Chunks
+from refcntd.reach.glibc import _in_use
 from refcntd.reach.graph import INDIRECT, POSSIBLE, REACHABLE, UNREACHED, Edges
 
 
@@ -57,3 +59,28 @@ def test_hits_keep_only_words_inside_in_use_blocks():
     assert src.tolist() == [0, 0, 0] and where.tolist() == [0x1000, 0x1008, 0x1018]
     src, dst, _, where = graph._hits(0x5000, words, starts, ends, None)  # not in a block
     assert len(dst) == 0
+
+
+def test_a_blocks_last_word_is_the_next_chunks_prev_size():
+    """An in-use chunk's usable bytes end with the next chunk's prev_size (malloc_usable_size):
+    a pointer stored there is the block's (GFilterOutputStream's base_stream was), while a
+    pointer to that word is one to the next chunk's header, not into the block."""
+    starts = np.array([0x1010, 0x1060], np.uint64)
+    ends = np.array([0x1050, 0x10a0], np.uint64)
+    tails = ends + np.uint64(8)
+    words = np.array([0x1060, 0x1050], np.uint64)  # at 0x1050: the last word of block 0
+    src, dst, _, where = graph._hits(0x1050, words, starts, ends, None, tails=tails)
+    assert src.tolist() == [0] and dst.tolist() == [1] and where.tolist() == [0x1050]
+    src, dst, _, _ = graph._hits(0x1050, words, starts, ends, None)  # without tails: lost
+    assert len(dst) == 0
+
+
+def test_tails_of_heap_chunks_and_of_mmapped_ones():
+    heap = Chunks(np.array([0x1000, 0x1050, 0x10a0], np.uint64),
+                  np.array([0x50, 0x50, 0x100], np.uint64), np.array([True, True, False]))
+    big = Chunks(np.array([0x8000], np.uint64), np.array([0x2000], np.uint64),
+                 np.array([True]), mmapped=True)
+    starts, ends, tails = _in_use([big, heap])
+    assert starts.tolist() == [0x1010, 0x1060, 0x8010]
+    assert ends.tolist() == [0x1050, 0x10a0, 0xa000]
+    assert tails.tolist() == [0x1058, 0x10a8, 0xa000]  # a mapping has no next chunk

@@ -1,0 +1,160 @@
+"""The stack of the thread held at `_exit`, as valgrind's final leak check sees it.
+
+memcheck scans only the words it knows to be defined: when a stack grows, the new
+part is undefined until the program writes it.  The frames of libc's exit path
+(`exit`, `__run_exit_handlers`, `_exit`) sit where main's frames and the atexit
+handlers' were, and their unwritten slots (padding, spill slots of paths not taken)
+still hold those frames' pointers: gdb showed `gio list`'s GFile, held only by a
+lost enumerator, in two such words of `__run_exit_handlers`' frame, which made it
+still reachable here and indirectly lost for valgrind.  A word can't be told defined
+from outside, but these frames are libc's own: what they hold of the program is the
+callee-saved registers of `exit`'s caller, saved by the CFI's rules.  So the
+exit path is scanned for those saved registers only, and the stack above it (the
+frame that called `exit`, and its callers) as before.  Found by unwinding with the
+`.eh_frame` rows `readelf --debug-dump=frames-interp` evaluates (stack-pointer rules
+only, as Debian's libc has); anything else (no `exit` among the first frames: the
+program called `_exit` itself) leaves the stack whole.  LeakSanitizer, which checks
+from an atexit handler, would scan those stale words too: refcntd follows valgrind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import cache
+
+from refcntd.binary.elf import ElfImage
+from refcntd.errors import BinaryError
+from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
+from refcntd.kernel.cfi import READELF
+from refcntd.reach.memory import Mapping, ProcessMemory
+
+EXIT_PATH_FRAMES = 4  # _exit, __run_exit_handlers, exit (and one spare)
+SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")  # callee-saved on x86-64
+_FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) "
+                  r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
+_CIE = re.compile(r"^([0-9a-f]+) [0-9a-f]+ [0-9a-f]+ CIE")
+_ROW = re.compile(r"^([0-9a-f]{8,16}) +(\S+)")
+_RSP = re.compile(r"^rsp\+(\d+)$")
+
+
+@dataclass(frozen=True)
+class Row:
+    pc: int
+    cfa: int  # CFA = rsp + cfa; -1: another rule (the unwind stops)
+    saved: tuple[int, ...]  # the callee-saved registers saved, each at CFA - offset
+
+
+@dataclass(frozen=True)
+class ExitPath:
+    """[sp, top): libc's exit frames; `saved`: the addresses of the registers they saved."""
+
+    sp: int
+    top: int
+    saved: tuple[int, ...]
+
+
+def exit_path(mem: ProcessMemory, maps: list[Mapping], sp: int, pc: int) -> ExitPath | None:
+    """The exit frames of a thread stopped at `pc` in libc's `_exit`, or None."""
+    libc = next((m for m in maps if m.path.rsplit("/", 1)[-1].startswith("libc.so")
+                 and m.offset == 0), None)
+    if libc is None:
+        return None
+    table = libc_frames(libc.path)
+    if table is None or not table.within(pc - libc.start, "_exit"):
+        return None
+    cfa, saved = sp, list[int]()  # cfa: the frame's stack pointer, then its CFA
+    for _ in range(EXIT_PATH_FRAMES):
+        at = pc - libc.start
+        row = table.row(at)
+        if row is None or row.cfa < 0:
+            return None
+        cfa += row.cfa
+        saved += [cfa - off for off in row.saved]
+        if table.within(at, "exit"):
+            return ExitPath(sp, cfa, tuple(saved))
+        ret = mem.word(cfa - 8)
+        if ret is None:
+            return None
+        pc = ret - 1  # the call instruction: its row, not the next one's
+    return None
+
+
+@dataclass(frozen=True)
+class _Table:
+    """libc's rows, by file-relative pc, and where `exit` and `_exit` are."""
+
+    starts: list[int]
+    fdes: list[tuple[int, int, list[Row]]]
+    functions: dict[str, tuple[int, int]]
+
+    def within(self, at: int, name: str) -> bool:
+        lo, hi = self.functions.get(name, (0, 0))
+        return lo <= at < hi
+
+    def row(self, at: int) -> Row | None:
+        i = bisect_right(self.starts, at) - 1
+        if i < 0 or not self.fdes[i][0] <= at < self.fdes[i][1]:
+            return None
+        rows = [r for r in self.fdes[i][2] if r.pc <= at]
+        return rows[-1] if rows else None
+
+
+def libc_frames(path: str) -> _Table | None:
+    """libc's CFI rows and its exit functions (file-relative: libc's first mapping is at
+    its vaddr 0), read once per libc file (by its real path); None when it cannot be
+    read."""
+    return _frames(os.path.realpath(path))
+
+
+@cache
+def _frames(path: str) -> _Table | None:
+    try:
+        with open_untrusted(path, ELF_LIMIT, what="module", follow_symlinks=True) as libc:
+            image = ElfImage(libc.fd_path)
+            fd = int(libc.fd_path.rsplit("/", 1)[1])
+            out = subprocess.run([READELF, "--debug-dump=frames-interp", "--", libc.fd_path],
+                                 capture_output=True, text=True, timeout=60, pass_fds=(fd,),
+                                 stdin=subprocess.DEVNULL,
+                                 env={"LC_ALL": "C", "PATH": "/usr/bin"})
+    except (UntrustedFileError, BinaryError, OSError, subprocess.SubprocessError):
+        return None
+    base = image.min_vaddr()
+    functions = {name: (s.vaddr - base, s.vaddr - base + s.size)
+                 for name in ("exit", "_exit") for s in image.symbols.get(name, [])[:1]}
+    fdes = [(lo - base, hi - base, [Row(r.pc - base, r.cfa, r.saved) for r in rows])
+            for lo, hi, rows in _parse(out.stdout.splitlines())]
+    fdes.sort(key=lambda f: f[0])
+    return _Table([f[0] for f in fdes], fdes, functions)
+
+
+def _parse(lines: list[str]) -> list[tuple[int, int, list[Row]]]:
+    """The FDEs and their rows (a CFA other than the stack pointer plus an offset: -1);
+    an FDE without rows of its own has its CIE's (_exit's)."""
+    out: list[tuple[int, int, list[Row]]] = []
+    cies: dict[str, list[Row]] = {}
+    rows: list[Row] | None = None
+    columns: list[str] = []
+    for line in lines:
+        if m := _CIE.match(line):
+            rows = cies.setdefault(m[1].lstrip("0"), [])
+        elif m := _FDE.match(line):
+            lo = int(m[2], 16)
+            rows = []
+            out.append((lo, int(m[3], 16), rows))
+            rows += [Row(lo, r.cfa, r.saved) for r in cies.get(m[1].lstrip("0"), [])[-1:]]
+        elif line.lstrip().startswith("LOC"):
+            columns = line.split()
+        elif rows is not None and (m := _ROW.match(line)):
+            cells = dict(zip(columns, line.split(), strict=False))
+            saved = tuple(int(cells[r][2:]) for r in SAVED
+                          if cells.get(r, "u").startswith("c-"))
+            rsp = _RSP.match(m[2])
+            row = Row(int(m[1], 16), int(rsp[1]) if rsp else -1, saved)
+            if rows and rows[-1].pc == row.pc:  # the CIE's, given again: the FDE's own
+                rows.pop()
+            rows.append(row)
+    return out

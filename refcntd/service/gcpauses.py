@@ -1,0 +1,157 @@
+"""Python's cyclic garbage collector in a daemon that runs for months: what its
+pauses cost (a metric), and keeping its full collections short.
+
+A full (generation 2) collection walks every object the collector tracks while
+holding the GIL.  In the soak serve's took 86-202 ms of CPU each, every 10-60 s,
+and a scrape arriving meanwhile waited for it (benchmarks/results/soak-gc.md).
+Most of those objects live as long as the process: modules, classes, the attached
+tracers' symbol tables, bounded caches.  `refreeze()` moves the survivors of a full
+collection into the permanent generation (`gc.freeze()`), and `freeze_new()` what
+came since; `Freezer` says when, in the daemon's own loop and just after a scrape,
+and turns Python's own full collections off (its young ones stay: under 10 ms).
+
+The permanent generation is never collected: a detached tracer's reference
+cycles (pyelftools' structs, ctypes classes, its callbacks: ~22 MiB per tracer)
+would stay forever.  So after a detach and every ten minutes a
+refreeze begins with `gc.unfreeze()` and one full collection: one pause, taken by
+the daemon's own loop outside its lock, instead of several a minute on whichever
+thread allocates; and a detached tracer is freed within seconds, not minutes
+later.  Cycles frozen while alive that die later wait for the next refreeze:
+at most ten minutes' worth.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+
+log = logging.getLogger("refcntd")
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+GENERATIONS = 3
+
+
+class GcPauses:
+    """Each collection's wall time by generation, from `gc.callbacks`; a Prometheus
+    collector.  The callbacks run with the GIL held, in the collecting thread: plain
+    integer updates need no lock."""
+
+    def __init__(self) -> None:
+        self.counts = [[0] * (len(BUCKETS) + 1) for _ in range(GENERATIONS)]
+        self.sums = [0.0] * GENERATIONS
+        self.longest = [0.0] * GENERATIONS
+        self._started = 0.0
+        self.last_scrape = -1e9  # time.monotonic() of the last scrape (its end)
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.record(info["generation"], time.perf_counter() - self._started)
+
+    def record(self, generation: int, seconds: float) -> None:
+        bucket = next((i for i, le in enumerate(BUCKETS) if seconds <= le), len(BUCKETS))
+        self.counts[generation][bucket] += 1
+        self.sums[generation] += seconds
+        self.longest[generation] = max(self.longest[generation], seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        """Registered after the other collectors: called as a scrape ends."""
+        self.last_scrape = time.monotonic()
+        pauses = HistogramMetricFamily(
+            "refcntd_gc_pause_seconds", "Python garbage collections of refcntd, by "
+            "generation, and how long each held the interpreter (a scrape waits)",
+            labels=["generation"])
+        longest = GaugeMetricFamily(
+            "refcntd_gc_longest_pause_seconds", "The longest collection so far, by generation",
+            labels=["generation"])
+        for gen in range(GENERATIONS):
+            cumulative, buckets = 0, []
+            for le, n in zip([*map(str, BUCKETS), "+Inf"], self.counts[gen], strict=True):
+                cumulative += n
+                buckets.append((le, cumulative))
+            pauses.add_metric([str(gen)], buckets, self.sums[gen])
+            longest.add_metric([str(gen)], self.longest[gen])
+        yield pauses
+        yield longest
+        yield GaugeMetricFamily("refcntd_gc_frozen_objects", "Objects kept out of the "
+                                "automatic collections' walk (gc.freeze)", gc.get_freeze_count())
+
+
+def freeze_new() -> None:
+    """After an attach: the young generations collected (milliseconds), then
+    everything frozen, the new tracer with it.  Its cycles are collected at the next
+    refreeze, which every detach makes."""
+    gc.collect(1)
+    gc.freeze()
+
+
+def refreeze() -> None:
+    """Collect everything (also what the last freeze kept: detached tracers), then
+    move what survives out of the automatic collections' walk."""
+    started = time.perf_counter()
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    log.info("garbage collector: %d objects frozen in %.0f ms", gc.get_freeze_count(),
+             (time.perf_counter() - started) * 1000)
+
+
+AFTER_SCRAPE_S = 1.0  # a pause started this soon after a scrape ends misses the next one
+NO_SCRAPES_S = 30.0  # nobody scraping (or rarely): a pause disturbs no one
+YOUNG_EVERY_S = 60.0  # freeze what the minute's caches added to generation 2
+FULL_EVERY_S = 600.0  # collect what those freezes kept (cycles that died meanwhile)
+NO_AUTOMATIC_FULL = 1 << 30  # gc's third threshold: full collections only by Freezer
+
+
+class Freezer:
+    """When the daemon's loop freezes: a full refreeze after a detach and every
+    FULL_EVERY_S; a young one at start-up, after an attach and every YOUNG_EVERY_S.  Either
+    waits for the moment just after a scrape, when the next one is furthest away
+    (Prometheus scrapes at a fixed interval), so a full pause and a scrape rarely meet."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        """Python's own full collections are turned off while it runs: after a freeze
+        they came every few seconds (its "25 % more long-lived objects" rule counts
+        from the few left unfrozen): 104 in 7 minutes of soak, 10 of them 50 ms or
+        more of CPU."""
+        self.pauses = pauses
+        self._thresholds = gc.get_threshold()
+        gc.set_threshold(self._thresholds[0], self._thresholds[1], NO_AUTOMATIC_FULL)
+        # start-up: a young freeze at once (milliseconds: the capture loop's first polls
+        # must not wait), the first full one after FULL_EVERY_S or a detach
+        self.full_due, self.young_due = False, True
+        self._next_full = time.monotonic() + FULL_EVERY_S
+        self._next_young = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        full = self.full_due or now >= self._next_full
+        if not (full or self.young_due or now >= self._next_young) or not self._quiet(now):
+            return
+        if full:
+            refreeze()
+            self._next_full = now + FULL_EVERY_S
+        else:
+            freeze_new()
+        self.full_due = self.young_due = False
+        self._next_young = now + YOUNG_EVERY_S
+
+    def close(self) -> None:
+        """Python's thresholds back (an in-process caller: tests)."""
+        gc.set_threshold(*self._thresholds)
+
+    def _quiet(self, now: float) -> bool:
+        since = now - self.pauses.last_scrape
+        return since < AFTER_SCRAPE_S or since > NO_SCRAPES_S
