@@ -97,6 +97,7 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
     """Fill o from refcntd's JSON (refcntd's own kept rules applied as the spec says now)."""
     from refcntd.analysis import kept
     from refcntd.inputs.spec import load_spec
+    from refcntd.outputs.policy import LATE, REACHABLE
     from refcntd.outputs.runjson import load_run
     from refcntd.session.exitscan import NOT_SCANNED
 
@@ -118,7 +119,8 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
             continue
         if lsan and proc.exit_status.startswith("killed"):
             proc.groups = []  # reported, not judged
-        proc.groups = [g for g in proc.groups if not (lsan and g.kind == "still reachable")]
+        # still reachable, or made by threads still running after the scan: not judged
+        proc.groups = [g for g in proc.groups if not (lsan and g.kind in (REACHABLE, LATE))]
         o.leaked += proc.leaked_objects
         who = proc.comm + ("" if proc.exit_status == "exit 0" else f", {proc.exit_status}")
         for g in proc.groups:
