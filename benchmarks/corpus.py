@@ -97,6 +97,7 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
     """Fill o from refcntd's JSON (refcntd's own kept rules applied as the spec says now)."""
     from refcntd.analysis import kept
     from refcntd.inputs.spec import load_spec
+    from refcntd.outputs.policy import LATE, REACHABLE
     from refcntd.outputs.runjson import load_run
     from refcntd.session.exitscan import NOT_SCANNED
 
@@ -118,11 +119,13 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
             continue
         if lsan and proc.exit_status.startswith("killed"):
             proc.groups = []  # reported, not judged
-        proc.groups = [g for g in proc.groups if not (lsan and g.kind == "still reachable")]
+        # still reachable, or made by threads still running after the scan: not judged
+        proc.groups = [g for g in proc.groups if not (lsan and g.kind in (REACHABLE, LATE))]
         o.leaked += proc.leaked_objects
         who = proc.comm + ("" if proc.exit_status == "exit 0" else f", {proc.exit_status}")
         for g in proc.groups:
-            o.findings.append(f"[{who}] leak {len(g.objects)} {g.type_name} at "
+            kind = f" ({g.kind})" if lsan and g.kind else " (no kind)" if lsan else ""
+            o.findings.append(f"[{who}] leak {len(g.objects)} {g.type_name}{kind} at "
                               f"{_where(g.frames)}")
         for a in proc.misuse:
             o.anomalies[a.kind] = o.anomalies.get(a.kind, 0) + a.occurrences
@@ -270,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the runs that were false findings in this results file")
     ap.add_argument("--clean-sample", type=int, default=0, metavar="N",
                     help="with --false-of: also N of its clean runs, evenly spaced")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS.json",
+                    help="one results file of these (a family at a time, then reruns): "
+                    "a later file's run replaces the same run of an earlier one")
     args = ap.parse_args(argv)
     if args.no_leak_kinds:
         NO_LEAK_KINDS.append("--no-leak-kinds")
@@ -282,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.monotonic()
     doc: dict[str, Any] = {"machine": machine(), "smoke": args.smoke, "specs": _head()}
-    if args.reevaluate:
+    if args.merge:
+        doc = merged(args.merge)
+        outcomes = [Outcome(**r) for r in doc["runs"]]
+    elif args.reevaluate:
         old = json.loads((args.out / f"{args.name}.json").read_text())
         outcomes = reevaluate(args.reevaluate, old)
         args.name = args.as_name or f"{args.name}-reevaluated"
@@ -293,12 +302,27 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = live(args)
         doc.update(seconds=round(time.monotonic() - start), reevaluated="")
     doc["runs"] = [asdict(o) for o in outcomes]
+    doc["before"] = args.compare.name if args.compare else ""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     before = json.loads(args.compare.read_text()) if args.compare else None
     (args.out / f"{args.name}.md").write_text(render_markdown(doc, before=before))
     print(render_markdown(doc, table_only=True, before=before))
     return 0
+
+
+def merged(files: list[Path]) -> dict[str, Any]:
+    """The runs of several results files, in first-seen order; a later file's run
+    replaces an earlier one's (the rerun of a false finding after a fix)."""
+    docs = [json.loads(f.read_text()) for f in files]
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for d in docs:
+        runs.update({(r["family"], r["name"]): r for r in d["runs"]})
+    return {"machine": docs[0]["machine"], "smoke": False, "specs": docs[-1].get("specs"),
+            "seconds": sum(d["seconds"] for d in docs),
+            "reevaluated": "merged from " + ", then ".join(
+                f"{f.name} (specs {d.get('specs', '?')}, {len(d['runs'])} runs)"
+                for f, d in zip(files, docs, strict=True)), "runs": list(runs.values())}
 
 
 def live(args: argparse.Namespace) -> list[Outcome]:

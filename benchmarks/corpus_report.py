@@ -25,6 +25,8 @@ CAIRO = "cairo's own surface caches (frames in libcairo's static functions)"
 D2I = "d2i_X509(&x, ...) re-initialising a live X509, then puts on the replaced record"
 TIMEOUT = "over 300 s under refcntd (millions of probed calls)"
 OTHER = "objects the program itself makes, alive at exit (not analysed one by one)"
+NO_PROBE = "no probe fired (issue 39's rule: INCOMPLETE, never clean)"
+LOST = "tracing incomplete: "  # + the run's loss, as refcntd words it
 FINDING_CAUSES = [
     (re.compile(r"^\[[^]]*, (killed|exit [1-9])"), KILLED),
     (re.compile(r"_get_default( |$)|g_io_module_new|libgio-2\.0\.so\.0\.7400\.6\+0x7eb56"),
@@ -43,8 +45,10 @@ def causes(run: dict[str, Any]) -> list[str]:
     found: dict[str, int] = {}
     if run["error"].startswith("timed out"):
         found[TIMEOUT] = 1
-    if any(k.startswith("objects re-initialised") for k in run["lost"]):
-        cause = D2I if run["spec"] == "openssl" else SINGLETON_CTOR
+    for loss in run["lost"]:
+        cause = (D2I if run["spec"] == "openssl" else SINGLETON_CTOR) \
+            if loss.startswith("objects re-initialised") else \
+            NO_PROBE if loss.startswith("no probe fired") else LOST + loss.split(" (")[0]
         found[cause] = found.get(cause, 0) + 1
     for finding in run["findings"]:
         cause = next((c for rx, c in FINDING_CAUSES if rx.search(finding)), OTHER)
@@ -98,8 +102,10 @@ def render_markdown(doc: dict[str, Any], table_only: bool = False,
     runs, old = doc["runs"], (before or {}).get("runs")
     if table_only:
         return table(runs, old)
-    how = (f"no program run: {doc['reevaluated']} classified again with the specs of "
-           f"{doc['specs']}" if doc["reevaluated"] else f"live runs, specs of {doc['specs']}")
+    how = (f"live runs, specs of {doc['specs']}" if not doc["reevaluated"] else
+           f"live runs {doc['reevaluated']}" if doc["reevaluated"].startswith("merged") else
+           f"no program run: {doc['reevaluated']} classified again with the specs of "
+           f"{doc['specs']}")
     out = ["# Corpus of real programs under refcntd", "",
            f"Machine: {doc['machine']}", "",
            f"`benchmarks/corpus.py{' --smoke' if doc['smoke'] else ''}`: {len(runs)} runs, "
@@ -107,7 +113,8 @@ def render_markdown(doc: dict[str, Any], table_only: bool = False,
            "(refcntd error > INCOMPLETE > anomaly > leak > clean); against the truth "
            "(GStreamer's leaks tracer for gst-launch-1.0, otherwise a program upstream "
            "keeps clean) it is right or a **false finding**."
-           + (" Before: the results in corpus.md, same runs." if old else ""), "",
+           + (f" Before: the results in {doc.get('before') or 'corpus.md'}, same runs."
+              if old else ""), "",
            table(runs, old), "", "Suspected causes (a run may have several):", "",
            cause_table(runs, old), ""]
     false = [r for r in runs if r["false"]]

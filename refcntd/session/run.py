@@ -16,6 +16,7 @@ from refcntd.binary.plan import Plan
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.procctl import die_with_parent
 from refcntd.session.options import Credentials, TraceOptions
+from refcntd.session.status import mapped_probed
 from refcntd.session.tracer import Tracer
 from refcntd.session.unwind import command_path
 
@@ -37,17 +38,26 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
         with _forward_signals(child):
             _trace_until_done(tracer, child, opts.descendant_grace_s)
         result.command_status = _shell_status(child.wait(30.0))
-        return _nothing_fired(tracer.finish(result))
+        mapped = mapped_probed(plan, tracer.loaded | tracer.execd)
+        return _nothing_fired(tracer.finish(result), mapped)
 
 
 NOTHING_FIRED = ("no probe fired in this run: nothing the spec describes was counted (the "
                  "notes say which roles never fired)")
 
 
-def _nothing_fired(result: RunResult) -> RunResult:
-    """A run whose probes never fired audited nothing: incomplete, never clean (a spec
-    naming a copy of the library the command does not load, a test that never ran)."""
-    if result.tracing.probes and not any(p.hits > 0 for p in result.tracing.probes):
+def _nothing_fired(result: RunResult, mapped: list[str]) -> RunResult:
+    """A run whose probes never fired, in a file no traced process mapped, audited
+    nothing: incomplete, never clean (a spec naming a copy of the library the command
+    does not load, a test that never ran).  Where a traced process mapped a probed file
+    the probes were armed: it made none of the spec's objects, said in a note."""
+    if not result.tracing.probes or any(p.hits > 0 for p in result.tracing.probes):
+        return result
+    if mapped:
+        result.tracing.notes.append(f"no probe fired in this run: traced processes mapped "
+                                    f"{', '.join(mapped)} and never called the spec's "
+                                    "functions (nothing to count)")
+    else:
         result.tracing.lost[NOTHING_FIRED] = 1
     return result
 

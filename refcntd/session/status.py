@@ -4,6 +4,7 @@ spec entries that never fired."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -55,6 +56,24 @@ def unprobed_copies(plan: Plan, hits: list[int], loaded: Iterable[str]) -> dict[
                 f"({plan.named.get(module, module)}): name the loaded copy in the spec's "
                 "`library:`"] = len(roles)
     return out
+
+
+def mapped_probed(plan: Plan, paths: Iterable[str]) -> list[str]:
+    """The probed files a traced process mapped (ld.so's list, an exec), by identity
+    (ld.so names a library by its soname link): there the probes were armed, so none
+    firing means the process never called the spec's functions, not that it went unseen."""
+    probed = {_identity(m): m for m in {s.module for s in plan.sites}}
+    probed.pop(None, None)
+    return sorted({probed[i] for i in map(_identity, filter(os.path.isabs, paths))
+                   if i in probed})
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:  # gone, or in a mount namespace refcntd does not see
+        return None
+    return st.st_dev, st.st_ino
 
 
 Key = tuple[str, tuple[str, ...], str | None]

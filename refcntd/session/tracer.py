@@ -109,6 +109,7 @@ class Tracer:
         self.filtered = filtered
         self.reports: list[ProcessReport] = []
         self.loaded: set[str] = set()  # libraries ld.so reported loaded in traced processes
+        self.execd: set[str] = set()  # programs traced processes exec'd
         self._keep_reports = keep_reports
         self._exits_not_seen = 0  # reports whose process's exit was not seen
         self._on_report = on_report
@@ -249,6 +250,7 @@ class Tracer:
             return
         if ev.kind == EventKind.EXECVE:
             self.index.watch_process(ev.tgid)  # it may have entered a container
+            self.execd.add(ev.path)
         if ev.kind == EventKind.FORK:
             self.index.inherit_root(ev.tgid, ev.pid)
         if ev.kind == EventKind.EXECVE and ev.path.startswith("/") and self.filtered:

@@ -117,3 +117,23 @@ def test_a_run_where_no_probe_fired_is_incomplete(bpf, tmp_path):
         code, err, report = run(spec, ["/bin/true"], tmp_path / "r.json", strict)
         assert code == 24, err
         assert any(k.startswith("no probe fired in this run") for k in report["tracing"]["lost"])
+
+
+@pytest.mark.parametrize("via_shell", [False, True])
+def test_a_run_that_maps_the_library_and_never_calls_it_is_complete(bpf, tmp_path, via_shell):
+    """`bufprog 0` loads the spec's library and handles no request: the probes were armed
+    in a process that made no buffer, so nothing was missed: exit 0 with a note naming
+    the file, not INCOMPLETE (GLib's tests `enums`, `closure` link libgobject and make no
+    GObject).  Directly or exec'd by a shell.  --strict still never passes a run where no
+    probe fired (issue 39)."""
+    _named, loaded, prog = two_copies(tmp_path / "t")
+    spec = confirmed_draft(loaded, tmp_path / "draft.yaml", str(loaded))
+    command = ["/bin/sh", "-c", f"{prog} 0; true"] if via_shell else [str(prog), "0"]
+    code, err, report = run(spec, command, tmp_path / "r.json", False)
+    assert code == 0, err
+    assert report["tracing"]["lost"] == {}
+    assert all(p["hits"] == 0 for p in report["tracing"]["probes"])
+    (note,) = [n for n in report["tracing"]["notes"] if n.startswith("no probe fired")]
+    assert f"traced processes mapped {loaded}" in note and "never called" in note, note
+    code, err, _ = run(spec, command, tmp_path / "strict.json", True)
+    assert code == 24 and "--strict: no probe fired" in err, err
