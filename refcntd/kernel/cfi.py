@@ -41,9 +41,11 @@ CACHE_VERSION = b"refcntd-cfi-2\n"  # 2: _start kept its end row (see _parse_rea
 FP_SHARE = 0.7  # FDEs using rbp as CFA base in a frame-pointer build (leaf stubs use rsp)
 READELF = "/usr/bin/readelf"  # binutils; never looked up in PATH
 
-_FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) "
-                  r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
-_CIE = re.compile(r"^([0-9a-f]+) [0-9a-f]+ [0-9a-f]+ CIE")
+# readelf's entry headers: (cie offset, pc start, pc end) and (cie offset); also
+# reach/exitframes.py's
+FDE_LINE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) "
+                      r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
+CIE_LINE = re.compile(r"^([0-9a-f]+) [0-9a-f]+ [0-9a-f]+ CIE")
 _LOC = re.compile(r"^[0-9a-f]{8,16} ")
 _REG_OFF = re.compile(r"^(rsp|rbp)\+(-?\d+)$")
 
@@ -85,7 +87,7 @@ def load_table(path: str, cache_dir: Path | None = None) -> CfiTable:
         if cached is not None:
             return cached
         started = time.monotonic()
-        table = compile_table(path, image, build_id, _readelf(module.fd_path))
+        table = compile_table(path, image, build_id, readelf_frames(module.fd_path))
     table = CfiTable(table.build_id, table.rows, table.has_frame_pointers, table.text_offset,
                      time.monotonic() - started)
     _write_cache(cache, table)
@@ -93,7 +95,7 @@ def load_table(path: str, cache_dir: Path | None = None) -> CfiTable:
 
 
 def compile_table(path: str, image: ElfImage, build_id: bytes, frames: list[str]) -> CfiTable:
-    """`frames`: readelf's evaluated CFI of the file (`_readelf`)."""
+    """`frames`: readelf's evaluated CFI of the file (`readelf_frames`)."""
     text = [s for s in image.segments if s.executable]
     if not text:
         raise BinaryError(f"{path}: no executable segment")
@@ -130,12 +132,13 @@ def _to_offset(text: list[Segment], vaddr: int) -> int:
     return -1
 
 
-def _readelf(fd_path: str) -> list[str]:
-    """readelf on /proc/self/fd/N (the descriptor is passed on: it reads that file)."""
+def readelf_frames(fd_path: str, timeout: float = 600) -> list[str]:
+    """readelf's evaluated CFI of /proc/self/fd/N (the descriptor is passed on: it reads
+    that file); BinaryError if readelf cannot run."""
     fd = int(fd_path.rsplit("/", 1)[1])
     try:
         out = subprocess.run([READELF, "--debug-dump=frames-interp", "--", fd_path],
-                             capture_output=True, text=True, timeout=600, pass_fds=(fd,),
+                             capture_output=True, text=True, timeout=timeout, pass_fds=(fd,),
                              stdin=subprocess.DEVNULL, env={"LC_ALL": "C", "PATH": "/usr/bin"})
     except (OSError, subprocess.SubprocessError) as err:
         raise BinaryError(f"readelf failed ({err})") from None
@@ -155,9 +158,9 @@ def _parse_readelf(lines: list[str], plt: list[tuple[int, int]]) -> list[_Fde]:
     fde: _Fde | None = None
     cie_of_fde = ""
     for line in lines:
-        if m := _CIE.match(line):
+        if m := CIE_LINE.match(line):
             current, fde = cies.setdefault(m[1], []), None
-        elif m := _FDE.match(line):
+        elif m := FDE_LINE.match(line):
             fde = _Fde(int(m[2], 16), int(m[3], 16), [])
             current, cie_of_fde = fde.rows, m[1]
             if fde.start:

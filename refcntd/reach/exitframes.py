@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from bisect import bisect_right
 from dataclasses import dataclass
 from functools import cache
@@ -29,14 +28,11 @@ from functools import cache
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
 from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
-from refcntd.kernel.cfi import READELF
+from refcntd.kernel.cfi import CIE_LINE, FDE_LINE, readelf_frames
 from refcntd.reach.memory import Mapping, ProcessMemory
 
 EXIT_PATH_FRAMES = 4  # _exit, __run_exit_handlers, exit (and one spare)
 SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")  # callee-saved on x86-64
-_FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) "
-                  r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
-_CIE = re.compile(r"^([0-9a-f]+) [0-9a-f]+ [0-9a-f]+ CIE")
 _ROW = re.compile(r"^([0-9a-f]{8,16}) +(\S+)")
 _RSP = re.compile(r"^rsp\+(\d+)$")
 
@@ -115,18 +111,14 @@ def _frames(path: str) -> _Table | None:
     try:
         with open_untrusted(path, ELF_LIMIT, what="module", follow_symlinks=True) as libc:
             image = ElfImage(libc.fd_path)
-            fd = int(libc.fd_path.rsplit("/", 1)[1])
-            out = subprocess.run([READELF, "--debug-dump=frames-interp", "--", libc.fd_path],
-                                 capture_output=True, text=True, timeout=60, pass_fds=(fd,),
-                                 stdin=subprocess.DEVNULL,
-                                 env={"LC_ALL": "C", "PATH": "/usr/bin"})
-    except (UntrustedFileError, BinaryError, OSError, subprocess.SubprocessError):
+            lines = readelf_frames(libc.fd_path, timeout=60)
+    except (UntrustedFileError, BinaryError, OSError):
         return None
     base = image.min_vaddr()
     functions = {name: (s.vaddr - base, s.vaddr - base + s.size)
                  for name in ("exit", "_exit") for s in image.symbols.get(name, [])[:1]}
     fdes = [(lo - base, hi - base, [Row(r.pc - base, r.cfa, r.saved) for r in rows])
-            for lo, hi, rows in _parse(out.stdout.splitlines())]
+            for lo, hi, rows in _parse(lines)]
     fdes.sort(key=lambda f: f[0])
     return _Table([f[0] for f in fdes], fdes, functions)
 
@@ -139,9 +131,9 @@ def _parse(lines: list[str]) -> list[tuple[int, int, list[Row]]]:
     rows: list[Row] | None = None
     columns: list[str] = []
     for line in lines:
-        if m := _CIE.match(line):
+        if m := CIE_LINE.match(line):
             rows = cies.setdefault(m[1].lstrip("0"), [])
-        elif m := _FDE.match(line):
+        elif m := FDE_LINE.match(line):
             lo = int(m[2], 16)
             rows = []
             out.append((lo, int(m[3], 16), rows))
