@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     ready = httpserver.Readiness()
     try:
         httpserver.start(config.listen_host, config.listen_port, registry, ready, daemon.status,
-                         daemon.views.routes(config.web.enable_checkpoint), config.web)
+                         daemon.views.routes(config.web.enable_checkpoint), config.web,
+                         daemon.scrapes)
     except ssl.SSLError as err:
         raise UsageError(f"TLS of {config.web.config_file}: {err.reason or err}",
                          "check cert_file and key_file") from None

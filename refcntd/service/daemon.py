@@ -26,6 +26,7 @@ from refcntd.service import checkpoint, malloc
 from refcntd.service.gcpauses import Freezer, GcPauses
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
+from refcntd.service.scrapeclock import ScrapeClock
 from refcntd.service.sharedlock import SharedLock
 from refcntd.service.systemd import sd_notify
 from refcntd.service.targets import TargetRuntime, Targets
@@ -58,7 +59,8 @@ class Daemon:
         self._pending_execs: list[tuple[int, str]] = []
         self.gc_pauses = GcPauses()  # a Prometheus collector: what the collector costs
         self.gc_pauses.install()
-        self.freezer = Freezer(self.gc_pauses)
+        self.scrapes = ScrapeClock()  # when HTTP readers are due: fed by the HTTP server
+        self.freezer = Freezer(self.gc_pauses, self.scrapes)
         self._frozen_at = (0, 0)  # (attached, detached) told to the freezer
 
     # ---- lifecycle -----------------------------------------------------------

@@ -7,7 +7,7 @@ and a scrape arriving meanwhile waited for it (benchmarks/results/soak-gc.md).
 Most of those objects live as long as the process: modules, classes, the attached
 tracers' symbol tables, bounded caches.  `refreeze()` moves the survivors of a full
 collection into the permanent generation (`gc.freeze()`), and `freeze_new()` what
-came since; `Freezer` says when, in the daemon's own loop and just after a scrape,
+came since; `Freezer` says when, in the daemon's own loop at a moment no scrape is due,
 and turns Python's own full collections off (its young ones stay: under 10 ms).
 
 The permanent generation is never collected: a detached tracer's reference
@@ -27,7 +27,14 @@ import logging
 import time
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from refcntd.service.scrapeclock import ScrapeClock
 
 log = logging.getLogger("refcntd")
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -44,10 +51,10 @@ class GcPauses:
         self.sums = [0.0] * GENERATIONS
         self.longest = [0.0] * GENERATIONS
         self._started = 0.0
-        self.last_scrape = -1e9  # time.monotonic() of the last scrape (its end)
         # as counted after the last freeze: gc.get_freeze_count() walks the permanent
         # generation's list (226 000 objects in the soak: ~35 ms of GIL per scrape)
         self.frozen = 0
+        self.forced = 0  # freezes taken after MAX_WAIT_S with a reader due (Freezer)
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -70,8 +77,6 @@ class GcPauses:
         self.longest[generation] = max(self.longest[generation], seconds)
 
     def collect(self) -> Iterator[Metric]:
-        """Registered after the other collectors: called as a scrape ends."""
-        self.last_scrape = time.monotonic()
         pauses = HistogramMetricFamily(
             "refcntd_gc_pause_seconds", "Python garbage collections of refcntd, by "
             "generation, and how long each held the interpreter (a scrape waits)",
@@ -91,6 +96,9 @@ class GcPauses:
         yield GaugeMetricFamily("refcntd_gc_frozen_objects", "Objects kept out of the "
                                 "automatic collections' walk (gc.freeze), counted at the "
                                 "last freeze", self.frozen)
+        yield CounterMetricFamily("refcntd_gc_unscheduled_pauses", "Freezes taken while "
+                                  "an HTTP reader was due, after waiting the longest "
+                                  "allowed for a moment none was", self.forced)
 
 
 def freeze_new() -> int:
@@ -115,25 +123,28 @@ def refreeze() -> int:
     return frozen
 
 
-AFTER_SCRAPE_S = 1.0  # a pause started this soon after a scrape ends misses the next one
-NO_SCRAPES_S = 30.0  # nobody scraping (or rarely): a pause disturbs no one
 YOUNG_EVERY_S = 60.0  # freeze what the minute's caches added to generation 2
 FULL_EVERY_S = 600.0  # collect what those freezes kept (cycles that died meanwhile)
 NO_AUTOMATIC_FULL = 1 << 30  # gc's third threshold: full collections only by Freezer
+# a due freeze waits for a moment no reader is due; this long at most (many readers,
+# no gap wide enough): then it is taken anyway
+MAX_WAIT_S = 120.0
+SAFETY = 1.5  # the expected pause: the last one of its kind, times this
 
 
 class Freezer:
     """When the daemon's loop freezes: a full refreeze after a detach and every
     FULL_EVERY_S; a young one at start-up, after an attach and every YOUNG_EVERY_S.  Either
-    waits for the moment just after a scrape, when the next one is furthest away
-    (Prometheus scrapes at a fixed interval), so a full pause and a scrape rarely meet."""
+    waits until no HTTP reader (Prometheus, a poller) is due within the pause it
+    expects, from `ScrapeClock`, so a pause and a scrape rarely meet."""
 
-    def __init__(self, pauses: GcPauses) -> None:
+    def __init__(self, pauses: GcPauses, clock: ScrapeClock) -> None:
         """Python's own full collections are turned off while it runs: after a freeze
         they came every few seconds (its "25 % more long-lived objects" rule counts
         from the few left unfrozen): 104 in 7 minutes of soak, 10 of them 50 ms or
         more of CPU."""
         self.pauses = pauses
+        self.clock = clock
         self._thresholds = gc.get_threshold()
         gc.set_threshold(self._thresholds[0], self._thresholds[1], NO_AUTOMATIC_FULL)
         # start-up: a young freeze at once (milliseconds: the capture loop's first polls
@@ -141,24 +152,30 @@ class Freezer:
         self.full_due, self.young_due = False, True
         self._next_full = time.monotonic() + FULL_EVERY_S
         self._next_young = 0.0
+        self._due_since: float | None = None
+        self.expected = {"full": 0.3, "young": 0.05}  # seconds, until one is measured
 
     def tick(self) -> None:
         now = time.monotonic()
         full = self.full_due or now >= self._next_full
-        if not (full or self.young_due or now >= self._next_young) or not self._quiet(now):
+        if not (full or self.young_due or now >= self._next_young):
+            self._due_since = None
             return
+        kind = "full" if full else "young"
+        self._due_since = now if self._due_since is None else self._due_since
+        if not self.clock.clear_for(self.expected[kind] * SAFETY, now):
+            if now - self._due_since < MAX_WAIT_S:
+                return
+            self.pauses.forced += 1
+        started = time.perf_counter()
+        self.pauses.frozen = refreeze() if full else freeze_new()
+        self.expected[kind] = time.perf_counter() - started
         if full:
-            self.pauses.frozen = refreeze()
             self._next_full = now + FULL_EVERY_S
-        else:
-            self.pauses.frozen = freeze_new()
         self.full_due = self.young_due = False
         self._next_young = now + YOUNG_EVERY_S
+        self._due_since = None
 
     def close(self) -> None:
         """Python's thresholds back (an in-process caller: tests)."""
         gc.set_threshold(*self._thresholds)
-
-    def _quiet(self, now: float) -> bool:
-        since = now - self.pauses.last_scrape
-        return since < AFTER_SCRAPE_S or since > NO_SCRAPES_S

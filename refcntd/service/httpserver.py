@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from refcntd import __version__
 from refcntd.inputs.webconfig import Tls, WebOptions
+from refcntd.service.scrapeclock import ScrapeClock
 
 log = logging.getLogger("refcntd")
 WRITE_TIMEOUT_S = 30.0  # per send once the head is read: a large /live body to a slow reader
@@ -259,8 +260,21 @@ def _is_loopback(host: str) -> bool:
 
 def application(registry: CollectorRegistry, ready: Readiness,
                 status: Callable[[], dict[str, Any]] = dict,
-                routes: Routes | None = None, gate: Gate | None = None) -> WSGIApplication:
+                routes: Routes | None = None, gate: Gate | None = None,
+                clock: ScrapeClock | None = None) -> WSGIApplication:
     metrics: WSGIApplication = make_wsgi_app(registry)
+
+    def timed(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        """Each reader's requests feed `clock`: when the next is due (scrapeclock.py).
+        The body is built here, not while the server writes it."""
+        if clock is None:
+            return app(environ, start_response)
+        clock.started(environ.get("REMOTE_ADDR", ""), environ.get("HTTP_USER_AGENT", ""),
+                      environ.get("PATH_INFO", "/"))
+        try:
+            return list(app(environ, start_response))
+        finally:
+            clock.ended()
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         refused = gate.refusal(environ) if gate is not None else None
@@ -291,16 +305,16 @@ def application(registry: CollectorRegistry, ready: Readiness,
             return [LANDING]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found; see /metrics\n"]
-    return app
+    return timed
 
 
 def start(host: str, port: int, registry: CollectorRegistry, ready: Readiness,
           status: Callable[[], dict[str, Any]] = dict, routes: Routes | None = None,
-          web: WebOptions | None = None) -> WSGIServer:
+          web: WebOptions | None = None, clock: ScrapeClock | None = None) -> WSGIServer:
     """Serve in a daemon thread; raises OSError when the address cannot be bound or a
     TLS file cannot be read."""
     web = web if web is not None else WebOptions()
     server = _Server((host, port), web)
-    server.set_app(application(registry, ready, status, routes, Gate(host, web)))
+    server.set_app(application(registry, ready, status, routes, Gate(host, web), clock))
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from refcntd.service import gcpauses
 from refcntd.service.gcpauses import Freezer, GcPauses, refreeze
+from refcntd.service.scrapeclock import ScrapeClock
 
 
 def _sample(text: str, name: str) -> float:
@@ -80,23 +81,67 @@ class _Clock:
 def _freezer(monkeypatch) -> tuple[Freezer, _Clock, list[str]]:  # noqa: ANN001
     clock, calls = _Clock(), []
     monkeypatch.setattr(gcpauses, "time", clock)
-    monkeypatch.setattr(gcpauses, "refreeze", lambda: calls.append("full") or 7)
-    monkeypatch.setattr(gcpauses, "freeze_new", lambda: calls.append("young") or 5)
+
+    def pause(kind: str, seconds: float, frozen: int) -> int:
+        calls.append(kind)
+        clock.now += seconds  # what the freezer measures, and expects next time
+        return frozen
+    monkeypatch.setattr(gcpauses, "refreeze", lambda: pause("full", 0.3, 7))
+    monkeypatch.setattr(gcpauses, "freeze_new", lambda: pause("young", 0.01, 5))
     monkeypatch.setattr(gc, "set_threshold", lambda *_: None)  # the test's own stay
-    return Freezer(GcPauses()), clock, calls
+    return Freezer(GcPauses(), ScrapeClock()), clock, calls
 
 
-def test_a_freeze_waits_for_the_moment_after_a_scrape(monkeypatch):
-    """Prometheus scrapes every few seconds: a pause started within a second of a
-    scrape's end is furthest from the next one."""
+def _read(freezer: Freezer, clock: _Clock, agent: str) -> None:
+    freezer.clock.started("127.0.0.1", agent, "/metrics", clock.now)
+    freezer.clock.ended()
+
+
+def test_a_pause_never_meets_a_due_reader(monkeypatch):
+    """The hour's soak: Prometheus every 5 s, and a sampler reading /metrics once a
+    minute 0.2 s before one of Prometheus's scrapes.  "Just after a scrape" was then
+    just before the next.  Every freeze must start where neither is due within the
+    pause it expects (0.3 s for a full one, before one is measured)."""
     freezer, clock, calls = _freezer(monkeypatch)
-    freezer.pauses.last_scrape = clock.now - 2.0
-    freezer.tick()
-    assert calls == []  # start-up's young freeze is due, but a scrape may be near
-    list(freezer.pauses.collect())  # a scrape ends
-    clock.now += 0.5
-    freezer.tick()
-    assert calls == ["young"]
+    freezer.full_due = True
+    starts = []
+    for step in range(20 * 60 * 20):  # 20 minutes, a tick every 50 ms
+        clock.now = 1000.0 + step * 0.05
+        in_period = round(clock.now - 1000.0, 2)
+        if in_period % 5 == 0:
+            _read(freezer, clock, "Prometheus/2.42.0")
+        if in_period % 60 == 4.8:
+            _read(freezer, clock, "Python-urllib/3.11")
+        before = len(calls)
+        freezer.tick()
+        if len(calls) > before:
+            starts.append(in_period)
+        if round(in_period % 300, 2) == 4.7:
+            freezer.full_due = True  # a detach every five minutes, just before the sampler
+    assert calls.count("full") >= 5 and calls.count("young") >= 10, calls
+    for at, kind in zip(starts, calls, strict=True):
+        if at < 125:  # the sampler's period is known from its third read (124.8 s)
+            continue
+        to_prometheus = 5 - at % 5
+        to_sampler = (4.8 - at) % 60
+        pause = 0.3 if kind == "full" else 0.01
+        assert min(to_prometheus, to_sampler) > pause, (at, kind, to_prometheus, to_sampler)
+    assert freezer.pauses.forced == 0
+
+
+def test_a_pause_waits_at_most_max_wait(monkeypatch):
+    """Readers that leave no gap as wide as the pause: it is taken anyway, counted."""
+    freezer, clock, calls = _freezer(monkeypatch)
+    for step in range(int(gcpauses.MAX_WAIT_S / 0.05) + 40):
+        clock.now = 1000.0 + step * 0.05
+        if step % 4 == 0:  # a reader every 0.2 s: never 0.45 s clear
+            _read(freezer, clock, "busy")
+        if step == 10:
+            freezer.full_due = True
+        freezer.tick()
+        if step == int(gcpauses.MAX_WAIT_S / 0.05):
+            assert "full" not in calls  # young ones fit between the reads; a full one not
+    assert calls.count("full") == 1 and freezer.pauses.forced == 1
 
 
 def test_young_every_minute_full_every_ten_and_at_a_detach(monkeypatch):
@@ -114,7 +159,7 @@ def test_young_every_minute_full_every_ten_and_at_a_detach(monkeypatch):
 
 def test_python_makes_no_full_collection_of_its_own_while_a_freezer_runs():
     before = gc.get_threshold()
-    freezer = Freezer(GcPauses())
+    freezer = Freezer(GcPauses(), ScrapeClock())
     try:
         assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 1 << 20
     finally:
@@ -127,7 +172,6 @@ def test_a_scrape_does_not_count_the_frozen_objects(monkeypatch):
     held (about 35 ms per scrape at 226 000 objects in the hour's soak): the gauge is
     the count taken at the last freeze."""
     freezer, clock, calls = _freezer(monkeypatch)
-    freezer.pauses.last_scrape = clock.now - 0.5
     freezer.tick()
     assert calls == ["young"]
 
