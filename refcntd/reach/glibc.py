@@ -88,12 +88,21 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
         for arena in [a for a in arenas if a] + ([main] if main else []):
             free |= _fastbin_chunks(mem, arena, heap)
         free |= _tcache_chunks(mem, heap.starts, heap.ends)
-        keep = ~np.isin(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
+        keep = ~_members(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
         heap.free_chunks = len(keep) - int(np.count_nonzero(keep))
         heap.freed, heap.freed_ends = heap.starts[~keep], heap.ends[~keep]
         heap.starts, heap.ends, heap.tails = (a[keep] for a in (heap.starts, heap.ends,
                                                                heap.tails))
     return heap
+
+
+def _members(items: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """np.isin for a sorted set: a binary search each, without isin's sort of both
+    (a third of perf report's exit scan, with 10^5 chunks in its fastbins)."""
+    if not len(sorted_set):
+        return np.zeros(len(items), bool)
+    at = np.minimum(np.searchsorted(sorted_set, items), len(sorted_set) - 1)
+    return sorted_set[at] == items
 
 
 def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

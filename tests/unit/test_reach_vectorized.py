@@ -159,3 +159,16 @@ def test_torn_heap_is_refused() -> None:
     mem.words[(truth[2000][0] - mem.base) // 8 + 1] = 8  # a size that cannot be
     end = truth[-1][0] + truth[-1][1]
     assert chunks.walk(mem, truth[0][0], end) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_freed_chunks_are_matched_as_isin_does(seed):
+    """The chunks in fastbins and tcaches, left out of the heap by a binary search
+    per chunk (glibc._members), the same as numpy's isin."""
+    from refcntd.reach.glibc import _members
+    rng = np.random.default_rng(seed)
+    items = np.sort(rng.choice(1 << 20, 5000, replace=False).astype(np.uint64) * 16)
+    free = np.unique(np.concatenate([rng.choice(items, int(rng.integers(0, 2000))),
+                                     rng.integers(0, 1 << 24, 50).astype(np.uint64)]))
+    assert (_members(items, free) == np.isin(items, free)).all()
+    assert not _members(items, free[:0]).any()
