@@ -38,7 +38,7 @@ INLINED = "inlined"
 
 def _stripped(kept: list[Any]) -> list[Any]:
     """One process's inference inputs without inlined frames."""
-    from refcntd.analysis.attribution import PathOp
+    from refcntd.analysis.pathops import PathOp
     from refcntd.analysis.verdicts import Evidence
 
     def op(o: PathOp) -> PathOp:

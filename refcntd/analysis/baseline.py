@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from refcntd.analysis.attribution import FOUND, UNKNOWN, Verdict
+from refcntd.analysis.attribution import FOUND, UNKNOWN
+from refcntd.analysis.judging import Verdict
 from refcntd.analysis.model import LeakGroup, LeakKey, ProcessReport, RunResult, owned_objects
 from refcntd.analysis.ownership import CYCLE, INDIRECT
 from refcntd.analysis.regression import Regression, consequence, regression

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from refcntd.analysis.attribution import EXTRA_GET, Culprit, func_key
 from refcntd.analysis.model import LeakGroup
+from refcntd.analysis.pathops import EXTRA_GET, Culprit, func_key
 from refcntd.symbolize.exits import ExitWalk, own_line
 from refcntd.symbolize.lines import Location
 from refcntd.symbolize.symbolizer import Frame, Symbolizer

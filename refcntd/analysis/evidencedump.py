@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from refcntd.analysis.attribution import PathOp
 from refcntd.analysis.model import LeakedObject, LeakGroup, LeakKey
+from refcntd.analysis.pathops import PathOp
 from refcntd.analysis.verdicts import Evidence
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame

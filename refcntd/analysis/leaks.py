@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from refcntd.analysis import evidencedump
-from refcntd.analysis.attribution import PathOp
 from refcntd.analysis.culpritlines import place_lines
 from refcntd.analysis.model import (
     AnomalyFinding,
@@ -22,6 +21,7 @@ from refcntd.analysis.model import (
     SiteGroup,
     StackUnwind,
 )
+from refcntd.analysis.pathops import PathOp
 from refcntd.analysis.tailcalls import with_tail_calls
 from refcntd.analysis.verdicts import Evidence, evidence_gap, judge_process
 from refcntd.kernel.abi import TRUNCATION_TEXT, UNWINDMETHOD_TEXT, Role, Truncation

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from refcntd.analysis.attribution import Culprit, PathOp, Verdict
+from refcntd.analysis.judging import Verdict
+from refcntd.analysis.pathops import Culprit, PathOp
 from refcntd.kernel.abi import Stat
 from refcntd.symbolize.symbolizer import Frame
 

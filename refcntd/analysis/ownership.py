@@ -25,13 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from refcntd.analysis.attribution import (
-    START_FUNCTIONS,
-    FuncKey,
-    PairedGroup,
-    PathOp,
-    reference_holder,
-)
+from refcntd.analysis.attribution import reference_holder
+from refcntd.analysis.judging import PairedGroup
+from refcntd.analysis.pathops import START_FUNCTIONS, FuncKey, PathOp
 from refcntd.kernel.abi import Role
 
 DIRECT, INDIRECT, CYCLE = "direct", "indirect", "cycle"

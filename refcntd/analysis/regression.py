@@ -31,16 +31,15 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from refcntd.analysis.attribution import (
+from refcntd.analysis.apinames import api_class, name_words
+from refcntd.analysis.pathops import (
     EXTRA_GET,
     MISSING_PUT,
     Culprit,
     FuncKey,
     PathOp,
-    api_class,
     func_key,
     is_get,
-    name_words,
 )
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame

@@ -11,15 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from refcntd.analysis.attribution import (
-    UNKNOWN,
-    Culprit,
-    FuncKey,
-    PairedGroup,
-    PathOp,
-    Verdict,
-    judge,
-)
+from refcntd.analysis.attribution import UNKNOWN
+from refcntd.analysis.judging import PairedGroup, Verdict, judge
 from refcntd.analysis.model import Holder, LeakedObject, LeakGroup, LeakKey
 from refcntd.analysis.ownership import (
     CYCLE,
@@ -29,6 +22,7 @@ from refcntd.analysis.ownership import (
     Ownership,
     ownership,
 )
+from refcntd.analysis.pathops import Culprit, FuncKey, PathOp
 from refcntd.kernel.abi import Role
 
 

@@ -8,9 +8,9 @@ from typing import TextIO
 from xml.etree import ElementTree as ET
 
 from refcntd import __version__
-from refcntd.analysis.attribution import MISSING_PUT, Culprit
 from refcntd.analysis.culpritlines import last_use_line, put_line
 from refcntd.analysis.model import ANOMALY_TEXT, RunResult
+from refcntd.analysis.pathops import MISSING_PUT, Culprit
 from refcntd.errors import UsageError
 from refcntd.inputs.outputfile import output_file
 from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 
-from refcntd.analysis.attribution import Culprit
 from refcntd.analysis.culpritlines import (
     culprit_line,
     exit_lines,
@@ -25,6 +24,7 @@ from refcntd.analysis.model import (
     TracingStatus,
     owned_objects,
 )
+from refcntd.analysis.pathops import Culprit
 from refcntd.symbolize.symbolizer import Frame
 from refcntd.text import visible
 

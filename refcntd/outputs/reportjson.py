@@ -11,7 +11,6 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 from refcntd import __version__
-from refcntd.analysis.attribution import Culprit, PathOp
 from refcntd.analysis.culpritlines import culprit_line, exit_lines, last_use_line, put_line
 from refcntd.analysis.model import (
     AnomalyFinding,
@@ -24,6 +23,7 @@ from refcntd.analysis.model import (
     StackUnwind,
     TracingStatus,
 )
+from refcntd.analysis.pathops import Culprit, PathOp
 from refcntd.inputs.outputfile import output_file
 from refcntd.outputs.jsontypes import (
     AnomalyJson,

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
-from refcntd.analysis.attribution import Culprit, PathOp, Verdict
+from refcntd.analysis.judging import Verdict
 from refcntd.analysis.model import (
     AnomalyFinding,
     HistoryStep,
@@ -20,6 +20,7 @@ from refcntd.analysis.model import (
     StackUnwind,
     TracingStatus,
 )
+from refcntd.analysis.pathops import Culprit, PathOp
 from refcntd.errors import UsageError
 from refcntd.inputs.files import REPORT_LIMIT, read_text
 from refcntd.kernel.abi import Role

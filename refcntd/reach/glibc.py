@@ -102,7 +102,8 @@ def _members(items: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     if not len(sorted_set):
         return np.zeros(len(items), bool)
     at = np.minimum(np.searchsorted(sorted_set, items), len(sorted_set) - 1)
-    return sorted_set[at] == items
+    found: np.ndarray = sorted_set[at] == items
+    return found
 
 
 def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import (
-    EXTRA_GET,
-    MISSING_PUT,
-    Baseline,
-    PathOp,
-    attribute,
-    reference_sources,
-    verdict,
-)
+from refcntd.analysis.attribution import Baseline, verdict
+from refcntd.analysis.judging import attribute
+from refcntd.analysis.pairing import reference_sources
+from refcntd.analysis.pathops import EXTRA_GET, MISSING_PUT, PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 
@@ -86,7 +81,7 @@ def test_without_released_objects_matched_pairs_reveal_getters():
 
 
 def test_put_wrappers_are_reference_sinks():
-    from refcntd.analysis.attribution import reference_sinks
+    from refcntd.analysis.pairing import reference_sinks
     assert reference_sinks(RELEASED) == {("prog", "release")}
 
 

@@ -26,8 +26,8 @@ def test_bad_max_leaks_says_what_and_how(tmp_path):
 def test_a_lost_put_found_against_a_baseline_is_not_called_a_get():
     """Issue 41: the annotation said "got at process+0x9d (test.c:28)", line 28 being the
     put that is gone: against a baseline the culprit's path is the call that changed."""
-    from refcntd.analysis.attribution import Culprit
     from refcntd.analysis.model import LeakedObject, LeakGroup
+    from refcntd.analysis.pathops import Culprit
     from refcntd.outputs.ciformats import message
     from refcntd.outputs.policy import Finding
     from refcntd.symbolize.symbolizer import Frame

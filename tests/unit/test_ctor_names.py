@@ -6,14 +6,9 @@ returned its pattern, and the old rule blamed the caller in both)."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import (
-    MISSING_PUT,
-    Baseline,
-    PathOp,
-    name_words,
-    named_constructor,
-    verdict,
-)
+from refcntd.analysis.apinames import name_words, named_constructor
+from refcntd.analysis.attribution import Baseline, verdict
+from refcntd.analysis.pathops import MISSING_PUT, PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 
@@ -67,7 +62,7 @@ def test_handing_up_shown_only_by_the_leaked_object_itself_decides_nothing() -> 
     one reference up to query_all through an out parameter and stores another in a
     pattern main destroys.  Which of the two main's put paired with is the counts'
     guess, so query_face and query_all were not shown to hand references up."""
-    from refcntd.analysis.attribution import PairedGroup, judge
+    from refcntd.analysis.judging import PairedGroup, judge
 
     init = op(Role.INIT, "make_charset query_face query_all main")
     handed = op(Role.GET, "query_face query_all main")

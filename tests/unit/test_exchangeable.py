@@ -6,13 +6,10 @@ against the ones it seemed to hand up."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import (
-    UNKNOWN,
-    PairedGroup,
-    PathOp,
-    equal_leftovers,
-    judge,
-)
+from refcntd.analysis.attribution import UNKNOWN
+from refcntd.analysis.judging import PairedGroup, judge
+from refcntd.analysis.pairing import equal_leftovers
+from refcntd.analysis.pathops import PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 

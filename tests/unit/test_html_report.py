@@ -13,8 +13,9 @@ from pathlib import Path
 from test_cli_outputs import EVIL, RAW_CONTROL, evil_result
 from test_pprof import result
 
-from refcntd.analysis.attribution import Culprit, Verdict
+from refcntd.analysis.judging import Verdict
 from refcntd.analysis.model import AnomalyFinding, HistoryStep
+from refcntd.analysis.pathops import Culprit
 from refcntd.outputs.html import render_html
 from refcntd.symbolize.symbolizer import Frame
 

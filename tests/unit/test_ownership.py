@@ -3,9 +3,11 @@ test on real programs is tests/bpf/test_culprits.py)."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import PairedGroup, PathOp, pair, put_wrappers
+from refcntd.analysis.judging import PairedGroup
 from refcntd.analysis.model import LeakedObject, LeakGroup
 from refcntd.analysis.ownership import CYCLE, DIRECT, INDIRECT, Leaked, ownership
+from refcntd.analysis.pairing import pair, put_wrappers
+from refcntd.analysis.pathops import PathOp
 from refcntd.analysis.verdicts import Evidence, evidence_gap, judge_process
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame

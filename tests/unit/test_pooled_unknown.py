@@ -8,7 +8,8 @@ whose put was missing (benchmarks/results/mutants-alone.md)."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import PairedGroup, PathOp, judge
+from refcntd.analysis.judging import PairedGroup, judge
+from refcntd.analysis.pathops import PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 

@@ -3,7 +3,9 @@ benchmarks/mutants); the BPF side is tests/bpf/test_real_ownership.py."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import UNKNOWN, PairedGroup, PathOp, judge
+from refcntd.analysis.attribution import UNKNOWN
+from refcntd.analysis.judging import PairedGroup, judge
+from refcntd.analysis.pathops import PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 

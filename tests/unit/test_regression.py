@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import UNKNOWN, PathOp, Verdict
+from refcntd.analysis.attribution import UNKNOWN
 from refcntd.analysis.baseline import against
+from refcntd.analysis.judging import Verdict
 from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult, TracingStatus
+from refcntd.analysis.pathops import PathOp
 from refcntd.analysis.regression import call_site, changes, regression
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
@@ -169,7 +171,8 @@ def test_an_undecided_comparison_does_not_keep_the_runs_own_guess() -> None:
     """Against the good run, two functions kept more: the run alone named one of
     them with confidence (on the benchmark such guesses were wrong); the verdict is
     unknown, naming both, and says what the run alone said."""
-    from refcntd.analysis.attribution import FOUND, MISSING_PUT, Culprit
+    from refcntd.analysis.attribution import FOUND
+    from refcntd.analysis.pathops import MISSING_PUT, Culprit
     guess = Verdict(FOUND, "", [Culprit(MISSING_PUT, Frame("perf", 1, "map__new2"), ())])
     bad = [o for o in GOOD if o is not GOOD[4]] + [op(Role.PUT, "dso__put load_all main", 3),
                                                    op(Role.GET, "dso__get map__new2 main", 1)]

@@ -42,7 +42,7 @@ def test_saved_operations_read_back_and_a_wrong_type_is_a_malformed_report(tmp_p
     wrong type are refused with one line, not met later as a crash in the analysis."""
     import pytest
 
-    from refcntd.analysis.attribution import PathOp
+    from refcntd.analysis.pathops import PathOp
     from refcntd.errors import UsageError
     from refcntd.kernel.abi import Role
     from refcntd.outputs.runjson import load_run

@@ -11,7 +11,8 @@ FcEndElement's frame address, so they are one call of FcParseInclude."""
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import Baseline, PathOp, verdict
+from refcntd.analysis.attribution import Baseline, verdict
+from refcntd.analysis.pathops import PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from refcntd.analysis.attribution import PathOp, api_class, pair
+from refcntd.analysis.apinames import api_class
+from refcntd.analysis.pairing import pair
+from refcntd.analysis.pathops import PathOp
 from refcntd.kernel.abi import Role
 from refcntd.symbolize.symbolizer import Frame
 
