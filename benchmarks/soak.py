@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from soakload import Checker, Churn  # noqa: E402
-from soakreport import SVC_REQUESTS, judge, write  # noqa: E402
+from soakreport import SCRAPE_GOAL_MS, SVC_REQUESTS, judge, write  # noqa: E402
 from soakrig import Binaries, Prometheus, Serve, build_id  # noqa: E402
 from soaksample import maps, process  # noqa: E402
 
@@ -100,11 +100,15 @@ class Soak:
             pprof_ms, self.errors = None, [*self.errors, f"pprof: {err}"]
         scrape = self.prom.scalar('max_over_time(scrape_duration_seconds{job="refcntd"}[1m])')
         up = self.prom.scalar('min_over_time(up{job="refcntd"}[1m])')
+        slow = self.prom.scalar('count_over_time((scrape_duration_seconds{job="refcntd"} '
+                                f'> {SCRAPE_GOAL_MS / 1000})[1m:5s])')
+        scrapes = self.prom.scalar('count_over_time(scrape_duration_seconds{job="refcntd"}[1m])')
         with self.churn.lock:
             launched, failed = self.churn.launched, len(self.churn.failed)
         return {"process": process(pid), "bpf": maps(pid), "metrics": self._metrics(),
                 "scrape_max_ms": None if scrape is None else round(scrape * 1000, 1),
-                "up_min": up, "pprof_ms": pprof_ms,
+                "up_min": up, "pprof_ms": pprof_ms, "scrapes": scrapes,
+                "slow_scrapes": slow or 0,
                 "launched": launched, "launch_failed": failed, "exact": self.checker.exact,
                 "wrong": len(self.checker.wrong), "incomplete": len(self.checker.incomplete),
                 "missing": len(self.checker.missing()),
@@ -115,7 +119,8 @@ class Soak:
         text = self.serve.http.get("/metrics")[1].decode()
         out: dict[str, float] = {}
         keep = ("refcntd_dropped_records", "refcntd_anomalies", "refcntd_traced_processes",
-                "refcntd_report_errors", "refcntd_processes_reported")
+                "refcntd_report_errors", "refcntd_processes_reported",
+                "refcntd_gc_unscheduled_pauses")
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name.removesuffix("_total") in keep:
