@@ -103,12 +103,15 @@ class Soak:
         slow = self.prom.scalar('count_over_time((scrape_duration_seconds{job="refcntd"} '
                                 f'> {SCRAPE_GOAL_MS / 1000})[1m:5s])')
         scrapes = self.prom.scalar('count_over_time(scrape_duration_seconds{job="refcntd"}[1m])')
+        # serve's own garbage-collector pauses over 100 ms this minute (all generations)
+        bucket = 'sum(increase(refcntd_gc_pause_seconds_bucket{{le="{}"}}[1m]))'
+        long_gc = self.prom.scalar(f'{bucket.format("+Inf")} - {bucket.format("0.1")}')
         with self.churn.lock:
             launched, failed = self.churn.launched, len(self.churn.failed)
         return {"process": process(pid), "bpf": maps(pid), "metrics": self._metrics(),
                 "scrape_max_ms": None if scrape is None else round(scrape * 1000, 1),
                 "up_min": up, "pprof_ms": pprof_ms, "scrapes": scrapes,
-                "slow_scrapes": slow or 0,
+                "slow_scrapes": slow or 0, "long_gc_pauses": round(long_gc or 0),
                 "launched": launched, "launch_failed": failed, "exact": self.checker.exact,
                 "wrong": len(self.checker.wrong), "incomplete": len(self.checker.incomplete),
                 "missing": len(self.checker.missing()),

@@ -137,8 +137,8 @@ def _slope(rows: list[dict]) -> float:
 
 def _table(rows: list[dict]) -> list[str]:
     head = ("| min | RSS MiB | arenas | fds | thr | CPU s | maps | memlock MiB | objs | stacks | "
-            "history | procs | dropped | scrape max ms | slow | pprof ms | reports exact | "
-            "load | events |")
+            "history | procs | dropped | scrape max ms | slow | gc>100ms | pprof ms | "
+            "reports exact | load | events |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         e, p = r["bpf"]["entries"], r["process"]
@@ -148,7 +148,8 @@ def _table(rows: list[dict]) -> list[str]:
             f"| {r['bpf']['maps']} | {r['bpf']['memlock_kib'] / 1024:.0f} | {e.get('objs', 0)} "
             f"| {e.get('stack_store', 0)} | {e.get('history', 0)} | {e.get('procs', 0)} "
             f"| {r['metrics'].get('refcntd_dropped_records', 0):.0f} | {r['scrape_max_ms']} "
-            f"| {r.get('slow_scrapes', '')} | {r['pprof_ms']} | {r['exact']} | {r['load']:.1f} "
+            f"| {r.get('slow_scrapes', '')} | {r.get('long_gc_pauses', '')} | {r['pprof_ms']} "
+            f"| {r['exact']} | {r['load']:.1f} "
             f"| {'; '.join(r['events'])} |")
     return lines
 
