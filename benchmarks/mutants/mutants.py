@@ -35,8 +35,8 @@ beside the same run alone: OUT/against.json and OUT/against.md.
 
 Usage (root):  benchmarks/mutants/mutants.py
                prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
-               [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
-               [--timeout S]
+               [--codebase perf|gstreamer|fontconfig|xkbcommon|all] [--out DIR]
+               [--limit N] [--repeats R] [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
 """
 
