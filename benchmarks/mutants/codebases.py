@@ -8,7 +8,7 @@ comm_str), built -O2 -g with frame pointers; refcntd's default spec
 GStreamer core, its base library and core elements, built -O2 -g
 (debugoptimized) with frame pointers against Debian's GLib; the bundled
 gstreamer spec pointed at the built libgstreamer.  fontconfig: see fonts.py;
-xkbcommon: see xkb.py.
+xkbcommon: see xkb.py; dbus: libdbus.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import debian
 import fonts
+import libdbus
 import tracefs
 import truth
 import xkb
@@ -275,7 +276,8 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
 CODEBASES = {"perf": (perf, prepare_perf, perf_probes),
              "gstreamer": (gstreamer, prepare_gstreamer, gstreamer_probes),
              "fontconfig": (fonts.codebase, fonts.prepare, fonts.probes),
-             "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes)}
+             "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes),
+             "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes)}
 
 
 def load(name: str, out: Path, prepare: bool = True) -> Codebase:

@@ -35,7 +35,7 @@ beside the same run alone: OUT/against.json and OUT/against.md.
 
 Usage (root):  benchmarks/mutants/mutants.py
                prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
-               [--codebase perf|gstreamer|fontconfig|xkbcommon|all] [--out DIR]
+               [--codebase perf|gstreamer|fontconfig|xkbcommon|dbus|all] [--out DIR]
                [--limit N] [--repeats R] [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
 """
