@@ -24,7 +24,7 @@ from pathlib import Path
 import debian
 import tracefs
 import truth
-from codebase import Codebase, Workload
+from codebase import Codebase, Workload, api_probes
 from sites import Api
 
 HERE = Path(__file__).resolve().parent
@@ -116,17 +116,4 @@ def prepare(cb: Codebase) -> None:
 
 def probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
     """The constructors' returns, and the entries of every ref and unref."""
-    from coverage import symbol_offsets
-    lib = cb.binaries[0].resolve()
-    ops = sorted(GETS | PUTS)
-    at = symbol_offsets(lib, [*CONSTRUCTORS.values(), *ops])
-    found: list[tracefs.Probe] = []
-    rules: dict[str, truth.Rule] = {}
-    for i, (type_, f) in enumerate(CONSTRUCTORS.items()):
-        found.append(tracefs.Probe(f"dbus_new{i}", str(lib), at[f], "obj=$retval:x64",
-                                   ret=True))
-        rules[f"dbus_new{i}"] = truth.Rule(truth.INIT_RETURN, type_)
-    for i, f in enumerate(ops):
-        found.append(tracefs.Probe(f"dbus_op{i}", str(lib), at[f], "obj=%di:x64"))
-        rules[f"dbus_op{i}"] = truth.Rule(truth.PUT_FREES if f in PUTS else truth.GET)
-    return found, rules
+    return api_probes(cb.binaries[0].resolve(), CONSTRUCTORS, GETS, PUTS, "dbus")
