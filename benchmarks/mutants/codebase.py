@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import debian
+import tracefs
+import truth
 from sites import Api
 
 
@@ -67,3 +69,23 @@ def debian_meson(cb: Codebase, package: str, options: list[str]) -> dict[str, ob
     steps["build_s" if fresh else "rebuild_check_s"] = cb.build()
     steps["build_command"] = f"meson setup BUILD {' '.join(options)} && ninja -C BUILD"
     return steps
+
+
+def api_probes(lib: Path, constructors: dict[str, str], gets: frozenset[str],
+               puts: frozenset[str], tag: str) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
+    """The truth's probes for a library whose objects are made by constructors that
+    return them (type -> function) and counted by get/put functions taking the object
+    first: the constructors' returns, the entries of every get and put."""
+    from coverage import symbol_offsets
+    ops = sorted(gets | puts)
+    at = symbol_offsets(lib, [*constructors.values(), *ops])
+    found: list[tracefs.Probe] = []
+    rules: dict[str, truth.Rule] = {}
+    for i, (type_, f) in enumerate(constructors.items()):
+        found.append(tracefs.Probe(f"{tag}_new{i}", str(lib), at[f], "obj=$retval:x64",
+                                   ret=True))
+        rules[f"{tag}_new{i}"] = truth.Rule(truth.INIT_RETURN, type_)
+    for i, f in enumerate(ops):
+        found.append(tracefs.Probe(f"{tag}_op{i}", str(lib), at[f], "obj=%di:x64"))
+        rules[f"{tag}_op{i}"] = truth.Rule(truth.PUT_FREES if f in puts else truth.GET)
+    return found, rules

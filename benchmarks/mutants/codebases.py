@@ -7,7 +7,8 @@ comm_str), built -O2 -g with frame pointers; refcntd's default spec
 (perf-stubs).  gstreamer: Debian's gstreamer1.0 source (`apt-get source`),
 GStreamer core, its base library and core elements, built -O2 -g
 (debugoptimized) with frame pointers against Debian's GLib; the bundled
-gstreamer spec pointed at the built libgstreamer.  fontconfig: see fonts.py.
+gstreamer spec pointed at the built libgstreamer.  fontconfig: see fonts.py;
+xkbcommon: see xkb.py; dbus: libdbus.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import debian
 import fonts
+import libdbus
 import tracefs
 import truth
+import xkb
 from codebase import Codebase, Workload, debian_meson
 from sites import Api
 
@@ -272,7 +275,9 @@ def gstreamer_probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth
 
 CODEBASES = {"perf": (perf, prepare_perf, perf_probes),
              "gstreamer": (gstreamer, prepare_gstreamer, gstreamer_probes),
-             "fontconfig": (fonts.codebase, fonts.prepare, fonts.probes)}
+             "fontconfig": (fonts.codebase, fonts.prepare, fonts.probes),
+             "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes),
+             "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes)}
 
 
 def load(name: str, out: Path, prepare: bool = True) -> Codebase:

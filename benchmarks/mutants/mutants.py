@@ -1,10 +1,11 @@
 """Real-code mutation benchmark for refcntd's culprit (issue 31).
 
-Two real codebases built from Debian's sources (perf from linux-source-6.12
-with the 2015 refcnt stubs; GStreamer core from `apt-get source
-gstreamer1.0`).  Each mutant deletes one put call or adds one get at a call
-site the codebase's workload executes (measured with ftrace uprobes on the
-unmutated build), one mutant per incremental build.  Truth: the mutated
+Real codebases built from Debian's sources (perf from linux-source-6.12
+with the 2015 refcnt stubs; GStreamer core, fontconfig, libxkbcommon and
+libdbus-1 from `apt-get source`: codebases.py).  Each mutant deletes one put
+call or adds one get at a call site the codebase's workload executes
+(measured with ftrace uprobes on the unmutated build), one mutant per
+incremental build.  Truth: the mutated
 function, and the new leaked objects per type counted by plain ftrace uprobe
 events (mutants that leak no new object are "equivalent").  Each leaking
 mutant is run under `refcntd run --history all --json` --repeats times and
@@ -35,8 +36,8 @@ beside the same run alone: OUT/against.json and OUT/against.md.
 
 Usage (root):  benchmarks/mutants/mutants.py
                prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
-               [--codebase perf|gstreamer|all] [--out DIR] [--limit N] [--repeats R]
-               [--timeout S]
+               [--codebase perf|gstreamer|fontconfig|xkbcommon|dbus|all] [--out DIR]
+               [--limit N] [--repeats R] [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
 """
 
