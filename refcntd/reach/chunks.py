@@ -9,11 +9,18 @@ nothing points at are dropped, round after round (in a chain whose steps only go
 forward, what is left then is reachable from the first chunk, and only that).  User
 data that looks like headers makes short false chains, gone in a round or two; a
 window still not settled after PRUNE_ROUNDS is solved by pointer doubling.
+
+That is still about 0.5 us a chunk, spent while the process is stopped: where
+scripts/setup.sh built the compiled walker (chunkwalk.c, a few ns a chunk), the chain
+is followed by it, and its absence is said in the scan's notes.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +32,10 @@ PRUNE_ROUNDS = 3
 TAIL_SLACK = 4096  # the main heap's top chunk may end within the page before brk
 _OFFSETS = np.arange(WINDOW // 16, dtype=np.uint64) * np.uint64(16)
 _SIZE_MASK = np.uint64(0xFFFF_FFFF_FFFF_FFF8)
+COMPILED = Path(__file__).with_name("_chunkwalk.so")
+COMPILED_VERSION = 1  # CHUNKWALK_VERSION in chunkwalk.c
+_U64P = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
+_U8P = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
 
 
 @dataclass
@@ -46,14 +57,46 @@ class _Window:
     broken: bool  # that chunk is inside the window and not a header
 
 
-def walk(mem: ProcessMemory, start: int, end: int) -> Chunks | None:
+@cache
+def compiled() -> ctypes.CDLL | None:
+    """The compiled walker, None where it was not built (or is of another version)."""
+    try:
+        lib = ctypes.CDLL(str(COMPILED))
+    except OSError:
+        return None
+    if lib.refcntd_chunkwalk_version() != COMPILED_VERSION:
+        return None
+    lib.refcntd_chunkwalk.restype = ctypes.c_int64
+    lib.refcntd_chunkwalk.argtypes = [_U64P, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
+                                      _U64P, _U64P, _U8P, ctypes.c_uint64,
+                                      ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.POINTER(ctypes.c_int32)]
+    return lib
+
+
+def missing_note() -> str | None:
+    """The one line a scan carries when it walked without the compiled walker."""
+    if compiled() is not None:
+        return None
+    return (f"compiled chunk walker {COMPILED.name} missing or stale (bash scripts/setup.sh "
+            "builds it): chunks followed with numpy, about 0.5 us each instead of a few ns, "
+            "while the process is stopped")
+
+
+def walk(mem: ProcessMemory, start: int, end: int, numpy_only: bool = False
+         ) -> Chunks | None:
     """The chunks from `start` to the top chunk, which ends at `end` or, in the main
     heap (brk need not be page-aligned), within the last page before it; None when
-    a size does not fit (not a glibc heap, or torn)."""
+    a size does not fit (not a glibc heap, or torn).  `numpy_only`: without the
+    compiled walker even where it is built (the tests compare the two)."""
+    lib = None if numpy_only else compiled()
+    scratch = (np.empty(WINDOW // 16, np.uint64), np.empty(WINDOW // 16, np.uint64),
+               np.empty(WINDOW // 16, np.uint8))
     parts: list[_Window] = []
     address = start
     while address < end:
-        window = _window(mem, address, end)
+        window = _window(mem, address, end) if lib is None else \
+            _compiled_window(lib, mem, address, end, scratch)
         if window is None:
             break
         parts.append(window)
@@ -91,6 +134,22 @@ def _window(mem: ProcessMemory, address: int, end: int) -> _Window | None:
     return _Window(np.uint64(address) + slots.astype(np.uint64) * np.uint64(16), size[chain],
                    (raw[slots] & np.uint64(PREV_INUSE)).astype(bool),
                    address + 16 * after, after < n)
+
+
+def _compiled_window(lib: ctypes.CDLL, mem: ProcessMemory, address: int, end: int,
+                     scratch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> _Window | None:
+    """_window, the chain followed by chunkwalk.c into `scratch` (one window's worth,
+    reused), then copied out at its length."""
+    words = mem.words_at(address, min(WINDOW, end - address) & ~15, reuse=True)
+    slots = len(words) // 2
+    addr, size, prev = scratch
+    after, broken = ctypes.c_uint64(), ctypes.c_int32()
+    count = lib.refcntd_chunkwalk(words, slots, address, end, addr, size, prev, len(addr),
+                                  ctypes.byref(after), ctypes.byref(broken))
+    if count < 0:
+        return None
+    return _Window(addr[:count].copy(), size[:count].copy(), prev[:count].astype(bool),
+                   after.value, bool(broken.value))
 
 
 def _chain_from_first(cand: np.ndarray, target: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refcntd.reach.chunks import Chunks, walk
+from refcntd.reach.chunks import Chunks, missing_note, walk
 from refcntd.reach.memory import Mapping, ProcessMemory
 
 IS_MMAPPED = 2
@@ -56,9 +56,19 @@ class Heap:
     free_chunks: int = 0  # in fastbins and tcaches: left out
     freed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their starts
     freed_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    runs: list[Chunks] = field(default_factory=list)  # read, not yet settled
+    free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # chunk addresses
 
 
 def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
+    heap = read_heap(mem, maps)
+    settle(heap)
+    return heap
+
+
+def read_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
+    """What needs the process stopped: the chunks and the free lists (`settle` makes the
+    sorted in-use blocks from them afterwards, the process no longer needed)."""
     heap = Heap()
     other = sorted({a for m in maps for a in OTHER_ALLOCATORS if a in m.path.rsplit("/", 1)[-1]})
     if other:
@@ -71,29 +81,48 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
         heap.notes.append("no glibc in the process (static or another C library): "
                           "reachability not scanned")
         return heap
-    runs, arenas, top = [], [], 0
+    if (note := missing_note()) is not None:
+        heap.notes.append(note)
+    arenas, top = [], 0
     for run, region, arena in _arena_runs(mem, maps, heap):
         heap.regions.append(region)
         arenas.append(arena)
         top = int(run.addr[-1]) if arena == 0 and len(run.addr) else top
-        runs.append(run)
+        heap.runs.append(run)
     for address, size in _mmapped_chunks(mem, maps, heap.regions):
         heap.regions.append((address, address + size))
-        runs.append(Chunks(np.array([address], np.uint64), np.array([size], np.uint64),
-                           np.array([True]), mmapped=True))
-    heap.starts, heap.ends, heap.tails = _in_use(runs)
+        heap.runs.append(Chunks(np.array([address], np.uint64), np.array([size], np.uint64),
+                                np.array([True]), mmapped=True))
     main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
     if heap.recognised:
         free: set[int] = set()
         for arena in [a for a in arenas if a] + ([main] if main else []):
             free |= _fastbin_chunks(mem, arena, heap)
-        free |= _tcache_chunks(mem, heap.starts, heap.ends)
-        keep = ~_members(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
+        free |= _tcache_chunks(mem, heap.runs)
+        heap.free = np.array(sorted(free), np.uint64)
+    return heap
+
+
+def settle(heap: Heap) -> None:
+    """The sorted in-use blocks of the chunks read, those in a free list left out."""
+    heap.starts, heap.ends, heap.tails = _in_use(heap.runs)
+    heap.runs = []
+    if heap.recognised:
+        keep = ~_members(heap.starts - np.uint64(16), heap.free)
         heap.free_chunks = len(keep) - int(np.count_nonzero(keep))
         heap.freed, heap.freed_ends = heap.starts[~keep], heap.ends[~keep]
         heap.starts, heap.ends, heap.tails = (a[keep] for a in (heap.starts, heap.ends,
                                                                heap.tails))
-    return heap
+
+
+def span(heap: Heap) -> tuple[int, int]:
+    """Where any block may be, before `settle`: from the first chunk's user bytes to
+    the last one's end (no pass over the chunks: a pointer filter needs no more)."""
+    runs = [r for r in heap.runs if len(r.addr)]
+    if not runs:
+        return 0, 0
+    return (min(int(r.addr[0]) for r in runs) + 16,
+            max(int(r.addr[-1]) + int(r.size[-1]) for r in runs))
 
 
 def _members(items: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
@@ -228,25 +257,31 @@ class _Pages:
         return int.from_bytes(data[at:at + 8], "little")
 
 
-def _tcache_chunks(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray) -> set[int]:
+def _tcache_chunks(mem: ProcessMemory, runs: list[Chunks]) -> set[int]:
     """Chunks in threads' tcaches: each tcache_perthread_struct is an in-use chunk of
     0x290 bytes whose every list checks out (sizes, counts, a null end)."""
     out: set[int] = set()
-    for user in starts[ends - starts == np.uint64(TCACHE_CHUNK - 16)].tolist():
-        found = _tcache_lists(mem, user, starts, ends)
-        if found is not None:
-            out |= found
+    for run in runs:
+        for chunk in run.addr[run.inuse & (run.size == np.uint64(TCACHE_CHUNK))].tolist():
+            found = _tcache_lists(mem, chunk + 16, runs)
+            if found is not None:
+                out |= found
     return out
 
 
-def _chunk_size(starts: np.ndarray, ends: np.ndarray, user: int) -> int:
+def _chunk_size(runs: list[Chunks], user: int) -> int:
     """The size of the in-use chunk whose user pointer is `user`, 0 if none."""
-    i = int(np.searchsorted(starts, np.uint64(user)))
-    return int(ends[i] - starts[i]) + 16 if i < len(starts) and int(starts[i]) == user else 0
+    if user < 16:
+        return 0
+    chunk = np.uint64(user - 16)
+    for run in runs:
+        i = int(np.searchsorted(run.addr, chunk))
+        if i < len(run.addr) and run.addr[i] == chunk:
+            return int(run.size[i]) if run.inuse[i] else 0
+    return 0
 
 
-def _tcache_lists(mem: ProcessMemory, user: int, starts: np.ndarray, ends: np.ndarray
-                  ) -> set[int] | None:
+def _tcache_lists(mem: ProcessMemory, user: int, runs: list[Chunks]) -> set[int] | None:
     raw = mem.read(user, TCACHE_CHUNK - 16)
     if len(raw) != TCACHE_CHUNK - 16:
         return None
@@ -257,7 +292,7 @@ def _tcache_lists(mem: ProcessMemory, user: int, starts: np.ndarray, ends: np.nd
         if (entry == 0) != (count == 0):
             return None
         for _ in range(count):
-            if _chunk_size(starts, ends, entry) != 32 + 16 * index:
+            if _chunk_size(runs, entry) != 32 + 16 * index:
                 return None
             out.add(entry - 16)
             stored = mem.word(entry)

@@ -32,7 +32,7 @@ from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs.reportjson import run_json
 from refcntd.reach.glibc import find_heap
 from refcntd.reach.memory import ProcessMemory, read_maps
-from refcntd.reach.scan import INDIRECTLY, ReachScan, scan_process
+from refcntd.reach.scan import INDIRECTLY, ReachScan, finish, read_process
 from refcntd.session.exitscan import wait_stopped
 from refcntd.session.lifecycle import read_cmdline
 from refcntd.session.tracer import Tracer
@@ -142,7 +142,8 @@ def estimate_s(pid: int) -> tuple[float, int, int]:
 
 def scan_live(pid: int, budget_s: float,
               objects: Callable[[], list[ObjectRecord]] = list) -> LiveScan:
-    """Stop `pid`, read its objects and scan it, continue it: unless over the budget.
+    """Stop `pid`, read its objects and its memory, continue it, then find the kinds
+    (of the stopped moment: only what was read is used): unless over the budget.
     A process that was already stopped (by a hold, by its user) stays stopped."""
     expected, size, blocks = estimate_s(pid)
     if expected > budget_s:
@@ -158,13 +159,14 @@ def scan_live(pid: int, budget_s: float,
             os.kill(pid, signal.SIGSTOP)
             wait_stopped(pid)
         live = LiveScan(pid, objects=objects())
-        live.scan = scan_process(pid)
+        live.scan = read_process(pid)
     except ProcessLookupError:
         return LiveScan(pid, skipped="gone")
     finally:
         if not was_stopped:
             _continue(pid, marker)
     live.stopped_s = time.monotonic() - began
+    finish(live.scan)  # the graph of what was read: the process runs meanwhile
     return live
 
 

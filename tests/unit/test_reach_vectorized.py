@@ -143,22 +143,68 @@ def chunk_heap(seed: int, fake_headers: bool) -> tuple[Words, list[tuple[int, in
     return Words(base, words), truth
 
 
+def test_the_compiled_walker_is_built() -> None:
+    """scripts/setup.sh builds it; without it the live scan's stop is many times longer
+    (the scan says so in a note, test_a_scan_without_it_says_so)."""
+    assert chunks.compiled() is not None, f"{chunks.COMPILED} missing: bash scripts/setup.sh"
+    assert chunks.missing_note() is None
+
+
+def test_a_scan_without_it_says_so(monkeypatch) -> None:
+    monkeypatch.setattr(chunks, "compiled", lambda: None)
+    note = chunks.missing_note()
+    assert note is not None and "scripts/setup.sh" in note and "_chunkwalk.so" in note
+
+
+WALKERS = [pytest.param(True, id="numpy"), pytest.param(False, id="compiled")]
+
+
+@pytest.mark.parametrize("numpy_only", WALKERS)
 @pytest.mark.parametrize("fake", [False, True])
-def test_chunk_walk_finds_exactly_the_chain(fake: bool, monkeypatch) -> None:
+def test_chunk_walk_finds_exactly_the_chain(fake: bool, numpy_only: bool, monkeypatch) -> None:
     monkeypatch.setattr(chunks, "WINDOW", 1 << 12)  # many windows, chunks across them
     mem, truth = chunk_heap(7, fake)
     end = truth[-1][0] + truth[-1][1]
-    run = chunks.walk(mem, truth[0][0], end)  # type: ignore[arg-type]
+    run = chunks.walk(mem, truth[0][0], end, numpy_only)  # type: ignore[arg-type]
     assert run is not None
     got = list(zip(run.addr.tolist(), run.size.tolist(), run.inuse.tolist(), strict=True))
     assert got == truth
 
 
-def test_torn_heap_is_refused() -> None:
+@pytest.mark.parametrize("numpy_only", WALKERS)
+def test_torn_heap_is_refused(numpy_only: bool) -> None:
     mem, truth = chunk_heap(3, False)
     mem.words[(truth[2000][0] - mem.base) // 8 + 1] = 8  # a size that cannot be
     end = truth[-1][0] + truth[-1][1]
-    assert chunks.walk(mem, truth[0][0], end) is None  # type: ignore[arg-type]
+    assert chunks.walk(mem, truth[0][0], end, numpy_only) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_both_walkers_agree_on_any_words(seed: int, monkeypatch) -> None:
+    """Torn and odd heaps (a size broken anywhere, a chunk past the end, the end in the
+    top's last page, a first word that is no header): the same chunks or the same
+    refusal from both."""
+    monkeypatch.setattr(chunks, "WINDOW", 1 << 12)
+    rng = np.random.default_rng(seed)
+    mem, truth = chunk_heap(seed, bool(seed % 2))
+    end = truth[-1][0] + truth[-1][1]
+    walked = 0
+    for i in range(15):
+        broken = Words(mem.base, mem.words.tolist())
+        at = int(rng.integers((len(truth) - 20) * (i % 2), len(truth)))  # or near the top
+        broken.words[(truth[at][0] - mem.base) // 8 + 1] = int(rng.choice(
+            [8, 16, 0x19, 0x48, 0x1009, 1 << 40, truth[at][1] + 16 * int(rng.integers(1, 4)),
+             0x31]))
+        for stop in (end, end - 16 * int(rng.integers(1, 300))):
+            runs = [chunks.walk(broken, truth[0][0], stop, numpy_only)  # type: ignore[arg-type]
+                    for numpy_only in (True, False)]
+            if runs[0] is None or runs[1] is None:
+                assert runs[0] is None and runs[1] is None
+                continue
+            walked += 1
+            for field in ("addr", "size", "inuse"):
+                assert getattr(runs[0], field).tolist() == getattr(runs[1], field).tolist()
+    assert walked  # not only refusals
 
 
 @pytest.mark.parametrize("seed", range(5))
