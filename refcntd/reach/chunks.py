@@ -33,7 +33,7 @@ TAIL_SLACK = 4096  # the main heap's top chunk may end within the page before br
 _OFFSETS = np.arange(WINDOW // 16, dtype=np.uint64) * np.uint64(16)
 _SIZE_MASK = np.uint64(0xFFFF_FFFF_FFFF_FFF8)
 COMPILED = Path(__file__).with_name("_chunkwalk.so")
-COMPILED_VERSION = 1  # CHUNKWALK_VERSION in chunkwalk.c
+COMPILED_VERSION = 2  # CHUNKWALK_VERSION in chunkwalk.c
 _U64P = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
 _U8P = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
 
@@ -71,6 +71,9 @@ def compiled() -> ctypes.CDLL | None:
                                       _U64P, _U64P, _U8P, ctypes.c_uint64,
                                       ctypes.POINTER(ctypes.c_uint64),
                                       ctypes.POINTER(ctypes.c_int32)]
+    lib.refcntd_pointers.restype = ctypes.c_int64
+    lib.refcntd_pointers.argtypes = [_U64P, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
+                                     ctypes.c_uint64, _U64P, _U64P]
     return lib
 
 
@@ -90,20 +93,19 @@ def walk(mem: ProcessMemory, start: int, end: int, numpy_only: bool = False
     a size does not fit (not a glibc heap, or torn).  `numpy_only`: without the
     compiled walker even where it is built (the tests compare the two)."""
     lib = None if numpy_only else compiled()
-    scratch = (np.empty(WINDOW // 16, np.uint64), np.empty(WINDOW // 16, np.uint64),
-               np.empty(WINDOW // 16, np.uint8))
+    if lib is not None:
+        return _compiled_walk(lib, mem, start, end)
     parts: list[_Window] = []
     address = start
     while address < end:
-        window = _window(mem, address, end) if lib is None else \
-            _compiled_window(lib, mem, address, end, scratch)
+        window = _window(mem, address, end)
         if window is None:
             break
         parts.append(window)
         address = window.after
         if window.broken:
             break
-    if address < end and (not parts or end - address >= TAIL_SLACK):
+    if _torn(address, end, bool(parts)):
         return None
     if not parts:
         return Chunks(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, bool))
@@ -111,6 +113,38 @@ def walk(mem: ProcessMemory, start: int, end: int, numpy_only: bool = False
     return Chunks(np.concatenate([w.addr for w in parts]),
                   np.concatenate([w.size for w in parts]),
                   np.append(prev[1:], False))
+
+
+def _torn(address: int, end: int, found: bool) -> bool:
+    """The walk stopped short of the region's end, beyond the top's last page."""
+    return address < end and (not found or end - address >= TAIL_SLACK)
+
+
+def _compiled_walk(lib: ctypes.CDLL, mem: ProcessMemory, start: int, end: int
+                   ) -> Chunks | None:
+    """walk, each window's chain followed by chunkwalk.c straight into arrays of one
+    slot per possible chunk (the smallest is 32 bytes): only the pages written are
+    memory (17 bytes a chunk), with no copy or concatenation after."""
+    cap = (end - start) // 32 + 1
+    addr, size, prev = np.empty(cap, np.uint64), np.empty(cap, np.uint64), \
+        np.empty(cap + 1, np.uint8)
+    after, broken = ctypes.c_uint64(), ctypes.c_int32()
+    address, count = start, 0
+    while address < end:
+        words = mem.words_at(address, min(WINDOW, end - address) & ~15, reuse=True)
+        got = lib.refcntd_chunkwalk(words, len(words) // 2, address, end, addr[count:],
+                                    size[count:], prev[count:], cap - count,
+                                    ctypes.byref(after), ctypes.byref(broken))
+        if got < 0:
+            break
+        count += got
+        address = after.value
+        if broken.value:
+            break
+    if _torn(address, end, count > 0):
+        return None
+    prev[count] = 0  # the top: its next chunk, were there one, would say it is free
+    return Chunks(addr[:count], size[:count], prev[1:count + 1].view(bool))
 
 
 def _window(mem: ProcessMemory, address: int, end: int) -> _Window | None:
@@ -134,22 +168,6 @@ def _window(mem: ProcessMemory, address: int, end: int) -> _Window | None:
     return _Window(np.uint64(address) + slots.astype(np.uint64) * np.uint64(16), size[chain],
                    (raw[slots] & np.uint64(PREV_INUSE)).astype(bool),
                    address + 16 * after, after < n)
-
-
-def _compiled_window(lib: ctypes.CDLL, mem: ProcessMemory, address: int, end: int,
-                     scratch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> _Window | None:
-    """_window, the chain followed by chunkwalk.c into `scratch` (one window's worth,
-    reused), then copied out at its length."""
-    words = mem.words_at(address, min(WINDOW, end - address) & ~15, reuse=True)
-    slots = len(words) // 2
-    addr, size, prev = scratch
-    after, broken = ctypes.c_uint64(), ctypes.c_int32()
-    count = lib.refcntd_chunkwalk(words, slots, address, end, addr, size, prev, len(addr),
-                                  ctypes.byref(after), ctypes.byref(broken))
-    if count < 0:
-        return None
-    return _Window(addr[:count].copy(), size[:count].copy(), prev[:count].astype(bool),
-                   after.value, bool(broken.value))
 
 
 def _chain_from_first(cand: np.ndarray, target: np.ndarray) -> np.ndarray:

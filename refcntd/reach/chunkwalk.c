@@ -3,14 +3,15 @@
  * 0.5 us a chunk; this is a few ns).  Built by scripts/setup.sh into _chunkwalk.so,
  * loaded with ctypes by chunks.py, which keeps the numpy walk where it is missing.
  *
- * One call walks the chunks whose header lies in one window of words read from the
+ * refcntd_chunkwalk walks the chunks whose header lies in one window of words read from the
  * stopped process, with the same checks as chunks.py: a size of at least 32, bit 3
  * clear, the chunk inside the region.  Nothing is allocated; it writes only into the
- * caller's arrays, at most `cap` chunks.
+ * caller's arrays, at most `cap` chunks.  refcntd_pointers keeps the words of a window
+ * that may point into a block, in one pass instead of numpy's several.
  */
 #include <stdint.h>
 
-#define CHUNKWALK_VERSION 1
+#define CHUNKWALK_VERSION 2
 
 int refcntd_chunkwalk_version(void)
 {
@@ -49,4 +50,23 @@ int64_t refcntd_chunkwalk(const uint64_t *words, uint64_t slots, uint64_t base,
 	}
 	*after = base + 16 * slot;
 	return n ? (int64_t)n : -1;
+}
+
+/* The words in [lo, hi) of `count` words read at `base`: their values and addresses,
+ * in order (at most `count`: the caller's arrays are that long).  Returns how many. */
+int64_t refcntd_pointers(const uint64_t *words, uint64_t count, uint64_t base,
+			 uint64_t lo, uint64_t hi, uint64_t *values, uint64_t *where)
+{
+	uint64_t n = 0;
+
+	for (uint64_t i = 0; i < count; i++) {
+		uint64_t v = words[i];
+
+		if (v - lo < hi - lo) { /* lo <= v < hi, one compare */
+			values[n] = v;
+			where[n] = base + 8 * i;
+			n++;
+		}
+	}
+	return (int64_t)n;
 }

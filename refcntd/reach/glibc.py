@@ -115,6 +115,11 @@ def settle(heap: Heap) -> None:
                                                                heap.tails))
 
 
+def blocks_read(heap: Heap) -> int:
+    """The in-use blocks of the chunks read (before `settle`), those in a free list out."""
+    return sum(int(np.count_nonzero(r.inuse)) for r in heap.runs) - len(heap.free)
+
+
 def span(heap: Heap) -> tuple[int, int]:
     """Where any block may be, before `settle`: from the first chunk's user bytes to
     the last one's end (no pass over the chunks: a pointer filter needs no more)."""

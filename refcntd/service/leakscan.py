@@ -30,7 +30,8 @@ from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs.reportjson import run_json
-from refcntd.reach.glibc import find_heap
+from refcntd.reach.chunks import compiled
+from refcntd.reach.glibc import blocks_read, read_heap
 from refcntd.reach.memory import ProcessMemory, read_maps
 from refcntd.reach.scan import INDIRECTLY, ReachScan, finish, read_process
 from refcntd.session.exitscan import wait_stopped
@@ -43,11 +44,13 @@ if TYPE_CHECKING:
     from refcntd.service.checkpoint import Route, Views
 
 DEFAULT_BUDGET_S = 1.0
-# the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py's
-# figures with the numpy walk (benchmarks/results/leak-kinds.md: 0.95 s for 1 GiB of
-# 4 KiB blocks, 12.4 s for 13.4 M blocks of 64 bytes), rounded up
+# the stop, per GiB of writable memory and per malloc block (benchmarks/leakkinds.py,
+# benchmarks/results/leak-kinds.md, 2026-11-28 evening: the process is stopped only
+# while its memory is read and its chunks walked by chunkwalk.c), rounded up; without
+# the compiled walker each block costs as much as the numpy walk did
 SECONDS_PER_GIB = 1.0
-SECONDS_PER_BLOCK = 1e-6
+SECONDS_PER_BLOCK = 0.05e-6
+SECONDS_PER_BLOCK_NUMPY = 1e-6
 LOST = ("definitely lost", INDIRECTLY)
 
 
@@ -127,17 +130,22 @@ def _objects_of(tracer: Tracer, pid: int) -> list[ObjectRecord]:
 
 def estimate_s(pid: int) -> tuple[float, int, int]:
     """The expected stop, from the writable bytes a scan may read and the malloc blocks
-    it will follow, counted by walking the heap while the process runs (read-only; a
+    it will walk, counted by walking the heap while the process runs (read-only; a
     heap changing under the walk counts as one block per 64 bytes, the worst case)."""
     maps = read_maps(pid)
     size = sum(m.size for m in maps if m.writable)
     mem = ProcessMemory(pid)
     try:
-        heap = find_heap(mem, maps)
+        heap = read_heap(mem, maps)
     finally:
         mem.close()
-    blocks = len(heap.starts) if heap.recognised else size // 64
-    return size / 2**30 * SECONDS_PER_GIB + blocks * SECONDS_PER_BLOCK, size, blocks
+    blocks = blocks_read(heap) if heap.recognised else size // 64
+    return expected_stop_s(size, blocks), size, blocks
+
+
+def expected_stop_s(writable_bytes: int, blocks: int) -> float:
+    per_block = SECONDS_PER_BLOCK if compiled() is not None else SECONDS_PER_BLOCK_NUMPY
+    return writable_bytes / 2**30 * SECONDS_PER_GIB + blocks * per_block
 
 
 def scan_live(pid: int, budget_s: float,
