@@ -18,6 +18,7 @@ is followed by it, and its absence is said in the scan's notes.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -46,6 +47,7 @@ class Chunks:
     size: np.ndarray  # uint64
     inuse: np.ndarray  # bool: the next chunk's PREV_INUSE (the top: False)
     mmapped: bool = False  # a chunk of its own mapping: no next chunk's prev_size to use
+    read_to: int = 0  # the walk's `sink` had every word from its start up to here
 
 
 @dataclass
@@ -86,15 +88,17 @@ def missing_note() -> str | None:
             "while the process is stopped")
 
 
-def walk(mem: ProcessMemory, start: int, end: int, numpy_only: bool = False
-         ) -> Chunks | None:
+def walk(mem: ProcessMemory, start: int, end: int, numpy_only: bool = False,
+         sink: Callable[[int, np.ndarray], None] | None = None) -> Chunks | None:
     """The chunks from `start` to the top chunk, which ends at `end` or, in the main
     heap (brk need not be page-aligned), within the last page before it; None when
     a size does not fit (not a glibc heap, or torn).  `numpy_only`: without the
-    compiled walker even where it is built (the tests compare the two)."""
+    compiled walker even where it is built (the tests compare the two).  `sink`: given
+    the words read (address, words) from `start` up to `read_to`, each word once,
+    by the compiled walker (the numpy one gives none)."""
     lib = None if numpy_only else compiled()
     if lib is not None:
-        return _compiled_walk(lib, mem, start, end)
+        return _compiled_walk(lib, mem, start, end, sink)
     parts: list[_Window] = []
     address = start
     while address < end:
@@ -120,8 +124,8 @@ def _torn(address: int, end: int, found: bool) -> bool:
     return address < end and (not found or end - address >= TAIL_SLACK)
 
 
-def _compiled_walk(lib: ctypes.CDLL, mem: ProcessMemory, start: int, end: int
-                   ) -> Chunks | None:
+def _compiled_walk(lib: ctypes.CDLL, mem: ProcessMemory, start: int, end: int,
+                   sink: Callable[[int, np.ndarray], None] | None) -> Chunks | None:
     """walk, each window's chain followed by chunkwalk.c straight into arrays of one
     slot per possible chunk (the smallest is 32 bytes): only the pages written are
     memory (17 bytes a chunk), with no copy or concatenation after."""
@@ -138,13 +142,30 @@ def _compiled_walk(lib: ctypes.CDLL, mem: ProcessMemory, start: int, end: int
         if got < 0:
             break
         count += got
+        if sink is not None:
+            _give(sink, mem, address, words, after.value)
         address = after.value
         if broken.value:
             break
     if _torn(address, end, count > 0):
         return None
     prev[count] = 0  # the top: its next chunk, were there one, would say it is free
-    return Chunks(addr[:count], size[:count], prev[1:count + 1].view(bool))
+    return Chunks(addr[:count], size[:count], prev[1:count + 1].view(bool),
+                  read_to=address if sink is not None else 0)
+
+
+def _give(sink: Callable[[int, np.ndarray], None], mem: ProcessMemory, address: int,
+          words: np.ndarray, after: int) -> None:
+    """The words of [address, after) to the sink: the window's, and past its end (a
+    chunk longer than the window) read on, since the next window starts at `after`."""
+    sink(address, words[: (after - address) // 8])
+    read = address + 8 * len(words)
+    while read < after:
+        more = mem.words_at(read, min(WINDOW, after - read), reuse=True)
+        if not len(more):
+            return
+        sink(read, more)
+        read += 8 * len(more)
 
 
 def _window(mem: ProcessMemory, address: int, end: int) -> _Window | None:

@@ -129,17 +129,20 @@ def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False)
         out.complete = False
         out.notes.append(f"process {out.pid} gone before its memory was scanned")
         return
-    out.heap = glibc.read_heap(mem, maps)
+    out.words = graph.Words()
+    out.heap = glibc.read_heap(mem, maps, out.words)
     out.notes += out.heap.notes
     if not out.heap.recognised:
         out.complete = False
+        out.words = None
         return
     threads = read_threads(out.pid, proc)
     exiting = {t.tid: p for t in threads if at_exit and t.sp is not None and t.pc
                and (p := exit_path(mem, maps, t.sp, t.pc)) is not None}
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
-    out.words = graph.read_words(mem, glibc.span(out.heap), out.roots, out.heap.regions)
+    graph.read_words(mem, out.heap.span, out.roots, out.heap.regions, out.heap.covered,
+                     out.words)
 
 
 def finish(out: ReachScan) -> None:

@@ -222,15 +222,19 @@ def test_freed_chunks_are_matched_as_isin_does(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_compiled_pointer_filter_keeps_what_numpy_keeps(seed: int) -> None:
-    """graph._Filter (chunkwalk.c's refcntd_pointers) against graph._candidates: the
+    """graph.PointerFilter (chunkwalk.c's refcntd_pointers) against graph._candidates: the
     same words, in order, with the same addresses, at both ends of the span too."""
     rng = np.random.default_rng(seed)
     lo, hi = np.uint64(0x5555_0000_0000), np.uint64(0x5555_0100_0000)
     words = rng.integers(0, 1 << 47, 100_000, dtype=np.uint64)
     words[::7] = rng.integers(int(lo) - 64, int(hi) + 64, len(words[::7]), dtype=np.uint64)
     words[:4] = [lo, hi, lo - np.uint64(1), hi - np.uint64(1)]
-    keep = graph._Filter(lo, hi)
+    keep, out = graph.PointerFilter(lo, hi), graph.Words()
     assert keep.lib is not None
-    got, want = keep(0x7000_0000, words), graph._candidates(0x7000_0000, words, lo, hi)
-    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
-    assert got[0][:2].tolist() == [lo, hi - np.uint64(1)]
+    for at in range(0, len(words), 30_000):  # windows, filling more than one block
+        keep.add_to(out, 0x7000_0000 + 8 * at, words[at:at + 30_000], 3)
+    want = graph._candidates(0x7000_0000, words, lo, hi)
+    assert np.concatenate(out.values).tolist() == want[0].tolist()
+    assert np.concatenate(out.where).tolist() == want[1].tolist()
+    assert out.owner == [3] * len(out.values) and len(out.values) == 4
+    assert out.values[0][:2].tolist() == [lo, hi - np.uint64(1)]
