@@ -44,13 +44,13 @@ if TYPE_CHECKING:
     from refcntd.service.checkpoint import Route, Views
 
 DEFAULT_BUDGET_S = 1.0
-# the stop, per GiB of writable memory and per malloc block (benchmarks/leakkinds.py,
-# benchmarks/results/leak-kinds.md, 2026-11-28 evening: the process is stopped only
-# while its memory is read and its chunks walked by chunkwalk.c), rounded up; without
-# the compiled walker each block costs as much as the numpy walk did
-SECONDS_PER_GIB = 1.0
-SECONDS_PER_BLOCK = 0.05e-6
-SECONDS_PER_BLOCK_NUMPY = 1e-6
+# the stop, per GiB of writable memory and per malloc block: what benchmarks/leakkinds.py
+# measured on 2026-11-28 at 17:42 UTC (benchmarks/results/leak-kinds.md: the process
+# stopped only while its memory is read and its chunks walked; 0.32 s for 1 GiB of 4 KiB
+# blocks, 0.60 s for 13.4 M blocks of 64 bytes), with half again for a loaded machine;
+# without the compiled walker (0.90 s and 1.29 s) likewise
+SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.5, 0.025e-6
+SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
 LOST = ("definitely lost", INDIRECTLY)
 
 
@@ -144,8 +144,9 @@ def estimate_s(pid: int) -> tuple[float, int, int]:
 
 
 def expected_stop_s(writable_bytes: int, blocks: int) -> float:
-    per_block = SECONDS_PER_BLOCK if compiled() is not None else SECONDS_PER_BLOCK_NUMPY
-    return writable_bytes / 2**30 * SECONDS_PER_GIB + blocks * per_block
+    per_gib, per_block = (SECONDS_PER_GIB, SECONDS_PER_BLOCK) if compiled() is not None \
+        else (SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY)
+    return writable_bytes / 2**30 * per_gib + blocks * per_block
 
 
 def scan_live(pid: int, budget_s: float,

@@ -35,11 +35,17 @@ def test_the_estimate_counts_the_blocks_and_prices_them(heap) -> None:
                                      + counted * leakscan.SECONDS_PER_BLOCK)
 
 
-def test_without_the_compiled_walker_blocks_cost_more(monkeypatch) -> None:
-    with_it = leakscan.expected_stop_s(1 << 30, 13_400_000)
-    assert with_it == pytest.approx(1.0 + 0.67)  # 1 GiB of 64-byte blocks: about its stop
+def test_a_gib_of_blocks_fits_the_default_budget_with_the_compiled_walker(monkeypatch
+                                                                         ) -> None:
+    """1 GiB of 64-byte blocks (13.4 M) stopped heapfill 0.60 s, of 4 KiB blocks 0.32 s
+    (benchmarks/results/leak-kinds.md): both under the default budget, and estimated
+    above what was measured; without the compiled walker (1.29 s, 0.90 s) not."""
+    small, large = (1 << 30, 13_421_774), (1 << 30, 261_125)
+    assert 0.60 < leakscan.expected_stop_s(*small) < leakscan.DEFAULT_BUDGET_S
+    assert 0.32 < leakscan.expected_stop_s(*large) < leakscan.DEFAULT_BUDGET_S
     monkeypatch.setattr(leakscan, "compiled", lambda: None)
-    assert leakscan.expected_stop_s(1 << 30, 13_400_000) == pytest.approx(1.0 + 13.4)
+    assert leakscan.expected_stop_s(*small) > max(1.29, leakscan.DEFAULT_BUDGET_S)
+    assert leakscan.expected_stop_s(*large) > max(0.90, leakscan.DEFAULT_BUDGET_S)
 
 
 def test_over_the_budget_the_process_is_not_stopped(heap) -> None:
