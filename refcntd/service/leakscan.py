@@ -48,7 +48,9 @@ DEFAULT_BUDGET_S = 1.0
 # measured on 2026-11-28 at 17:42 UTC (benchmarks/results/leak-kinds.md: the process
 # stopped only while its memory is read and its chunks walked; 0.32 s for 1 GiB of 4 KiB
 # blocks, 0.60 s for 13.4 M blocks of 64 bytes), with half again for a loaded machine;
-# without the compiled walker (0.90 s and 1.29 s) likewise
+# without the compiled walker (0.90 s and 1.29 s) likewise; plus what any scan costs
+# (maps, threads, libc's data; 0.04-0.06 s for a 64 MiB heap)
+SECONDS_PER_SCAN = 0.05
 SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.5, 0.025e-6
 SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
 LOST = ("definitely lost", INDIRECTLY)
@@ -146,7 +148,7 @@ def estimate_s(pid: int) -> tuple[float, int, int]:
 def expected_stop_s(writable_bytes: int, blocks: int) -> float:
     per_gib, per_block = (SECONDS_PER_GIB, SECONDS_PER_BLOCK) if compiled() is not None \
         else (SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY)
-    return writable_bytes / 2**30 * per_gib + blocks * per_block
+    return SECONDS_PER_SCAN + writable_bytes / 2**30 * per_gib + blocks * per_block
 
 
 def scan_live(pid: int, budget_s: float,

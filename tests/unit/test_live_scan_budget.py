@@ -31,7 +31,8 @@ def test_the_estimate_counts_the_blocks_and_prices_them(heap) -> None:
     pid, blocks = heap
     expected, size, counted = leakscan.estimate_s(pid)
     assert blocks <= counted <= blocks + 64  # heapfill's and libc's own few
-    assert expected == pytest.approx(size / 2**30 * leakscan.SECONDS_PER_GIB
+    assert expected == pytest.approx(leakscan.SECONDS_PER_SCAN
+                                     + size / 2**30 * leakscan.SECONDS_PER_GIB
                                      + counted * leakscan.SECONDS_PER_BLOCK)
 
 
