@@ -44,14 +44,15 @@ if TYPE_CHECKING:
     from refcntd.service.checkpoint import Route, Views
 
 DEFAULT_BUDGET_S = 1.0
-# the stop, per GiB of writable memory and per malloc block: what benchmarks/leakkinds.py
-# measured on 2026-11-28 at 17:42 UTC (benchmarks/results/leak-kinds.md: the process
-# stopped only while its memory is read and its chunks walked; 0.32 s for 1 GiB of 4 KiB
-# blocks, 0.60 s for 13.4 M blocks of 64 bytes), with half again for a loaded machine;
-# without the compiled walker (0.90 s and 1.29 s) likewise; plus what any scan costs
-# (maps, threads, libc's data; 0.04-0.06 s for a 64 MiB heap)
+# the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py on
+# 2026-11-28 at 17:42-17:45 UTC, load 2-3 (benchmarks/results/leak-kinds.md: the process
+# stopped only while its memory is read and its chunks walked): 1 GiB of 4 KiB blocks
+# 0.32-0.56 s, of 1 KiB blocks 0.39-0.63 s, 13.4 M blocks of 64 bytes 0.60-0.65 s; the
+# figures below are above each of those.  Without the compiled walker (0.90 s and 1.29 s
+# for 4 KiB and 64-byte blocks) likewise.  Plus what any scan costs (maps, threads,
+# libc's data: 64 MiB heaps stopped 0.04-0.06 s)
 SECONDS_PER_SCAN = 0.05
-SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.5, 0.025e-6
+SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.6, 0.025e-6
 SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
 LOST = ("definitely lost", INDIRECTLY)
 

@@ -38,12 +38,13 @@ def test_the_estimate_counts_the_blocks_and_prices_them(heap) -> None:
 
 def test_a_gib_of_blocks_fits_the_default_budget_with_the_compiled_walker(monkeypatch
                                                                          ) -> None:
-    """1 GiB of 64-byte blocks (13.4 M) stopped heapfill 0.60 s, of 4 KiB blocks 0.32 s
-    (benchmarks/results/leak-kinds.md): both under the default budget, and estimated
-    above what was measured; without the compiled walker (1.29 s, 0.90 s) not."""
+    """1 GiB of 64-byte blocks (13.4 M) stopped heapfill 0.60-0.65 s, of 4 KiB blocks
+    0.32-0.56 s (benchmarks/results/leak-kinds.md): both under the default budget, and
+    estimated above what was measured; without the compiled walker (1.29 s, 0.90 s)
+    not."""
     small, large = (1 << 30, 13_421_774), (1 << 30, 261_125)
-    assert 0.60 < leakscan.expected_stop_s(*small) < leakscan.DEFAULT_BUDGET_S
-    assert 0.32 < leakscan.expected_stop_s(*large) < leakscan.DEFAULT_BUDGET_S
+    assert 0.65 < leakscan.expected_stop_s(*small) < leakscan.DEFAULT_BUDGET_S
+    assert 0.56 < leakscan.expected_stop_s(*large) < leakscan.DEFAULT_BUDGET_S
     monkeypatch.setattr(leakscan, "compiled", lambda: None)
     assert leakscan.expected_stop_s(*small) > max(1.29, leakscan.DEFAULT_BUDGET_S)
     assert leakscan.expected_stop_s(*large) > max(0.90, leakscan.DEFAULT_BUDGET_S)
