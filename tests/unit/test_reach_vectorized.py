@@ -171,6 +171,25 @@ def test_chunk_walk_finds_exactly_the_chain(fake: bool, numpy_only: bool, monkey
     assert got == truth
 
 
+def test_the_walk_hands_every_word_once_to_its_sink(monkeypatch) -> None:
+    """The heap read once (graph.read_words reads only what the walk did not): the
+    sink gets each word from the start up to read_to once, in order, chunks longer
+    than the window included."""
+    monkeypatch.setattr(chunks, "WINDOW", 1 << 9)  # most chunks are longer
+    mem, truth = chunk_heap(5, True)
+    end = truth[-1][0] + truth[-1][1]
+    got: list[tuple[int, list[int]]] = []
+    run = chunks.walk(mem, truth[0][0], end,  # type: ignore[arg-type]
+                      sink=lambda base, words: got.append((base, words.tolist())))
+    assert run is not None and run.read_to == end
+    at = truth[0][0]
+    for base, words in got:
+        assert base == at
+        at += 8 * len(words)
+    assert at == end
+    assert [w for _, words in got for w in words] == mem.words.tolist()
+
+
 @pytest.mark.parametrize("numpy_only", WALKERS)
 def test_torn_heap_is_refused(numpy_only: bool) -> None:
     mem, truth = chunk_heap(3, False)
