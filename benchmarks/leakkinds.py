@@ -42,7 +42,7 @@ from refcntd.service.leakscan import estimate_s, scan_live  # noqa: E402
 REFCNTD = [sys.executable, "-m", "refcntd"]
 GLIB_TESTS = ["cancellable", "defaultiface", "dynamictests", "dynamictype", "testing", "task"]
 GIO_TOOLS = [["gio", "mime", "text/plain"], ["gio", "list", "/usr/share"]]
-HEAPS = [(64, 64), (64, 4096), (256, 64), (256, 4096), (1024, 64), (1024, 4096)]
+HEAPS = [(mib, block) for mib in (64, 256, 1024) for block in (64, 1024, 4096)]
 GOALS = {"exit_scan_overhead": 0.20, "stop_s_per_gib": 1.0}
 RECORD = re.compile(r"==\d+== ([\d,]+) (?:\([\d,]+ direct, [\d,]+ indirect\) )?bytes in (\d+) "
                     r"blocks are (still reachable|definitely lost|indirectly lost|possibly lost)"
@@ -53,10 +53,12 @@ def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
     proc = subprocess.Popen([str(exe), str(mib), str(block)], stdout=subprocess.PIPE, text=True)
     try:
         blocks = int(proc.stdout.readline().split()[1])
+        began = time.monotonic()
         estimate = estimate_s(proc.pid)[0]
-        cpu = time.process_time()
+        estimated_in = time.monotonic() - began
+        cpu, began = time.process_time(), time.monotonic()
         live = scan_live(proc.pid, budget_s=1e9)
-        cpu = time.process_time() - cpu
+        cpu, took = time.process_time() - cpu, time.monotonic() - began
     finally:
         proc.kill()
         proc.wait()
@@ -66,6 +68,7 @@ def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
             "lost_blocks": live.scan.lost_blocks, "heap_gib": heap / 2**30,
             "bytes_read": live.scan.bytes_read, "stopped_s": live.stopped_s,
             "estimate_s": estimate, "load_average": os.getloadavg()[0], "cpu_s": cpu,
+            "after_s": max(took - live.stopped_s - estimated_in, 0.0),
             "s_per_gib": live.stopped_s / (heap / 2**30)}
 
 
@@ -192,11 +195,12 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
              "## Stop time of a live scan (GET /leaks) per GiB of heap", "",
              "| heap MiB | block bytes | blocks | lost blocks | bytes read MiB | stopped s "
              "| s per GiB of heap | estimated s | refcntd's CPU s (estimate and scan) "
-             "| load average |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| graph after the stop s | load average |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {h['mib']} | {h['block']} | {h['scanned_blocks']:,} | {h['lost_blocks']:,} | "
               f"{int(h['bytes_read']) / 2**20:.0f} | {h['stopped_s']:.2f} | "  # type: ignore[call-overload]
               f"{h['s_per_gib']:.2f} | {h['estimate_s']:.2f} | "
-              f"{h.get('cpu_s', float('nan')):.2f} | "
+              f"{h.get('cpu_s', float('nan')):.2f} | {h.get('after_s', float('nan')):.2f} | "
               f"{h.get('load_average', float('nan')):.1f} |" for h in heaps]
     lines += ["", "## GLib tests and gio tools: cost of the exit scan, kinds against valgrind",
               "", "GObjects made by g_object_new alive at exit: refcntd's kind of each, and "

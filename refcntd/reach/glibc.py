@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refcntd.reach.chunks import Chunks, walk
+from refcntd.reach.chunks import Chunks, missing_note, walk
+from refcntd.reach.graph import PointerFilter, Words
 from refcntd.reach.memory import Mapping, ProcessMemory
 
 IS_MMAPPED = 2
@@ -56,9 +57,24 @@ class Heap:
     free_chunks: int = 0  # in fastbins and tcaches: left out
     freed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their starts
     freed_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    runs: list[Chunks] = field(default_factory=list)  # read, not yet settled
+    free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # chunk addresses
+    span: tuple[int, int] = (0, 0)  # from the lowest region's start to the highest's end
+    covered: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # per
+    #         region: the part whose words the walk kept (read_heap's `words`)
 
 
 def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
+    heap = read_heap(mem, maps)
+    settle(heap)
+    return heap
+
+
+def read_heap(mem: ProcessMemory, maps: list[Mapping], words: Words | None = None) -> Heap:
+    """What needs the process stopped: the chunks and the free lists (`settle` makes the
+    sorted in-use blocks from them afterwards, the process no longer needed).  `words`:
+    the words that may point into a block are kept there as the chunks are walked (the
+    heap read once, not once more for the pointers); `covered` says where."""
     heap = Heap()
     other = sorted({a for m in maps for a in OTHER_ALLOCATORS if a in m.path.rsplit("/", 1)[-1]})
     if other:
@@ -71,29 +87,47 @@ def find_heap(mem: ProcessMemory, maps: list[Mapping]) -> Heap:
         heap.notes.append("no glibc in the process (static or another C library): "
                           "reachability not scanned")
         return heap
-    runs, arenas, top = [], [], 0
-    for run, region, arena in _arena_runs(mem, maps, heap):
+    if (note := missing_note()) is not None:
+        heap.notes.append(note)
+    heaps = list(_heap_mappings(mem, maps))
+    mapped = list(_mmapped_chunks(mem, maps, [(m.start, m.end) for m, *_ in heaps]))
+    bounds = [(m.start, m.end) for m, *_ in heaps] + [(a, a + n) for a, n in mapped]
+    heap.span = (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else (0, 0)
+    arenas, top = [], 0
+    for run, region, arena in _arena_runs(mem, heaps, heap, words):
         heap.regions.append(region)
         arenas.append(arena)
         top = int(run.addr[-1]) if arena == 0 and len(run.addr) else top
-        runs.append(run)
-    for address, size in _mmapped_chunks(mem, maps, heap.regions):
+        heap.runs.append(run)
+    for address, size in mapped:
         heap.regions.append((address, address + size))
-        runs.append(Chunks(np.array([address], np.uint64), np.array([size], np.uint64),
-                           np.array([True]), mmapped=True))
-    heap.starts, heap.ends, heap.tails = _in_use(runs)
+        heap.runs.append(Chunks(np.array([address], np.uint64), np.array([size], np.uint64),
+                                np.array([True]), mmapped=True))
     main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
     if heap.recognised:
         free: set[int] = set()
         for arena in [a for a in arenas if a] + ([main] if main else []):
             free |= _fastbin_chunks(mem, arena, heap)
-        free |= _tcache_chunks(mem, heap.starts, heap.ends)
-        keep = ~_members(heap.starts - np.uint64(16), np.array(sorted(free), np.uint64))
+        free |= _tcache_chunks(mem, heap.runs)
+        heap.free = np.array(sorted(free), np.uint64)
+    return heap
+
+
+def settle(heap: Heap) -> None:
+    """The sorted in-use blocks of the chunks read, those in a free list left out."""
+    heap.starts, heap.ends, heap.tails = _in_use(heap.runs)
+    heap.runs = []
+    if heap.recognised:
+        keep = ~_members(heap.starts - np.uint64(16), heap.free)
         heap.free_chunks = len(keep) - int(np.count_nonzero(keep))
         heap.freed, heap.freed_ends = heap.starts[~keep], heap.ends[~keep]
         heap.starts, heap.ends, heap.tails = (a[keep] for a in (heap.starts, heap.ends,
                                                                heap.tails))
-    return heap
+
+
+def blocks_read(heap: Heap) -> int:
+    """The in-use blocks of the chunks read (before `settle`), those in a free list out."""
+    return sum(int(np.count_nonzero(r.inuse)) for r in heap.runs) - len(heap.free)
 
 
 def _members(items: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
@@ -123,44 +157,48 @@ def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return addr + np.uint64(16), ends, tails
 
 
-def _arena_runs(mem: ProcessMemory, maps: list[Mapping], heap: Heap
-                ) -> Iterator[tuple[Chunks, tuple[int, int], int]]:
-    """(chunks, region, arena address or 0 for the main one) of every heap."""
+def _heap_mappings(mem: ProcessMemory, maps: list[Mapping]
+                   ) -> Iterator[tuple[Mapping, int, int, int]]:
+    """(mapping, first chunk, end of its chunks, arena address or 0 for the main one)
+    of [heap] and of each 64 MiB-aligned mapping that starts with a heap_info."""
     for m in maps:
         if m.path == "[heap]":
-            run = walk(mem, m.start, m.end)
-            if run is None:
-                heap.recognised = False
-                heap.notes.append(f"[heap] at {m.start:#x} is not a glibc malloc heap "
-                                  "(chunk sizes do not add up): reachability not scanned")
-                return
-            yield run, (m.start, m.end), 0
+            yield m, m.start, m.end, 0
         elif not m.path and m.writable and m.start % HEAP_MAX == 0:
-            found = _thread_heap(mem, m, heap)
-            if found is not None:
-                yield found[0], (m.start, m.end), found[1]
+            info = mem.words(m.start, 4)
+            if info is None:
+                continue
+            ar_ptr, _prev, size, _mprotect = info
+            if not (HEAP_INFO <= size <= m.size) or ar_ptr == 0:
+                continue
+            first = m.start + HEAP_INFO
+            if ar_ptr == first:  # the arena's first heap: its malloc_state comes first
+                first = (ar_ptr + ARENA_SIZE + 15) & ~15
+            yield m, first, m.start + size, ar_ptr
 
 
-def _thread_heap(mem: ProcessMemory, m: Mapping, heap: Heap) -> tuple[Chunks, int] | None:
-    """A thread arena's heap: heap_info, maybe its malloc_state, then chunks up to
-    heap_info.size; None when the mapping is something else 64 MiB-aligned (a note
-    when it had a heap_info's shape but its chunks did not add up: the objects in it
-    then get no kind, never a guessed one)."""
-    info = mem.words(m.start, 4)
-    if info is None:
-        return None
-    ar_ptr, _prev, size, _mprotect = info
-    if not (HEAP_INFO <= size <= m.size) or ar_ptr == 0:
-        return None
-    first = m.start + HEAP_INFO
-    if ar_ptr == first:  # the arena's first heap: its malloc_state comes first
-        first = (ar_ptr + ARENA_SIZE + 15) & ~15
-    run = walk(mem, first, m.start + size)
-    if run is None or not len(run.addr):
-        heap.notes.append(f"thread heap at {m.start:#x}: chunk sizes do not add up, its "
-                          "blocks not scanned (objects in it get no kind)")
-        return None
-    return run, ar_ptr
+def _arena_runs(mem: ProcessMemory, heaps: list[tuple[Mapping, int, int, int]], heap: Heap,
+                words: Words | None) -> Iterator[tuple[Chunks, tuple[int, int], int]]:
+    """(chunks, region, arena address or 0 for the main one) of every heap whose chunks
+    add up (a thread heap whose do not: a note, and the objects in it get no kind,
+    never a guessed one; its words, kept by the walk, are dropped with it)."""
+    keep = None if words is None else PointerFilter(*heap.span)
+    for m, first, end, arena in heaps:
+        part = Words()
+        run = walk(mem, first, end, sink=None if keep is None else keep.into(part))
+        if arena == 0 and run is None:
+            heap.recognised = False
+            heap.notes.append(f"[heap] at {m.start:#x} is not a glibc malloc heap "
+                              "(chunk sizes do not add up): reachability not scanned")
+            return
+        if run is None or (arena and not len(run.addr)):
+            heap.notes.append(f"thread heap at {m.start:#x}: chunk sizes do not add up, its "
+                              "blocks not scanned (objects in it get no kind)")
+            continue
+        if words is not None and run.read_to > first:
+            words.extend(part)
+            heap.covered[(m.start, m.end)] = (first, run.read_to)
+        yield run, (m.start, m.end), arena
 
 
 def _main_arena(mem: ProcessMemory, maps: list[Mapping], heap: Heap, top: int,
@@ -228,25 +266,31 @@ class _Pages:
         return int.from_bytes(data[at:at + 8], "little")
 
 
-def _tcache_chunks(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray) -> set[int]:
+def _tcache_chunks(mem: ProcessMemory, runs: list[Chunks]) -> set[int]:
     """Chunks in threads' tcaches: each tcache_perthread_struct is an in-use chunk of
     0x290 bytes whose every list checks out (sizes, counts, a null end)."""
     out: set[int] = set()
-    for user in starts[ends - starts == np.uint64(TCACHE_CHUNK - 16)].tolist():
-        found = _tcache_lists(mem, user, starts, ends)
-        if found is not None:
-            out |= found
+    for run in runs:
+        for chunk in run.addr[run.inuse & (run.size == np.uint64(TCACHE_CHUNK))].tolist():
+            found = _tcache_lists(mem, chunk + 16, runs)
+            if found is not None:
+                out |= found
     return out
 
 
-def _chunk_size(starts: np.ndarray, ends: np.ndarray, user: int) -> int:
+def _chunk_size(runs: list[Chunks], user: int) -> int:
     """The size of the in-use chunk whose user pointer is `user`, 0 if none."""
-    i = int(np.searchsorted(starts, np.uint64(user)))
-    return int(ends[i] - starts[i]) + 16 if i < len(starts) and int(starts[i]) == user else 0
+    if user < 16:
+        return 0
+    chunk = np.uint64(user - 16)
+    for run in runs:
+        i = int(np.searchsorted(run.addr, chunk))
+        if i < len(run.addr) and run.addr[i] == chunk:
+            return int(run.size[i]) if run.inuse[i] else 0
+    return 0
 
 
-def _tcache_lists(mem: ProcessMemory, user: int, starts: np.ndarray, ends: np.ndarray
-                  ) -> set[int] | None:
+def _tcache_lists(mem: ProcessMemory, user: int, runs: list[Chunks]) -> set[int] | None:
     raw = mem.read(user, TCACHE_CHUNK - 16)
     if len(raw) != TCACHE_CHUNK - 16:
         return None
@@ -257,7 +301,7 @@ def _tcache_lists(mem: ProcessMemory, user: int, starts: np.ndarray, ends: np.nd
         if (entry == 0) != (count == 0):
             return None
         for _ in range(count):
-            if _chunk_size(starts, ends, entry) != 32 + 16 * index:
+            if _chunk_size(runs, entry) != 32 + 16 * index:
                 return None
             out.add(entry - 16)
             stored = mem.word(entry)

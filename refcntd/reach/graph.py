@@ -14,16 +14,18 @@ memcheck computes them (mc_leakcheck.c), with numpy over every aligned word read
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from refcntd.reach import chunks
 from refcntd.reach.memory import ProcessMemory
 from refcntd.reach.paths import find_paths
 from refcntd.reach.roots import Root
 
 WINDOW = 1 << 22
+BLOCK_MIN, BLOCK_MAX = 1 << 16, 1 << 21  # entries of Words's blocks (8 bytes each, twice)
 UNREACHED, REACHABLE, POSSIBLE, INDIRECT = 0, 1, 2, 3
 NO_ROOT = -1
 NARROW = 256  # a frontier narrower than this is walked in Python ...
@@ -40,21 +42,110 @@ class Edges:
     where: np.ndarray  # the address of the word holding the pointer
 
 
-def scan_words(mem: ProcessMemory, starts: np.ndarray, ends: np.ndarray,
-               roots: list[Root], regions: list[tuple[int, int]],
+@dataclass
+class Words:
+    """The words read while the process was stopped that may point into a block (their
+    value inside the blocks' span), each with where it was (0: a register) and whose
+    it was (a root's index, or None: the heap's): all the pointer graph needs, so the
+    edges are found after the process is continued.  One entry per such word: no more
+    than the edges themselves take (most words of a heap are no pointer into it)."""
+
+    values: list[np.ndarray] = field(default_factory=list)
+    where: list[np.ndarray] = field(default_factory=list)
+    owner: list[int | None] = field(default_factory=list)
+    _block: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+    _used: int = 0
+
+    def add(self, values: np.ndarray, where: np.ndarray, owner: int | None) -> None:
+        self.values.append(values)
+        self.where.append(where)
+        self.owner.append(owner)
+
+    def room(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Space for `count` more entries, written in place (`taken` then keeps them):
+        blocks each twice the last (from BLOCK_MIN up to BLOCK_MAX entries), large
+        enough for numpy to ask for huge pages, instead of a small copy per window,
+        which faulted in page after page while the process was stopped."""
+        if len(self._block[0]) - self._used < count:
+            size = max(count, min(BLOCK_MAX, max(BLOCK_MIN, 2 * len(self._block[0]))))
+            self._block, self._used = (np.empty(size, np.uint64),
+                                       np.empty(size, np.uint64)), 0
+        return self._block[0][self._used:], self._block[1][self._used:]
+
+    def taken(self, count: int, owner: int | None) -> None:
+        at = self._used
+        self.add(self._block[0][at:at + count], self._block[1][at:at + count], owner)
+        self._used += count
+
+    def extend(self, other: Words) -> None:
+        self.values += other.values
+        self.where += other.where
+        self.owner += other.owner
+
+
+def read_words(mem: ProcessMemory, span: tuple[int, int], roots: list[Root],
+               regions: list[tuple[int, int]],
+               covered: dict[tuple[int, int], tuple[int, int]] | None = None,
+               out: Words | None = None) -> Words:
+    """While the process is stopped: every word of the roots and of the heap whose value
+    falls in `span` (from the first block's start to the last one's end, or wider), into
+    `out`, which may hold those of the parts of regions `covered` already."""
+    out = Words() if out is None else out
+    if span[0] >= span[1]:
+        return out
+    lo, hi = np.uint64(span[0]), np.uint64(span[1])
+    keep = PointerFilter(lo, hi)
+    for index, root in enumerate(roots):
+        if root.values:
+            values = np.array(root.values, np.uint64)
+            kept = values[(values >= lo) & (values < hi)]
+            out.add(kept, np.zeros(len(kept), np.uint64), index)
+        for base, words in _windows(mem, root.start, root.end):
+            keep.add_to(out, base, words, index)
+    for start, end in _uncovered(regions, covered or {}):
+        for base, words in _windows(mem, start, end):
+            keep.add_to(out, base, words, None)
+    return out
+
+
+def _uncovered(regions: list[tuple[int, int]],
+               covered: dict[tuple[int, int], tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Each region, less the part of it already read (one part at most)."""
+    for start, end in regions:
+        lo, hi = covered.get((start, end), (end, end))
+        yield from ((a, b) for a, b in ((start, lo), (hi, end)) if a < b)
+
+
+class PointerFilter:
+    """_candidates, in one compiled pass where chunkwalk.c is built (numpy's takes
+    several over each window, a quarter of the stop on a heap of small blocks),
+    written straight into the Words kept."""
+
+    def __init__(self, lo: int | np.uint64, hi: int | np.uint64) -> None:
+        self.lo, self.hi, self.lib = np.uint64(lo), np.uint64(hi), chunks.compiled()
+
+    def add_to(self, out: Words, base: int, words: np.ndarray, owner: int | None) -> None:
+        if self.lib is None:
+            out.add(*_candidates(base, words, self.lo, self.hi), owner)
+            return
+        values, where = out.room(len(words))
+        count = self.lib.refcntd_pointers(words, len(words), base, self.lo, self.hi, values,
+                                          where)
+        out.taken(count, owner)
+
+    def into(self, out: Words) -> Callable[[int, np.ndarray], None]:
+        """A walk's sink: the heap's words kept in `out`."""
+        return lambda base, words: self.add_to(out, base, words, None)
+
+
+def find_edges(words: Words, starts: np.ndarray, ends: np.ndarray,
                tails: np.ndarray | None = None) -> Edges:
     """Every pointer into a block from the roots and from the blocks themselves (a
     block holds the words up to its tail, glibc.Heap; its end without tails)."""
-    parts = []
-    for index, root in enumerate(roots):
-        if root.values:
-            parts.append(_hits(0, np.array(root.values, np.uint64), starts, ends,
-                               np.int64(-1 - index), registers=True))
-        for base, words in _windows(mem, root.start, root.end):
-            parts.append(_hits(base, words, starts, ends, np.int64(-1 - index)))
-    for start, end in regions:
-        for base, words in _windows(mem, start, end):
-            parts.append(_hits(base, words, starts, ends, None, tails=tails))
+    parts = [_resolve(values, where, starts, ends,
+                      None if owner is None else np.int64(-1 - owner), tails)
+             for values, where, owner in zip(words.values, words.where, words.owner,
+                                             strict=True)]
     if not parts:
         return Edges(*_nothing())
     return Edges(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
@@ -72,17 +163,28 @@ def _windows(mem: ProcessMemory, start: int, end: int) -> Iterator[tuple[int, np
         address += size
 
 
+def _candidates(base: int, words: np.ndarray, lo: np.uint64, hi: np.uint64
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The words in [lo, hi) (most are not: cheap to drop) and their addresses."""
+    kept = np.flatnonzero((words >= lo) & (words < hi))
+    return words[kept], np.uint64(base) + kept.astype(np.uint64) * np.uint64(8)
+
+
 def _hits(base: int, words: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-          root: np.int64 | None, registers: bool = False, tails: np.ndarray | None = None
-          ) -> tuple[np.ndarray, ...]:
-    """The words pointing into a block (the word at `base` first); `root` None: the
-    words are inside blocks, and count only inside an in-use one (before its tail)."""
+          root: np.int64 | None, tails: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """The words at `base` pointing into a block (read and resolved at once)."""
     if len(starts) == 0:
         return _nothing()
-    kept = np.flatnonzero((words >= starts[0]) & (words < ends[-1]))  # most: cheap to drop
-    words = words[kept]
-    where = np.zeros(len(kept), np.uint64) if registers else \
-        np.uint64(base) + kept.astype(np.uint64) * np.uint64(8)
+    return _resolve(*_candidates(base, words, starts[0], ends[-1]), starts, ends, root, tails)
+
+
+def _resolve(words: np.ndarray, where: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+             root: np.int64 | None, tails: np.ndarray | None = None
+             ) -> tuple[np.ndarray, ...]:
+    """The words pointing into a block; `root` None: the words are inside blocks, and
+    count only inside an in-use one (before its tail)."""
+    if len(starts) == 0:
+        return _nothing()
     dst = np.searchsorted(starts, words, "right").astype(np.int64) - 1
     inside = (dst >= 0) & (words < ends[np.maximum(dst, 0)])
     if root is None:

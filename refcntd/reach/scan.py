@@ -56,6 +56,7 @@ class ReachScan:
     seconds: float = 0.0
     taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
+    words: graph.Words | None = None  # read, not yet made kinds (read_process, finish)
 
     @property
     def blocks(self) -> int:
@@ -101,11 +102,20 @@ def scan_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) ->
     """Scan `pid` (stopped by the caller): the kind of every heap block.  `at_exit`: held
     at `_exit`, whose thread's exit frames are scanned as valgrind does
     (exitframes.py)."""
+    out = read_process(pid, proc, at_exit)
+    finish(out)
+    return out
+
+
+def read_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) -> ReachScan:
+    """The part of a scan that needs `pid` stopped: its maps, threads, chunks and the
+    words that may point into a block.  `finish` then needs the process no more (the
+    caller may continue it): the kinds are those of the moment it was stopped."""
     began = time.monotonic()
     out = ReachScan(pid, taken_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
     mem = ProcessMemory(pid, proc)
     try:
-        _scan(mem, out, proc, at_exit)
+        _read(mem, out, proc, at_exit)
     finally:
         mem.close()
     out.bytes_read = mem.bytes_read
@@ -113,25 +123,42 @@ def scan_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) ->
     return out
 
 
-def _scan(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False) -> None:
+def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False) -> None:
     maps = read_maps(out.pid, proc)
     if not maps:
         out.complete = False
         out.notes.append(f"process {out.pid} gone before its memory was scanned")
         return
-    out.heap = glibc.find_heap(mem, maps)
+    out.words = graph.Words()
+    out.heap = glibc.read_heap(mem, maps, out.words)
     out.notes += out.heap.notes
     if not out.heap.recognised:
         out.complete = False
+        out.words = None
         return
     threads = read_threads(out.pid, proc)
     exiting = {t.tid: p for t in threads if at_exit and t.sp is not None and t.pc
                and (p := exit_path(mem, maps, t.sp, t.pc)) is not None}
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
+    graph.read_words(mem, out.heap.span, out.roots, out.heap.regions, out.heap.covered,
+                     out.words)
+
+
+def finish(out: ReachScan) -> None:
+    """The blocks, the pointer graph and the kinds, from what `read_process` read (then
+    dropped)."""
+    if out.words is None:
+        if out.heap.runs:
+            glibc.settle(out.heap)
+        return
+    began = time.monotonic()
+    glibc.settle(out.heap)
     starts, ends = out.heap.starts, out.heap.ends
-    edges = graph.scan_words(mem, starts, ends, out.roots, out.heap.regions, out.heap.tails)
+    edges = graph.find_edges(out.words, starts, ends, out.heap.tails)
+    out.words = None
     out.kinds = graph.classify(len(starts), edges)
     out.heap_bytes = int((ends - starts).sum()) if len(starts) else 0
     out.lost_blocks = int(np.count_nonzero((out.kinds.state == graph.UNREACHED)
                                            | (out.kinds.state == graph.INDIRECT)))
+    out.seconds += time.monotonic() - began

@@ -30,9 +30,10 @@ from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs.reportjson import run_json
-from refcntd.reach.glibc import find_heap
+from refcntd.reach.chunks import compiled
+from refcntd.reach.glibc import blocks_read, read_heap
 from refcntd.reach.memory import ProcessMemory, read_maps
-from refcntd.reach.scan import INDIRECTLY, ReachScan, scan_process
+from refcntd.reach.scan import INDIRECTLY, ReachScan, finish, read_process
 from refcntd.session.exitscan import wait_stopped
 from refcntd.session.lifecycle import read_cmdline
 from refcntd.session.tracer import Tracer
@@ -43,11 +44,16 @@ if TYPE_CHECKING:
     from refcntd.service.checkpoint import Route, Views
 
 DEFAULT_BUDGET_S = 1.0
-# the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py's
-# figures with the numpy walk (benchmarks/results/leak-kinds.md: 0.95 s for 1 GiB of
-# 4 KiB blocks, 12.4 s for 13.4 M blocks of 64 bytes), rounded up
-SECONDS_PER_GIB = 1.0
-SECONDS_PER_BLOCK = 1e-6
+# the stop, per GiB of writable memory and per malloc block: benchmarks/leakkinds.py on
+# 2026-11-28 at 17:42-17:45 UTC, load 2-3 (benchmarks/results/leak-kinds.md: the process
+# stopped only while its memory is read and its chunks walked): 1 GiB of 4 KiB blocks
+# 0.32-0.56 s, of 1 KiB blocks 0.39-0.63 s, 13.4 M blocks of 64 bytes 0.60-0.65 s; the
+# figures below are above each of those.  Without the compiled walker (0.90 s and 1.29 s
+# for 4 KiB and 64-byte blocks) likewise.  Plus what any scan costs (maps, threads,
+# libc's data: 64 MiB heaps stopped 0.04-0.06 s)
+SECONDS_PER_SCAN = 0.05
+SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.6, 0.025e-6
+SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
 LOST = ("definitely lost", INDIRECTLY)
 
 
@@ -127,22 +133,29 @@ def _objects_of(tracer: Tracer, pid: int) -> list[ObjectRecord]:
 
 def estimate_s(pid: int) -> tuple[float, int, int]:
     """The expected stop, from the writable bytes a scan may read and the malloc blocks
-    it will follow, counted by walking the heap while the process runs (read-only; a
+    it will walk, counted by walking the heap while the process runs (read-only; a
     heap changing under the walk counts as one block per 64 bytes, the worst case)."""
     maps = read_maps(pid)
     size = sum(m.size for m in maps if m.writable)
     mem = ProcessMemory(pid)
     try:
-        heap = find_heap(mem, maps)
+        heap = read_heap(mem, maps)
     finally:
         mem.close()
-    blocks = len(heap.starts) if heap.recognised else size // 64
-    return size / 2**30 * SECONDS_PER_GIB + blocks * SECONDS_PER_BLOCK, size, blocks
+    blocks = blocks_read(heap) if heap.recognised else size // 64
+    return expected_stop_s(size, blocks), size, blocks
+
+
+def expected_stop_s(writable_bytes: int, blocks: int) -> float:
+    per_gib, per_block = (SECONDS_PER_GIB, SECONDS_PER_BLOCK) if compiled() is not None \
+        else (SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY)
+    return SECONDS_PER_SCAN + writable_bytes / 2**30 * per_gib + blocks * per_block
 
 
 def scan_live(pid: int, budget_s: float,
               objects: Callable[[], list[ObjectRecord]] = list) -> LiveScan:
-    """Stop `pid`, read its objects and scan it, continue it: unless over the budget.
+    """Stop `pid`, read its objects and its memory, continue it, then find the kinds
+    (of the stopped moment: only what was read is used): unless over the budget.
     A process that was already stopped (by a hold, by its user) stays stopped."""
     expected, size, blocks = estimate_s(pid)
     if expected > budget_s:
@@ -158,13 +171,14 @@ def scan_live(pid: int, budget_s: float,
             os.kill(pid, signal.SIGSTOP)
             wait_stopped(pid)
         live = LiveScan(pid, objects=objects())
-        live.scan = scan_process(pid)
+        live.scan = read_process(pid)
     except ProcessLookupError:
         return LiveScan(pid, skipped="gone")
     finally:
         if not was_stopped:
             _continue(pid, marker)
     live.stopped_s = time.monotonic() - began
+    finish(live.scan)  # the graph of what was read: the process runs meanwhile
     return live
 
 

@@ -5,6 +5,7 @@ fixture stops itself where it would exit; the scan reads it as it would at a hol
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -13,6 +14,7 @@ import pytest
 from conftest import FIXTURES, cc
 from reachtruth import fixture_objects, lsan_kind, private_loader, valgrind_kinds
 
+from refcntd.reach import chunks
 from refcntd.reach.scan import scan_process
 
 OBJECTS = 14
@@ -89,3 +91,19 @@ def test_scan_leaves_out_freed_chunks(programs):
     stale = next(a for a, (n, _) in objects.items() if n == "stale_lost")
     assert kinds[stale].kind == "definitely lost"
     assert result.heap.free_chunks >= 9  # 7 in the tcache, 2 in a fastbin
+
+
+def test_scan_without_the_compiled_walker_is_the_same(programs, monkeypatch):
+    """Where scripts/setup.sh did not build reach/_chunkwalk.so, the numpy walk and
+    filter and two reads of the heap: the same kinds, roots and blocks, and one note."""
+    objects, result, kinds = scan_stopped(programs[0])
+    assert chunks.compiled() is not None and not any("_chunkwalk" in n for n in result.notes)
+    monkeypatch.setattr(chunks, "compiled", lambda: None)
+    objects2, result2, kinds2 = scan_stopped(programs[0])
+    def named(objects, kinds):  # a thread's id (and at times its name) vary by run
+        return {objects[a][0]: (k.kind, re.sub(r"the stack of thread .*", "a stack", k.root),
+                                k.interior_only) for a, k in kinds.items()}
+    assert named(objects, kinds) == named(objects2, kinds2)
+    assert (result2.blocks, result2.lost_blocks, result2.heap.free_chunks) == \
+        (result.blocks, result.lost_blocks, result.heap.free_chunks)
+    assert [n for n in result2.notes if "_chunkwalk.so missing" in n]

@@ -143,22 +143,87 @@ def chunk_heap(seed: int, fake_headers: bool) -> tuple[Words, list[tuple[int, in
     return Words(base, words), truth
 
 
+def test_the_compiled_walker_is_built() -> None:
+    """scripts/setup.sh builds it; without it the live scan's stop is many times longer
+    (the scan says so in a note, test_a_scan_without_it_says_so)."""
+    assert chunks.compiled() is not None, f"{chunks.COMPILED} missing: bash scripts/setup.sh"
+    assert chunks.missing_note() is None
+
+
+def test_a_scan_without_it_says_so(monkeypatch) -> None:
+    monkeypatch.setattr(chunks, "compiled", lambda: None)
+    note = chunks.missing_note()
+    assert note is not None and "scripts/setup.sh" in note and "_chunkwalk.so" in note
+
+
+WALKERS = [pytest.param(True, id="numpy"), pytest.param(False, id="compiled")]
+
+
+@pytest.mark.parametrize("numpy_only", WALKERS)
 @pytest.mark.parametrize("fake", [False, True])
-def test_chunk_walk_finds_exactly_the_chain(fake: bool, monkeypatch) -> None:
+def test_chunk_walk_finds_exactly_the_chain(fake: bool, numpy_only: bool, monkeypatch) -> None:
     monkeypatch.setattr(chunks, "WINDOW", 1 << 12)  # many windows, chunks across them
     mem, truth = chunk_heap(7, fake)
     end = truth[-1][0] + truth[-1][1]
-    run = chunks.walk(mem, truth[0][0], end)  # type: ignore[arg-type]
+    run = chunks.walk(mem, truth[0][0], end, numpy_only)  # type: ignore[arg-type]
     assert run is not None
     got = list(zip(run.addr.tolist(), run.size.tolist(), run.inuse.tolist(), strict=True))
     assert got == truth
 
 
-def test_torn_heap_is_refused() -> None:
+def test_the_walk_hands_every_word_once_to_its_sink(monkeypatch) -> None:
+    """The heap read once (graph.read_words reads only what the walk did not): the
+    sink gets each word from the start up to read_to once, in order, chunks longer
+    than the window included."""
+    monkeypatch.setattr(chunks, "WINDOW", 1 << 9)  # most chunks are longer
+    mem, truth = chunk_heap(5, True)
+    end = truth[-1][0] + truth[-1][1]
+    got: list[tuple[int, list[int]]] = []
+    run = chunks.walk(mem, truth[0][0], end,  # type: ignore[arg-type]
+                      sink=lambda base, words: got.append((base, words.tolist())))
+    assert run is not None and run.read_to == end
+    at = truth[0][0]
+    for base, words in got:
+        assert base == at
+        at += 8 * len(words)
+    assert at == end
+    assert [w for _, words in got for w in words] == mem.words.tolist()
+
+
+@pytest.mark.parametrize("numpy_only", WALKERS)
+def test_torn_heap_is_refused(numpy_only: bool) -> None:
     mem, truth = chunk_heap(3, False)
     mem.words[(truth[2000][0] - mem.base) // 8 + 1] = 8  # a size that cannot be
     end = truth[-1][0] + truth[-1][1]
-    assert chunks.walk(mem, truth[0][0], end) is None  # type: ignore[arg-type]
+    assert chunks.walk(mem, truth[0][0], end, numpy_only) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_both_walkers_agree_on_any_words(seed: int, monkeypatch) -> None:
+    """Torn and odd heaps (a size broken anywhere, a chunk past the end, the end in the
+    top's last page, a first word that is no header): the same chunks or the same
+    refusal from both."""
+    monkeypatch.setattr(chunks, "WINDOW", 1 << 12)
+    rng = np.random.default_rng(seed)
+    mem, truth = chunk_heap(seed, bool(seed % 2))
+    end = truth[-1][0] + truth[-1][1]
+    walked = 0
+    for i in range(15):
+        broken = Words(mem.base, mem.words.tolist())
+        at = int(rng.integers((len(truth) - 20) * (i % 2), len(truth)))  # or near the top
+        broken.words[(truth[at][0] - mem.base) // 8 + 1] = int(rng.choice(
+            [8, 16, 0x19, 0x48, 0x1009, 1 << 40, truth[at][1] + 16 * int(rng.integers(1, 4)),
+             0x31]))
+        for stop in (end, end - 16 * int(rng.integers(1, 300))):
+            runs = [chunks.walk(broken, truth[0][0], stop, numpy_only)  # type: ignore[arg-type]
+                    for numpy_only in (True, False)]
+            if runs[0] is None or runs[1] is None:
+                assert runs[0] is None and runs[1] is None
+                continue
+            walked += 1
+            for field in ("addr", "size", "inuse"):
+                assert getattr(runs[0], field).tolist() == getattr(runs[1], field).tolist()
+    assert walked  # not only refusals
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -172,3 +237,23 @@ def test_freed_chunks_are_matched_as_isin_does(seed):
                                      rng.integers(0, 1 << 24, 50).astype(np.uint64)]))
     assert (_members(items, free) == np.isin(items, free)).all()
     assert not _members(items, free[:0]).any()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_pointer_filter_keeps_what_numpy_keeps(seed: int) -> None:
+    """graph.PointerFilter (chunkwalk.c's refcntd_pointers) against graph._candidates: the
+    same words, in order, with the same addresses, at both ends of the span too."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.uint64(0x5555_0000_0000), np.uint64(0x5555_0100_0000)
+    words = rng.integers(0, 1 << 47, 100_000, dtype=np.uint64)
+    words[::7] = rng.integers(int(lo) - 64, int(hi) + 64, len(words[::7]), dtype=np.uint64)
+    words[:4] = [lo, hi, lo - np.uint64(1), hi - np.uint64(1)]
+    keep, out = graph.PointerFilter(lo, hi), graph.Words()
+    assert keep.lib is not None
+    for at in range(0, len(words), 30_000):  # windows, filling more than one block
+        keep.add_to(out, 0x7000_0000 + 8 * at, words[at:at + 30_000], 3)
+    want = graph._candidates(0x7000_0000, words, lo, hi)
+    assert np.concatenate(out.values).tolist() == want[0].tolist()
+    assert np.concatenate(out.where).tolist() == want[1].tolist()
+    assert out.owner == [3] * len(out.values) and len(out.values) == 4
+    assert out.values[0][:2].tolist() == [lo, hi - np.uint64(1)]
