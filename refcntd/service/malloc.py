@@ -11,12 +11,12 @@ do not exist and nothing changes.
 A fixed mmap threshold: glibc raises its threshold to the size of each mmapped
 block freed (up to 32 MiB), so after the first tracer's ELF and DWARF buffers
 were freed the next ones came from the arena, and stayed there as free space a
-trim could only partly return.  With the threshold fixed, blocks of 256 KiB and
+trim could only partly return. With the threshold fixed, blocks of 256 KiB and
 more that no free chunk of the arena fits are mmapped, and unmapped on free:
-over eight reload cycles of a target, glibc's arena grew 17 -> 37 MiB before and 16 -> 20 MiB after, and RSS
-rose 16.7 MiB before and 11.3 MiB after (the rest is pymalloc's arenas, which a
-few long-lived objects made during a tracer's life keep), flat from the second
-cycle on either way.
+over eight reload cycles of a target, glibc's arena grew 17 -> 37 MiB before and
+16 -> 20 MiB after, and RSS rose 16.7 MiB before and 11.3 MiB after (the rest is
+pymalloc's arenas, which a few long-lived objects made during a tracer's life
+keep), flat from the second cycle on either way.
 """
 
 from __future__ import annotations
