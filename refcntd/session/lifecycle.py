@@ -44,7 +44,7 @@ from refcntd.kernel.records import (
     Totals,
     add_totals,
 )
-from refcntd.reach.scan import ReachScan
+from refcntd.reach.scan import ReachScan, finish
 from refcntd.symbolize.symbolizer import Symbolizer
 
 REPORTED_KEEP = 4096  # far more than the reports one ring-buffer read can bring
@@ -211,6 +211,7 @@ class SessionTracker:
             groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
         notes = self.sym.take_notes(s.tgid)
         if job.scan is not None:
+            finish(job.scan)  # read while the process was held at _exit (exitscan.py)
             groups = apply_kinds(groups, job.scan, job.now)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
