@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from refcntd.analysis.apinames import api_class, name_words, named_constructor, named_getter
+from refcntd.analysis.makercall import died_in_maker, makes_own_type, never_left
 from refcntd.analysis.pairing import (
     Pairs,
     common_depth,
@@ -104,6 +105,7 @@ class Baseline:
     # whether any get (not an initial reference) met a put, in released objects or in
     # the leaked objects' own pairs (PairedGroup.of)
     gets_put: bool = True
+    type_name: str = ""  # the leaked objects' type, when known (PairedGroup.of)
 
     @classmethod
     def of(cls, released: list[PathOp], sources: set[FuncKey] | None = None,
@@ -136,15 +138,22 @@ STORER_WORDS = frozenset({"new", "init", "add", "insert", "create", "append", "p
                           "push", "set", "attach", "store"})
 
 
-def _stores_for_another(get: PathOp, i: int) -> str:
+def _stores_for_another(get: PathOp, i: int, type_name: str) -> str:
     """Why a constructor or inserter of another object that kept the reference is
     not named: it stored the reference in that object, so the put is missing where
     that object is destroyed or the reference removed, which no path of this
-    object shows (perf's map__new keeps the dso that map__exit should put)."""
-    func, own = get.path[i], api_class(get.path[0]) if get.path else ""
+    object shows (perf's map__new keeps the dso that map__exit should put).  The
+    object's own class is read from the first frame below the keeper (perf's
+    dso__get wrapper); when the keeper called the probed function itself, that
+    frame is the keeper's, and the type says it (libxkbcommon's xkb_keymap_new
+    keeps the context that xkb_keymap_unref should put)."""
+    func = get.path[i]
     words = {w.rstrip("0123456789") for w in name_words(func)}  # map__new2
     cls = api_class(func)
-    if not cls or cls == own or not STORER_WORDS & words:
+    if not cls or not STORER_WORDS & words:
+        return ""
+    if makes_own_type(func, type_name) if i == 0 and type_name \
+            else cls == api_class(get.path[0]):
         return ""
     return (f"{frame_name(get.frames[i])} stored the reference in a {cls} it builds or fills "
             f"(no released object got a reference at this path): the put is likely "
@@ -250,6 +259,9 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
                 "released objects of its kind dropped theirs elsewhere, so the function "
                 "that should have is not on this path: the history's other operations "
                 "show who used it")
+    left = never_left(get, ops, i) if not expected else ""
+    if left:
+        return left
     if not expected:
         if any(op.op == Role.PUT and put_owner(op, base.callers) == holder for op in ops):
             unproven = [f for f in get.frames[:i] if func_key(f) not in base.handed]
@@ -266,7 +278,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
                     f"whether its own get is the extra one or {callee} handed it a "
                     "reference too many is not decided: no released object shows "
                     f"{callee} handing references up")
-        stores = _stores_for_another(get, i)
+        stores = _stores_for_another(get, i, base.type_name)
         if stores:
             return stores
         # the functions below it are taken to hand the reference up: a constructor
@@ -286,7 +298,11 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
             "reference to its caller; no released object got a reference at this path"))]
     put, n = max(expected, key=lambda e: e[1])
     where = short_frames(put.frames)
-    if any(put_owner(p, base.callers) == holder for p, _ in expected):
+    owned = [p for p, _ in expected if put_owner(p, base.callers) == holder]
+    died = died_in_maker(get, ops, owned[0], i, base.sources) if owned else ""
+    if died:
+        return died
+    if owned:
         return [Culprit(MISSING_PUT, get.frames[i], frames, expected=put.frames, why=(
             f"released objects got {n} such reference(s) here and {name} put them at "
             f"{where}; in this object it never did"))]
@@ -359,7 +375,8 @@ def _sites(get: PathOp, twins: list[PathOp], j: int) -> str:
     return f"at {', '.join(sites)}, {get.count} time(s) each"
 
 
-def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | None:
+def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline
+                    ) -> list[Culprit] | str | None:
     """Released objects got references at this very path and one function on it put
     them: that function is where this one's put is missing, or, when this object
     has that put too, where the reference was got once more.  Direct evidence,
@@ -374,6 +391,9 @@ def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culp
     k = get.path.index(owner)
     if not get.frames[k].function:
         return None
+    died = died_in_maker(get, ops, put, k, base.sources)
+    if died:
+        return died
     name, where = frame_name(get.frames[k]), short_frames(put.frames)
     if any(op.op == Role.PUT and op.path == put.path for op in ops):
         return [Culprit(EXTRA_GET, get.frames[k], get.frames[:k + 1], expected=put.frames,

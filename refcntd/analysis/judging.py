@@ -43,9 +43,10 @@ class PairedGroup:
     alternatives: dict[int, list[PathOp]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, objects: list[tuple[int, list[PathOp]]], released: list[PathOp]
-           ) -> PairedGroup:
+    def of(cls, objects: list[tuple[int, list[PathOp]]], released: list[PathOp],
+           type_name: str = "") -> PairedGroup:
         base = Baseline.of(released)
+        base.type_name = type_name
         paired: list[tuple[int, list[PathOp], list[tuple[PathOp, int]]]] = []
         alternatives: dict[int, list[PathOp]] = {}
         seen: dict[object, list[int]] = {}

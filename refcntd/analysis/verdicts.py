@@ -65,7 +65,7 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
     released = {key: sorted(_own_type(ops, key[0], callers), key=_op_order)
                 for key, ops in released.items()}
     paired = {key: PairedGroup.of([(e.address, e.ops) for e in evs if not e.gap],
-                                  released.get(key, []))
+                                  released.get(key, []), key[0])
               for key, evs in evidence.items()}
     leaked = [Leaked(addr, e.type_name, e.init_ns, paired[key], ops, unmatched)
               for key, evs in evidence.items()
