@@ -216,8 +216,8 @@ def programs(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[
              *cp.gstreamer(work), *cp.virsh(), *cp.openssl(work), *cp.cairo(work)]
     if args.smoke:
         progs = [p for p in progs if p.name in SMOKE.get(p.family, ())]
-    if wanted is not None:
-        progs = [p for p in progs if (p.family, p.name) in wanted]
+    if wanted is not None:  # names as the results spell them ($WORK)
+        progs = [p for p in progs if (p.family, p.name.replace(str(work), "$WORK")) in wanted]
     return [p for p in progs if not args.only or p.family in args.only]
 
 
