@@ -50,7 +50,9 @@ PROGRAMS = {"cancellable": glib_test_argv("cancellable"),
             "gio tree /usr/share/glib-2.0": ["gio", "tree", "/usr/share/glib-2.0"],
             "gio mime text/plain": ["gio", "mime", "text/plain"],
             "task": glib_test_argv("task"),
-            "gio info /usr/share/glib-2.0": ["gio", "info", "/usr/share/glib-2.0"]}
+            "gio info /usr/share/glib-2.0": ["gio", "info", "/usr/share/glib-2.0"],
+            "gio cat /etc/os-release": ["gio", "cat", "/etc/os-release"]}
+VALGRIND_OPTS: list[str] = []  # --valgrind-opt: e.g. --freelist-vol=0 (the quarantine off)
 LATE = "created after the scan"  # refcntd's kind for what no checker sees: not compared
 CONSTRUCTOR = re.compile(r"^g_object_new(_valist|_with_properties|v|_internal)?$")
 VG_FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+) \((?:in )?([^)]*)\)")
@@ -140,7 +142,7 @@ def valgrind_sites(argv: list[str], libs: Path) -> dict[tuple[str, ...], Counter
     exe = shutil.which(argv[0]) or argv[0]
     log = libs.parent / "valgrind.txt"
     with log.open("w") as err:
-        subprocess.run(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+        subprocess.run(["valgrind", "--leak-check=full", "--show-leak-kinds=all", *VALGRIND_OPTS,
                         "--num-callers=40", "--trace-symtab=yes", "--trace-symtab-patt=*g*",
                         str(libs / "ld.so"), exe, *argv[1:]], env=env, stdout=subprocess.DEVNULL,
                        stderr=err, timeout=1800)
@@ -208,11 +210,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--only", nargs="*", help="program names (default: all, and reach.c)")
+    parser.add_argument("--valgrind-opt", action="append", default=[], metavar="OPT",
+                        help="one more valgrind option (repeatable); its rows are named "
+                             "PROGRAM (valgrind OPT)")
     args = parser.parse_args()
+    VALGRIND_OPTS.extend(args.valgrind_opt)
+    suffix = f" (valgrind {' '.join(args.valgrind_opt)})" if args.valgrind_opt else ""
     with tempfile.TemporaryDirectory() as tmp:
         fixtures = [] if args.only else fixture_rows(Path(tmp))
         programs = [r for n, a in PROGRAMS.items() if not args.only or n in args.only
-                    for r in program_rows(n, a, Path(tmp))]
+                    for r in program_rows(n + suffix, a, Path(tmp))]
     write(args.out, fixtures, programs)
     return 0
 

@@ -45,7 +45,9 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           # cairo users (rsvg-convert, pdftocairo); gio/gsettings/gdbus, openssl and curl are
           # already here; dbus-daemon comes with them
           libglib2.0-tests gstreamer1.0-tools gstreamer1.0-plugins-base libvirt-clients
-          librsvg2-bin poppler-utils)
+          librsvg2-bin poppler-utils
+          # strace: whether a test script's processes load libglib at all (its truth)
+          strace)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

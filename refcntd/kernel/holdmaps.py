@@ -27,13 +27,15 @@ class BpfHoldMaps:
         the unwinder's mapping hooks; `opts.hold` alone only reserves probe slots)."""
         return self.opts.hold and self.opts.unwind_offsets is not None
 
-    def vet(self, keys: Iterable[abi.FileKey], owner: bool = False) -> None:
+    def vet(self, keys: Iterable[abi.FileKey], owner: bool = False, vetted: bool = True) -> None:
         """Modules whose calls are accounted for: mapping them stops no process.
-        `owner`: they define an exported function probed at its call sites."""
+        `owner`: they define an exported function probed at its call sites (with
+        `vetted` False: and their own calls to another such function are not probed yet)."""
         if not self.enabled:
             return
         for key in keys:
-            self.program["vetted"][key] = ctypes.c_uint32(1)
+            if vetted:
+                self.program["vetted"][key] = ctypes.c_uint32(1)
             if owner:
                 self.program["hold_owners"][key] = ctypes.c_uint32(1)
 

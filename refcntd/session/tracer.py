@@ -140,7 +140,7 @@ class Tracer:
         planned = [k for k in map(file_key, plan.modules) if k is not None]
         self.kernel.holds.own_tables(planned)
         if self.exec_scanner is not None:  # probed already: exec'ing them stops nobody
-            self.kernel.holds.vet(planned)
+            self.kernel.holds.vet([k for k in planned if self.vetting.accounted(k)])
             self.exec_scanner.seen(planned)
         self.index = BuildIdIndex()
         for module in plan.modules:

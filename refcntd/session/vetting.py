@@ -77,6 +77,7 @@ class Vetting:
         self.scan_exec = scan_exec
         self.stats = VettingStats()
         self._done: set[tuple[int, int]] = set()  # (kernel dev, inode)
+        self._coverage: dict[tuple[str, str, str], set[tuple[int, int]]] | None = None
         self._back: set[tuple[str, str, str]] = set()  # (role, function, module) at entry
         # (kernel dev, inode, file offset) of each function dlsym may hand out
         self._functions: dict[tuple[int, int, int], tuple[CrossModule, HoldKey]] = {}
@@ -112,14 +113,15 @@ class Vetting:
         if not self.active:
             return
         owners = {c.module for c in self.plan.cross}
-        scanned: set[str] = set()
-        for cross in self.plan.cross:
-            with contextlib.suppress(BinaryError):
-                scanned |= {str(m.path) for m in
-                            load_set(self.plan.binary, ElfImage(cross.module),
-                                     resolve_library)}
-        self._mark(owners, owner=True)
-        self._mark(scanned - owners)
+        everywhere = self._everywhere()
+        for module in owners:  # an owner another function's plan did not scan: not vetted
+            keys = [k for k in [file_key(module)] if k is not None]
+            if keys and (keys[0].dev, keys[0].ino) in everywhere:
+                self._mark([module], owner=True)
+            else:
+                self.holds.vet(keys, owner=True, vetted=False)
+        self._done |= everywhere
+        self.holds.vet([FileKey(ino=ino, dev=dev) for dev, ino in everywhere])
         for cross in self.plan.cross:
             key = self._function_key(cross)
             if key is not None:
@@ -143,6 +145,32 @@ class Vetting:
         if why:
             self.stats.dlsym_missing = f"dlsym is not probed ({why}): a function it hands " \
                 "out would be called past its call-site probes, uncounted"
+
+    def _covered(self) -> dict[tuple[str, str, str], set[tuple[int, int]]]:
+        """Per function probed at its call sites, the modules its plan scanned: its own
+        and the load set of the program and of its module.  libssl, which calls
+        libcrypto's X509_up_ref through its PLT, is in that function's plan when the
+        program links it, not when a shell exec's the program later."""
+        if self._coverage is None:
+            self._coverage = {}
+            for cross in self.plan.cross:
+                paths = [cross.module]
+                with contextlib.suppress(BinaryError):
+                    paths += [str(m.path) for m in load_set(
+                        self.plan.binary, ElfImage(cross.module), resolve_library)]
+                self._coverage[self._key(cross)] = {
+                    (k.dev, k.ino) for k in map(file_key, paths) if k is not None}
+        return self._coverage
+
+    def _everywhere(self) -> set[tuple[int, int]]:
+        """The modules every such function's plan scanned: accounted for."""
+        covered = list(self._covered().values())
+        return set.intersection(*covered) if covered else set()
+
+    def accounted(self, key: FileKey) -> bool:
+        """Whether mapping this module needs no scan (the tracer vets the probed modules
+        with this: a probed library may call another's exported function)."""
+        return not self.active or (key.dev, key.ino) in self._everywhere()
 
     def _function_key(self, cross: CrossModule) -> HoldKey | None:
         file = file_key(cross.module)
@@ -247,19 +275,20 @@ class Vetting:
                 continue
             readable = path if names_file(path, dev, ino) else \
                 f"/proc/{tgid}/map_files/{start:x}-{end:x}"
-            self._vet_file(path, readable)
+            self._vet_file(path, readable, (dev, ino))
             self._done.add((dev, ino))
             self.holds.vet([FileKey(ino=ino, dev=dev)])
 
-    def _vet_file(self, shown: str, path: str) -> None:
+    def _vet_file(self, shown: str, path: str, file: tuple[int, int]) -> None:
         self.stats.modules.append(shown)
         try:
             image = ElfImage(path)
         except BinaryError:
             return  # not ELF: it cannot import anything
+        covered = self._covered()
         for cross in self.plan.cross:
-            if self._key(cross) in self._back:
-                continue
+            if self._key(cross) in self._back or file in covered.get(self._key(cross), ()):
+                continue  # back at its entry, or this module's calls are probed already
             try:
                 sites, blockers = importer_sites(cross, image)
             except Exception as err:  # noqa: BLE001 - any failure: the entry probe counts
