@@ -106,9 +106,10 @@ def read_heap(mem: ProcessMemory, maps: list[Mapping], words: Words | None = Non
     main = _main_arena(mem, maps, heap, top, arenas) if heap.recognised and top else None
     if heap.recognised:
         free: set[int] = set()
+        pages = _Pages(mem)  # both kinds of free list: links near each other, read once
         for arena in [a for a in arenas if a] + ([main] if main else []):
-            free |= _fastbin_chunks(mem, arena, heap)
-        free |= _tcache_chunks(mem, heap.runs)
+            free |= _fastbin_chunks(mem, pages, arena, heap)
+        free |= _tcache_chunks(mem, pages, heap.runs)
         heap.free = np.array(sorted(free), np.uint64)
     return heap
 
@@ -227,10 +228,9 @@ def _libc_data(maps: list[Mapping]) -> Iterator[Mapping]:
         after_libc = is_libc or (after_libc and not m.path and m.writable)
 
 
-def _fastbin_chunks(mem: ProcessMemory, arena: int, heap: Heap) -> set[int]:
+def _fastbin_chunks(mem: ProcessMemory, pages: _Pages, arena: int, heap: Heap) -> set[int]:
     """Chunks in the arena's fastbins (fd mangled: stored ^ (its own address >> 12))."""
     heads = mem.words(arena + ARENA_FASTBINS, NFASTBINS) or []
-    pages = _Pages(mem)
     out: set[int] = set()
     for chunk in heads:
         for _ in range(1 << 20):
@@ -266,13 +266,13 @@ class _Pages:
         return int.from_bytes(data[at:at + 8], "little")
 
 
-def _tcache_chunks(mem: ProcessMemory, runs: list[Chunks]) -> set[int]:
+def _tcache_chunks(mem: ProcessMemory, pages: _Pages, runs: list[Chunks]) -> set[int]:
     """Chunks in threads' tcaches: each tcache_perthread_struct is an in-use chunk of
     0x290 bytes whose every list checks out (sizes, counts, a null end)."""
     out: set[int] = set()
     for run in runs:
         for chunk in run.addr[run.inuse & (run.size == np.uint64(TCACHE_CHUNK))].tolist():
-            found = _tcache_lists(mem, chunk + 16, runs)
+            found = _tcache_lists(mem, pages, chunk + 16, runs)
             if found is not None:
                 out |= found
     return out
@@ -290,7 +290,8 @@ def _chunk_size(runs: list[Chunks], user: int) -> int:
     return 0
 
 
-def _tcache_lists(mem: ProcessMemory, user: int, runs: list[Chunks]) -> set[int] | None:
+def _tcache_lists(mem: ProcessMemory, pages: _Pages, user: int, runs: list[Chunks]
+                  ) -> set[int] | None:
     raw = mem.read(user, TCACHE_CHUNK - 16)
     if len(raw) != TCACHE_CHUNK - 16:
         return None
@@ -304,7 +305,7 @@ def _tcache_lists(mem: ProcessMemory, user: int, runs: list[Chunks]) -> set[int]
             if _chunk_size(runs, entry) != 32 + 16 * index:
                 return None
             out.add(entry - 16)
-            stored = mem.word(entry)
+            stored = pages.word(entry)
             if stored is None:
                 return None
             entry = stored ^ (entry >> 12)
