@@ -62,6 +62,7 @@ from refcntd.analysis.pathops import (
     Culprit,
     FuncKey,
     PathOp,
+    frame_name,
     func_key,
     is_get,
 )
@@ -457,10 +458,6 @@ def _put_under(suffix: tuple[FuncKey, ...], ops: list[PathOp]) -> bool:
     not handed anything."""
     return any(op.op == Role.PUT and op.path[len(op.path) - len(suffix):] == suffix
                for op in ops if len(op.path) > len(suffix))
-
-
-def frame_name(frame: Frame) -> str:
-    return frame.function or f"0x{frame.vaddr:x}"
 
 
 def short_frames(frames: tuple[Frame, ...], limit: int = 4) -> str:

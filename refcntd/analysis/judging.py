@@ -13,7 +13,6 @@ from refcntd.analysis.attribution import (
     TIE,
     UNKNOWN,
     Baseline,
-    frame_name,
     leaks_only,
     short_frames,
     verdict,
@@ -25,6 +24,7 @@ from refcntd.analysis.pathops import (
     CulpritKey,
     FuncKey,
     PathOp,
+    frame_name,
     func_key,
     is_get,
 )

@@ -18,13 +18,12 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from refcntd.analysis.apinames import CAMEL, api_class, named_constructor
-from refcntd.analysis.pathops import START_FUNCTIONS, FuncKey, PathOp
+from refcntd.analysis.pathops import START_FUNCTIONS, FuncKey, PathOp, frame_name
 from refcntd.kernel.abi import Role
 
 
 def _name(op: PathOp, k: int) -> str:
-    frame = op.frames[k]
-    return frame.function or f"0x{frame.vaddr:x}"
+    return frame_name(op.frames[k])
 
 
 def _inside(op: PathOp, call: tuple[FuncKey, ...]) -> bool:

@@ -68,3 +68,8 @@ def func_key(frame: Frame) -> FuncKey:
 
 def is_get(op: Role) -> bool:
     return op in (Role.INIT, Role.GET)
+
+
+def frame_name(frame: Frame) -> str:
+    """A frame as the verdicts' reasons name it: its function, or its address."""
+    return frame.function or f"0x{frame.vaddr:x}"
