@@ -85,3 +85,34 @@ def test_still_stopped_wants_every_thread_stopped(tmp_path: Path) -> None:
     (tmp_path / "5" / "task" / "1" / "stat").write_text("1 (a) Z 1 2")
     assert not still_stopped(5, tmp_path)
     assert not still_stopped(6, tmp_path)  # gone
+
+
+def test_libc_exit_frames_come_from_the_cache_as_read(tmp_path: Path, monkeypatch) -> None:
+    """The machine's libc: read with readelf once, then from its cache entry by build-id
+    with the same rows; a malformed entry is read again, a malformed row stops nothing
+    but its own unwind."""
+    import json
+    import random
+
+    from refcntd.reach import exitframes
+    monkeypatch.setattr(exitframes, "CACHE_DIR", tmp_path)
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    exitframes._frames.cache_clear()
+    first = exitframes._frames(libc)
+    (entry,) = (tmp_path / "exitframes").iterdir()
+    exitframes._frames.cache_clear()
+    cached = exitframes._frames(libc)
+    assert first is not None and cached is not None and first.functions == cached.functions
+    assert set(first.functions) == {"exit", "_exit"}
+    assert all(first.row(pc) == cached.row(pc)
+               for pc in random.Random(1).sample(range(first.starts[-1]), 5000))
+    entry.write_text("[1, 2")  # not JSON: read again from libc, and rewritten
+    exitframes._frames.cache_clear()
+    assert exitframes._frames(libc) == first
+    data = json.loads(entry.read_text())
+    data["fdes"] = [[lo, hi, [["x"]]] for lo, hi, _ in data["fdes"]]
+    entry.write_text(json.dumps(data))
+    exitframes._frames.cache_clear()
+    broken = exitframes._frames(libc)
+    assert broken is not None and broken.row(first.functions["_exit"][0]) is None
+    exitframes._frames.cache_clear()
