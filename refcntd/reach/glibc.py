@@ -253,17 +253,28 @@ class _Pages:
 
     def __init__(self, mem: ProcessMemory) -> None:
         self.mem = mem
-        self.windows: dict[int, bytes] = {}
+        self.windows: dict[int, tuple[int, bytes]] = {}  # base: (offset read from, bytes)
 
     def word(self, address: int) -> int | None:
         base = address - address % self.WINDOW
-        data = self.windows.get(base)
-        if data is None:
-            data = self.windows[base] = self.mem.read(base, self.WINDOW)
-        at = address - base
-        if at + 8 > len(data):
-            return self.mem.word(address)  # the window ran into unmapped memory
+        got = self.windows.get(base)
+        if got is None:
+            got = self.windows[base] = self._window(base, address)
+        begins, data = got
+        at = address - base - begins
+        if at < 0 or at + 8 > len(data):
+            return self.mem.word(address)  # outside what the window could read
         return int.from_bytes(data[at:at + 8], "little")
+
+    def _window(self, base: int, address: int) -> tuple[int, bytes]:
+        """The window's bytes; when it begins before the mapping (a heap seldom starts on
+        a 64 KiB boundary: every link of a small process's tcache was read alone, one
+        syscall each), from the address's page on."""
+        data = self.mem.read(base, self.WINDOW)
+        if data:
+            return 0, data
+        page = address & ~0xFFF
+        return page - base, self.mem.read(page, base + self.WINDOW - page)
 
 
 def _tcache_chunks(mem: ProcessMemory, pages: _Pages, runs: list[Chunks]) -> set[int]:

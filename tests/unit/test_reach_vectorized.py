@@ -257,3 +257,34 @@ def test_compiled_pointer_filter_keeps_what_numpy_keeps(seed: int) -> None:
     assert np.concatenate(out.where).tolist() == want[1].tolist()
     assert out.owner == [3] * len(out.values) and len(out.values) == 4
     assert out.values[0][:2].tolist() == [lo, hi - np.uint64(1)]
+
+
+class _Mapped:
+    """Memory mapped only in [start, end): reads beginning outside it get nothing, reads
+    running past its end stop there (process_vm_readv's partial reads)."""
+
+    def __init__(self, start: int, data: bytes) -> None:
+        self.start, self.data, self.reads = start, data, 0
+
+    def read(self, address: int, size: int) -> bytes:
+        self.reads += 1
+        at = address - self.start
+        return b"" if not 0 <= at < len(self.data) else self.data[at:at + size]
+
+    def word(self, address: int) -> int | None:
+        got = self.read(address, 8)
+        return int.from_bytes(got, "little") if len(got) == 8 else None
+
+
+def test_pages_read_a_heap_not_on_a_window_boundary_once() -> None:
+    """A heap 0x7000 bytes into a 64 KiB window: its words come from one read, not one
+    each; what lies before the heap's mapping is unreadable, as it is."""
+    from refcntd.reach.glibc import _Pages
+    start = 0x5555_0000_7000
+    data = b"".join((start + i).to_bytes(8, "little") for i in range(0, 0x3000, 8))
+    mem = _Mapped(start, data)
+    pages = _Pages(mem)  # type: ignore[arg-type]
+    assert [pages.word(start + i) for i in (0x2a0, 0x10, 0x1ff8)] == \
+        [start + 0x2a0, start + 0x10, start + 0x1ff8]
+    assert mem.reads == 2  # the aligned window (nothing there), then from the page on
+    assert pages.word(start - 8) is None and pages.word(start + 0x3000) is None
