@@ -117,8 +117,8 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
             o.kept[reason] = o.kept.get(reason, 0) + n
         if proc.state == "live at detach":
             continue
-        if lsan and proc.exit_status.startswith("killed"):
-            proc.groups = []  # reported, not judged
+        if lsan and (proc.exit_status.startswith("killed") or proc.direct_exit):
+            proc.groups = []  # reported, not judged (killed, or _exit without exit())
         # still reachable, or made by threads still running after the scan: not judged
         proc.groups = [g for g in proc.groups if not (lsan and g.kind in (REACHABLE, LATE))]
         o.leaked += proc.leaked_objects

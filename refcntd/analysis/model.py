@@ -184,6 +184,13 @@ class ProcessReport:
     # --history: every type's operations per path (leaked and released objects), what a
     # later run's culprits are found against (--baseline, analysis.regression)
     operations: dict[str, list[PathOp]] = field(default_factory=dict)
+    direct_exit: bool = False  # ended in libc's _exit without exit(): no atexit handler ran
+
+    @property
+    def status_text(self) -> str:
+        """The exit status as the report's header says it."""
+        how = " through _exit without exit()" if self.direct_exit else ""
+        return f"{self.exit_status}{how}" if self.exit_status else how.lstrip()
 
     @property
     def leaked_objects(self) -> int:

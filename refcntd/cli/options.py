@@ -65,11 +65,13 @@ def leak_kind_arguments(p: argparse.ArgumentParser) -> None:
                         "(the default; --no-leak-kinds: every object alive at exit is a "
                         "leak): objects are 'definitely lost', 'indirectly lost' or 'still "
                         "reachable' as valgrind says; only lost ones fail, and a process "
-                        "killed by a signal is reported, not judged (as LeakSanitizer)")
+                        "killed by a signal or ended by _exit without exit() is reported, "
+                        "not judged (as LeakSanitizer)")
     p.add_argument("--fail-on", action="append", default=[], choices=["reachable"],
                    help="still reachable objects fail the run too")
     p.add_argument("--judge-killed", action="store_true",
-                   help="judge the leaks of processes killed by a signal")
+                   help="judge the leaks of processes killed by a signal or ended by "
+                        "_exit without exit()")
 
 
 def output_arguments(p: argparse.ArgumentParser) -> None:

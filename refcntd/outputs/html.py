@@ -202,7 +202,7 @@ def _age(ns: int) -> str:
 
 def _process(r: RunResult, p: ProcessReport, values: dict[int, Values],
              live: bool) -> Iterator[str]:
-    status = f", {p.exit_status}" if p.exit_status else ""
+    status = f", {p.status_text}" if p.status_text else ""
     word = "live" if live or p.state == STATE_LIVE_AT_DETACH else "leaked"
     yield (f"<h2 id=\"pid-{p.pid}\">Process {p.pid} ({_e(p.comm)}): "
            f"{_e('live' if live else p.state)}{_e(status)}</h2>")

@@ -133,6 +133,7 @@ class ProcessJson(TypedDict):
     state: str
     exit_status: str | None
     exit_code: int | None
+    direct_exit: NotRequired[bool]  # ended in libc's _exit without exit() (--leak-kinds)
     leaked_objects: int
     leaked_types: int
     anomalies: list[AnomalyJson]

@@ -242,7 +242,10 @@ class Policy:
             if rule.kind == VALGRIND:
                 rule.stack = StackPattern.from_lines(rule.frames, constructors)
         findings = collect_findings(result)
-        killed = {p.pid for p in result.processes if p.exit_status.startswith("killed")}
+        killed = {p.pid: "killed by a signal" for p in result.processes
+                  if p.exit_status.startswith("killed")}
+        killed |= {p.pid: "ended by _exit without exit(), so no atexit handler "
+                   "(LeakSanitizer's check) ran" for p in result.processes if p.direct_exit}
         for f in findings:
             self._classify(f)
             if self.lsan and f.status == FAILING:
@@ -264,13 +267,15 @@ class Policy:
         elif f.before is not None:
             f.status, f.reason = BASELINE, "present in the baseline"
 
-    def _lsan(self, f: Finding, killed: set[int]) -> None:
-        """Not failing, as LeakSanitizer: leaks of killed processes only, or objects
-        all still reachable (unless --judge-killed, --fail-on reachable)."""
+    def _lsan(self, f: Finding, killed: dict[int, str]) -> None:
+        """Not failing, as LeakSanitizer: leaks of killed processes only (or ended by
+        `_exit` without exit()), or objects all still reachable (unless --judge-killed,
+        --fail-on reachable)."""
         if f.kind != "leak":
             return
         if not self.judge_killed and f.pids and all(p in killed for p in f.pids):
-            f.status, f.reason = NOT_JUDGED, "its processes were killed by a signal " \
+            why = " or ".join(sorted({killed[p] for p in f.pids}))
+            f.status, f.reason = NOT_JUDGED, f"its processes were {why} " \
                 "(--judge-killed judges them)"
         elif f.groups and all(g.kind == LATE for g in f.groups):
             f.status, f.reason = NOT_JUDGED, "created after the exit scan, by threads " \

@@ -45,7 +45,7 @@ def _age(ns: int) -> str:
 
 def process_header(p: ProcessReport) -> str:
     command = shlex.join(p.command) if p.command else p.comm
-    status = f", {p.exit_status}" if p.exit_status else ""
+    status = f", {p.status_text}" if p.status_text else ""
     return f"==={p.pid}=== {p.state}{status}: {command}"
 
 

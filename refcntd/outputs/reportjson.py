@@ -161,6 +161,7 @@ def anomaly_json(a: AnomalyFinding) -> AnomalyJson:
 def process_json(p: ProcessReport, instances: bool = True) -> ProcessJson:
     return {"pid": p.pid, "comm": p.comm, "command": p.command, "state": p.state,
             "exit_status": p.exit_status or None, "exit_code": p.exit_code,
+            "direct_exit": p.direct_exit,
             "leaked_objects": p.leaked_objects, "leaked_types": p.leaked_types,
             "anomalies": [anomaly_json(a) for a in p.anomalies],
             "groups": [group_json(g, instances) for g in p.groups],

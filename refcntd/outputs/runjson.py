@@ -121,7 +121,8 @@ def _process(p: ProcessJson, objects: Objects) -> ProcessReport:
                          [_anomaly(a) for a in p.get("anomalies", [])],
                          dict(p.get("kept_by_library", {})),
                          notes=list(p.get("notes", [])),
-                         operations=_operations(p.get("operations", [])))
+                         operations=_operations(p.get("operations", [])),
+                         direct_exit=p.get("direct_exit") is True)
 
 
 def _operations(items: list[OperationJson]) -> dict[str, list[PathOp]]:

@@ -13,7 +13,9 @@ exit path is scanned for those saved registers only, and the stack above it (the
 frame that called `exit`, and its callers) as before.  Found by unwinding with the
 `.eh_frame` rows `readelf --debug-dump=frames-interp` evaluates (stack-pointer rules
 only, as Debian's libc has); anything else (no `exit` among the first frames: the
-program called `_exit` itself) leaves the stack whole.  LeakSanitizer, which checks
+program called `_exit` itself) leaves the stack whole; when the unwind leaves libc
+without meeting `exit`, no atexit handler ran and the scan says so (such a process is
+reported, not judged, as LeakSanitizer, outputs/policy.py).  LeakSanitizer, which checks
 from an atexit handler, would scan those stale words too: refcntd follows valgrind.
 """
 
@@ -58,30 +60,43 @@ class ExitPath:
     saved: tuple[int, ...]
 
 
-def exit_path(mem: ProcessMemory, maps: list[Mapping], sp: int, pc: int) -> ExitPath | None:
-    """The exit frames of a thread stopped at `pc` in libc's `_exit`, or None."""
-    libc = next((m for m in maps if m.path.rsplit("/", 1)[-1].startswith("libc.so")
-                 and m.offset == 0), None)
-    if libc is None:
-        return None
-    table = libc_frames(libc.path)
-    if table is None or not table.within(pc - libc.start, "_exit"):
-        return None
+@dataclass(frozen=True)
+class ExitWalk:
+    """A thread stopped in libc's `_exit`, unwound: `path` its exit frames when `exit`
+    called it; `exit_ran` False when the unwind left libc without meeting `exit` (the
+    program called `_exit`, or quick_exit: no atexit handler ran, so LeakSanitizer,
+    which checks from one, checked nothing), None when it could not tell."""
+
+    path: ExitPath | None = None
+    exit_ran: bool | None = None
+
+
+def walk_exit(mem: ProcessMemory, maps: list[Mapping], sp: int, pc: int) -> ExitWalk:
+    """From `_exit` up through libc's frames until `exit`, or a frame outside libc."""
+    mine = [m for m in maps if m.path.rsplit("/", 1)[-1].startswith("libc.so")]
+    libc = next((m for m in mine if m.offset == 0), None)
+    table = libc_frames(libc.path) if libc is not None else None
+    if libc is None or table is None or not table.within(pc - libc.start, "_exit"):
+        return ExitWalk()
+    inside = (min(m.start for m in mine if m.path == libc.path),
+              max(m.end for m in mine if m.path == libc.path))
     cfa, saved = sp, list[int]()  # cfa: the frame's stack pointer, then its CFA
     for _ in range(EXIT_PATH_FRAMES):
+        if not inside[0] <= pc < inside[1]:
+            return ExitWalk(exit_ran=False)  # returns into its caller, not libc's
         at = pc - libc.start
         row = table.row(at)
         if row is None or row.cfa < 0:
-            return None
+            return ExitWalk()
         cfa += row.cfa
         saved += [cfa - off for off in row.saved]
         if table.within(at, "exit"):
-            return ExitPath(sp, cfa, tuple(saved))
+            return ExitWalk(ExitPath(sp, cfa, tuple(saved)), True)
         ret = mem.word(cfa - 8)
         if ret is None:
-            return None
+            return ExitWalk()
         pc = ret - 1  # the call instruction: its row, not the next one's
-    return None
+    return ExitWalk()
 
 
 @dataclass(frozen=True)

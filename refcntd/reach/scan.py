@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from refcntd.reach import glibc, graph
-from refcntd.reach.exitframes import exit_path
-from refcntd.reach.memory import ProcessMemory, read_maps
-from refcntd.reach.roots import Root, describe, find_roots, read_threads
+from refcntd.reach.exitframes import ExitPath, walk_exit
+from refcntd.reach.memory import Mapping, ProcessMemory, read_maps
+from refcntd.reach.roots import Root, Thread, describe, find_roots, read_threads
 
 REACHABLE = "still reachable"
 DEFINITELY = "definitely lost"
@@ -57,6 +57,7 @@ class ReachScan:
     taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
     words: graph.Words | None = None  # read, not yet made kinds (read_process, finish)
+    direct_exit: bool = False  # held at `_exit` reached without exit() (exitframes.py)
 
     @property
     def blocks(self) -> int:
@@ -129,6 +130,8 @@ def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False)
         out.complete = False
         out.notes.append(f"process {out.pid} gone before its memory was scanned")
         return
+    threads = read_threads(out.pid, proc)
+    exiting = _exit_frames(mem, maps, threads, out) if at_exit else {}
     out.words = graph.Words()
     out.heap = glibc.read_heap(mem, maps, out.words)
     out.notes += out.heap.notes
@@ -136,13 +139,27 @@ def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False)
         out.complete = False
         out.words = None
         return
-    threads = read_threads(out.pid, proc)
-    exiting = {t.tid: p for t in threads if at_exit and t.sp is not None and t.pc
-               and (p := exit_path(mem, maps, t.sp, t.pc)) is not None}
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
     graph.read_words(mem, out.heap.span, out.roots, out.heap.regions, out.heap.covered,
                      out.words)
+
+
+def _exit_frames(mem: ProcessMemory, maps: list[Mapping], threads: list[Thread],
+                 out: ReachScan) -> dict[int, ExitPath]:
+    """The exit frames of the thread held at `_exit`, and whether exit() ran: told before
+    the heap is read, so a process that skipped it is not judged even when its heap
+    cannot be scanned."""
+    walks = {t.tid: walk_exit(mem, maps, t.sp, t.pc) for t in threads
+             if t.sp is not None and t.pc}
+    ran = {w.exit_ran for w in walks.values()}
+    out.direct_exit = False in ran and True not in ran
+    if out.direct_exit:
+        out.notes.append("ended through libc's _exit without exit() (the program's own "
+                         "_exit, or quick_exit): no atexit handler ran, so LeakSanitizer "
+                         "would check nothing; with --leak-kinds its leaks are reported, "
+                         "not judged (--judge-killed judges them)")
+    return {tid: w.path for tid, w in walks.items() if w.path is not None}
 
 
 def finish(out: ReachScan) -> None:

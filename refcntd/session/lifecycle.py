@@ -232,8 +232,8 @@ class SessionTracker:
             self.prune_stats()
         self.on_report(ProcessReport(s.tgid, s.comm, s.command, job.state, job.status,
                                      job.code, groups, anomalies, kernel_stats=own,
-                                     notes=notes,
-                                     operations=operations))
+                                     notes=notes, operations=operations,
+                                     direct_exit=job.scan is not None and job.scan.direct_exit))
 
     def prune_stats(self) -> None:
         """On the worker: drop the kernel's counters of processes no report will take;

@@ -81,6 +81,24 @@ def test_killed_process_is_reported_not_judged(bpf, programs, tmp_path):
     assert result.returncode == 23, result.stderr
 
 
+def test_direct_exit_is_reported_not_judged(bpf, programs, tmp_path):
+    """_exit(1) skips the atexit handlers LeakSanitizer checks from: reported (with every
+    kind), not judged; the same leaks ended by exit(1) fail."""
+    result, process = kinds_run(bpf, programs[0], tmp_path, "_exit")
+    assert process["exit_status"] == "exit 1" and process["direct_exit"] is True
+    assert len(instances(process)) == 14 and all("kind" in g for g in process["groups"])
+    assert result.returncode == 1, result.stderr  # the command's status, nothing failing
+    assert "8 failing finding(s)" not in result.stderr
+    assert "_exit without exit()" in " ".join(process["notes"])
+    shown = refcntd(["report", str(tmp_path / "r.json")])
+    assert "exited, exit 1 through _exit without exit()" in shown.stdout, shown.stderr
+    result, _ = kinds_run(bpf, programs[0], tmp_path, "_exit", "--judge-killed")
+    assert result.returncode == 23, result.stderr
+    result, process = kinds_run(bpf, programs[0], tmp_path, "exit1")
+    assert process["exit_status"] == "exit 1" and process["direct_exit"] is False
+    assert result.returncode == 23 and "8 failing finding(s)" in result.stderr
+
+
 def test_exit_without_libc_keeps_todays_verdicts(bpf, programs, tmp_path):
     result, process = kinds_run(bpf, programs[0], tmp_path, "raw")
     assert result.returncode == 23, result.stderr

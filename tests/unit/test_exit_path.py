@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from refcntd.reach.exitframes import ExitPath, Row, _parse, _Table, exit_path
+from refcntd.reach.exitframes import ExitPath, ExitWalk, Row, _parse, _Table, walk_exit
 from refcntd.reach.memory import Mapping
 from refcntd.reach.roots import Thread, find_roots
 from refcntd.session.exitscan import still_stopped
@@ -57,12 +57,29 @@ def test_exit_frames_keep_only_the_saved_registers(monkeypatch) -> None:
     sp = 0x7ffd_0000
     mem = FakeMemory({sp: LIBC + 0x250, sp + 8 + 64 - 8: LIBC + 0x30a})
     maps = [Mapping(LIBC, LIBC + 0x1000, "r-xp", 0, 1, "/lib/libc.so.6")]
-    path = exit_path(mem, maps, sp, LIBC + 0x104)  # type: ignore[arg-type]
+    walk = walk_exit(mem, maps, sp, LIBC + 0x104)  # type: ignore[arg-type]
     cfa1 = sp + 8 + 64
-    assert path == ExitPath(sp, cfa1 + 16, (cfa1 - 24, cfa1 - 16))
-    assert exit_path(mem, maps, sp, LIBC + 0x210) is None  # not stopped in _exit
+    assert walk == ExitWalk(ExitPath(sp, cfa1 + 16, (cfa1 - 24, cfa1 - 16)), True)
+    assert walk_exit(mem, maps, sp, LIBC + 0x210) == ExitWalk()  # type: ignore[arg-type]
     mem.words[cfa1 - 8] = LIBC + 0x900  # __run_exit_handlers not called by exit
-    assert exit_path(mem, maps, sp, LIBC + 0x104) is None  # type: ignore[arg-type]
+    assert walk_exit(mem, maps, sp, LIBC + 0x104) == ExitWalk()  # type: ignore[arg-type]
+
+
+def test_an_exit_called_from_outside_libc_skipped_exit(monkeypatch) -> None:
+    """The program's own `_exit`, or __run_exit_handlers called by quick_exit: the unwind
+    returns to the program before it meets `exit` (no atexit handler ran)."""
+    monkeypatch.setattr("refcntd.reach.exitframes.libc_frames", lambda path: TABLE)
+    sp, program = 0x7ffd_0000, 0x5555_0000_1234
+    maps = [Mapping(LIBC, LIBC + 0x1000, "r-xp", 0, 1, "/lib/libc.so.6"),
+            Mapping(LIBC + 0x1000, LIBC + 0x3000, "rw-p", 0x1000, 1, "/lib/libc.so.6")]
+    direct = FakeMemory({sp: program})
+    assert walk_exit(direct, maps, sp, LIBC + 0x104) == \
+        ExitWalk(exit_ran=False)  # type: ignore[arg-type]
+    quick = FakeMemory({sp: LIBC + 0x250, sp + 8 + 64 - 8: program})
+    assert walk_exit(quick, maps, sp, LIBC + 0x104) == \
+        ExitWalk(exit_ran=False)  # type: ignore[arg-type]
+    inside = FakeMemory({sp: LIBC + 0x2100})  # libc's other mapping, no row: can't tell
+    assert walk_exit(inside, maps, sp, LIBC + 0x104) == ExitWalk()  # type: ignore[arg-type]
 
 
 def test_the_held_threads_stack_starts_above_its_exit_frames() -> None:

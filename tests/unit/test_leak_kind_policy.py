@@ -37,6 +37,18 @@ def test_killed_processes_are_not_judged_unless_asked():
     assert statuses(Policy(lsan=True, judge_killed=True), result) == [FAILING]
 
 
+def test_processes_ended_by_a_direct_exit_are_not_judged_unless_asked():
+    direct = proc(1, "exit 1", group("definitely lost"))
+    direct.direct_exit = True
+    (finding,) = Policy(lsan=True).evaluate(run(direct)).findings
+    assert finding.status == NOT_JUDGED and "_exit without exit()" in finding.reason
+    assert statuses(Policy(lsan=True, judge_killed=True), run(direct)) == [FAILING]
+    assert statuses(Policy(), run(direct)) == [FAILING]  # without --leak-kinds
+    # the same finding in a process that ran exit() fails
+    assert statuses(Policy(lsan=True), run(direct, proc(2, "exit 1", group("definitely lost")))) \
+        == [FAILING]
+
+
 def test_a_finding_seen_lost_in_one_process_fails():
     result = run(proc(1, "exit 0", group("still reachable")),
                  proc(2, "exit 0", group("indirectly lost")))
