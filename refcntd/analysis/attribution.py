@@ -44,12 +44,7 @@ from dataclasses import dataclass, field
 
 from refcntd.analysis.analogs import same_role
 from refcntd.analysis.apinames import api_class, name_words, named_constructor, named_getter
-from refcntd.analysis.makercall import (
-    died_in_maker,
-    makes_own_type,
-    never_left,
-    returned_or_failed,
-)
+from refcntd.analysis.makercall import died_in_maker, makes_own_type, never_left
 from refcntd.analysis.pairing import (
     Pairs,
     common_depth,
@@ -401,8 +396,7 @@ def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline
     k = get.path.index(owner)
     if not get.frames[k].function:
         return None
-    died = died_in_maker(get, ops, put, k, base.sources) or \
-        returned_or_failed(get, ops, k, base.sources)
+    died = died_in_maker(get, ops, put, k, base.sources)
     if died:
         return died
     name, where = frame_name(get.frames[k]), short_frames(put.frames)

@@ -52,24 +52,6 @@ def never_left(get: PathOp, ops: list[PathOp], i: int) -> str:
             "kept it; no released object of its kind got a reference at this path")
 
 
-def returned_or_failed(get: PathOp, ops: list[PathOp], k: int,
-                       sources: Collection[FuncKey]) -> str:
-    """Why the caller (frame k) that released objects show putting what the maker
-    (frame k - 1 and below: constructors or reference sources) returned is not
-    named when this object never left the maker's call: released objects prove the
-    maker returns what it makes when it succeeds, not that it succeeded this time
-    (libxkbcommon's keymap.c:198, a failure path that lost its put, and a test's
-    deleted unref leave the same history).  "" otherwise."""
-    if get.op != Role.INIT or k == 0 or outside(ops, get.path[k - 1:]) is not None \
-            or not all(named_constructor(f) or f in sources for f in get.path[:k]):
-        return ""
-    maker, caller = _name(get, k - 1), _name(get, k)
-    return (f"the object never left the call of {maker} that made it (none of its "
-            f"operations is outside it); released objects made here were returned and "
-            f"put by {caller}, but {maker} may have failed this time and had to drop it "
-            f"(a put missing on its failure path), or returned it to {caller}, which kept it")
-
-
 def died_in_maker(get: PathOp, ops: list[PathOp], put: PathOp, k: int,
                   sources: Collection[FuncKey]) -> str:
     """Why the released objects' put under the maker (frame k of an init's path, a

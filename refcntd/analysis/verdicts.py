@@ -104,15 +104,9 @@ def _own_type(ops: list[PathOp], type_name: str, callers: dict[str, set[FuncKey]
     a dso's released paths arrived mixed with the maps' and threads' (runs saved by
     REFCNTD_DUMP_EVIDENCE then still do).  An operation made by a function that, in
     the leaked objects, only ever operates on another type (map__put, thread__new)
-    is dropped, but only from a pool that is mixed: one holding an object made by
-    such a function.  In a pool of one type, the function whose put was lost is
-    "foreign" exactly because the leaked objects lack its put (libxkbcommon's tests'
-    main put keymaps, and in the leaked ones only touched the context): dropping
-    its released puts hid the culprit's own evidence."""
+    is dropped."""
     own = callers.get(type_name, set())
     foreign = set().union(*(f for t, f in callers.items() if t != type_name)) - own
-    if not any(op.op == Role.INIT and op.path and op.path[0] in foreign for op in ops):
-        return ops
     return [op for op in ops if not (op.path and op.path[0] in foreign)]
 
 
