@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from refcntd.analysis.analogs import same_role
 from refcntd.analysis.apinames import api_class, name_words, named_constructor, named_getter
 from refcntd.analysis.makercall import died_in_maker, makes_own_type, never_left
 from refcntd.analysis.pairing import (
@@ -255,6 +256,9 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
                 f"one was never put: whether {callee} took one too many or {name} kept "
                 "one it should have put is not decided (no released object went through "
                 "this call)")
+    analog = same_role(get, ops, base.expected, base.callers) if not expected else []
+    if analog:
+        return analog
     if not expected and get.op == Role.INIT and base.released:
         return (f"the object's initial reference was never dropped; {name} created it and "
                 "released objects of its kind dropped theirs elsewhere, so the function "
