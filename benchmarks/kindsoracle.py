@@ -229,6 +229,7 @@ def _kinds(counts: object) -> str:
 
 
 def write(out: Path, fixtures: list[dict[str, object]], programs: list[dict[str, object]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)  # a run of minutes is not lost to a missing folder
     path = out / "leak-kinds-valgrind.json"
     if path.exists() and (not fixtures or not programs):  # --only: keep the other rows
         old = json.loads(path.read_text())
