@@ -8,7 +8,8 @@ comm_str), built -O2 -g with frame pointers; refcntd's default spec
 GStreamer core, its base library and core elements, built -O2 -g
 (debugoptimized) with frame pointers against Debian's GLib; the bundled
 gstreamer spec pointed at the built libgstreamer.  fontconfig: see fonts.py;
-xkbcommon: see xkb.py; dbus: libdbus.py.
+xkbcommon: see xkb.py; dbus: libdbus.py; xkbregistry (libxkbcommon batch 2):
+xkbreg.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import libdbus
 import tracefs
 import truth
 import xkb
+import xkbreg
 from codebase import Codebase, Workload, debian_meson
 from sites import Api
 
@@ -277,7 +279,8 @@ CODEBASES = {"perf": (perf, prepare_perf, perf_probes),
              "gstreamer": (gstreamer, prepare_gstreamer, gstreamer_probes),
              "fontconfig": (fonts.codebase, fonts.prepare, fonts.probes),
              "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes),
-             "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes)}
+             "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes),
+             "xkbregistry": (xkbreg.codebase, xkbreg.prepare, xkbreg.probes)}
 
 
 def load(name: str, out: Path, prepare: bool = True) -> Codebase:
