@@ -86,17 +86,24 @@ def codebase(out: Path) -> Codebase:
                    *(f"shared-test-{t}" for t in TESTS)])
 
 
-def prepare(cb: Codebase) -> None:
-    debian.install(PACKAGES)
+def patched_build(cb: Codebase, packages: list[str], patch: str,
+                  meson: list[str]) -> dict[str, object]:
+    """libxkbcommon's Debian source with xkbcommon/PATCH applied (once), built; the steps."""
+    debian.install(packages)
     if not cb.source.exists():
         cb.source.symlink_to(debian.source("libxkbcommon", cb.work / "debian-source"))
-    marker = cb.source / ".shared-tests-applied"
+    marker = cb.source / f".{patch.removesuffix('.patch')}-applied"  # batch 1's name
     if not marker.exists():
-        patch = HERE / "xkbcommon" / "shared-tests.patch"
-        subprocess.run(["patch", "-p1", "-s", "-i", str(patch)], cwd=cb.source, check=True)
-        marker.write_text("benchmarks/mutants/xkbcommon/shared-tests.patch\n")
-    steps = debian_meson(cb, "libxkbcommon", MESON)
-    steps["patch"] = "benchmarks/mutants/xkbcommon/shared-tests.patch"
+        subprocess.run(["patch", "-p1", "-s", "-i", str(HERE / "xkbcommon" / patch)],
+                       cwd=cb.source, check=True)
+        marker.write_text(f"benchmarks/mutants/xkbcommon/{patch}\n")
+    steps = debian_meson(cb, "libxkbcommon", meson)
+    steps["patch"] = f"benchmarks/mutants/xkbcommon/{patch}"
+    return steps
+
+
+def prepare(cb: Codebase) -> None:
+    steps = patched_build(cb, PACKAGES, "shared-tests.patch", MESON)
     steps["packages"] = {p: debian.version(p) for p in ("xkb-data", "libx11-data")}
     spec = (HERE / "xkbcommon" / "xkbcommon.yaml").read_text()
     cb.spec.write_text(spec.replace("library: libxkbcommon.so.0",

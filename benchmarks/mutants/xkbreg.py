@@ -24,14 +24,13 @@ say which.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import debian
 import tracefs
 import truth
 import xkb
-from codebase import Codebase, Workload, api_probes, debian_meson
+from codebase import Codebase, Workload, api_probes
 from sites import Api
 
 HERE = Path(__file__).resolve().parent
@@ -86,16 +85,7 @@ def codebase(out: Path) -> Codebase:
 
 
 def prepare(cb: Codebase) -> None:
-    debian.install(PACKAGES)
-    if not cb.source.exists():
-        cb.source.symlink_to(debian.source("libxkbcommon", cb.work / "debian-source"))
-    marker = cb.source / ".registry-noinline-applied"
-    if not marker.exists():
-        patch = HERE / "xkbcommon" / "registry-noinline.patch"
-        subprocess.run(["patch", "-p1", "-s", "-i", str(patch)], cwd=cb.source, check=True)
-        marker.write_text("benchmarks/mutants/xkbcommon/registry-noinline.patch\n")
-    steps = debian_meson(cb, "libxkbcommon", MESON)
-    steps["patch"] = "benchmarks/mutants/xkbcommon/registry-noinline.patch"
+    steps = xkb.patched_build(cb, PACKAGES, "registry-noinline.patch", MESON)
     steps["packages"] = {p: debian.version(p) for p in ("xkb-data", "libxml2-dev")}
     spec = (HERE / "xkbcommon" / "xkbregistry.yaml").read_text()
     cb.spec.write_text(spec.replace("library: libxkbregistry.so.0",
