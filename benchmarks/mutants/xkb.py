@@ -18,6 +18,7 @@ f2974e1, last changed by 3030c8b), fixed before this module was written.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import debian
@@ -67,23 +68,27 @@ WORKLOADS = (
 
 
 def codebase(out: Path) -> Codebase:
-    work = out / "xkbcommon"
-    build = work / "build"
-    src = work / "src"
-    api = Api(GETS, PUTS, {}, TYPE)
-    targets = {n: ("get" if n in GETS else "put") for n in GETS | PUTS}
-    binaries = [build / "libxkbcommon.so.0", *(build / t for t in TOOLS),
-                *(build / f"shared-test-{t}" for t in TESTS)]
+    return tree_codebase(out, "xkbcommon", Api(GETS, PUTS, {}, TYPE), "libxkbcommon.so.0",
+                         ["src/*.c", "src/compose/*.c", "src/xkbcomp/*.c", "tools/*.c",
+                          "test/*.c"],
+                         [*TOOLS, *(f"shared-test-{t}" for t in TESTS)], WORKLOADS)
+
+
+def tree_codebase(out: Path, name: str, api: Api, library: str, sources: list[str],
+                  programs: list[str], workloads: Sequence[tuple[str, str]]) -> Codebase:
+    """A codebase of libxkbcommon's meson tree (both batches): `library` and `programs`
+    built in its build directory, workloads' BUILD and SRC replaced by its directories."""
+    work = out / name
+    build, src = work / "build", work / "src"
+    targets = {n: ("get" if n in api.gets else "put") for n in api.gets | api.puts}
     return Codebase(
-        "xkbcommon", work, src, build, api, targets,
-        ["src/*.c", "src/compose/*.c", "src/xkbcomp/*.c", "tools/*.c", "test/*.c"],
-        binaries,
+        name, work, src, build, api, targets, sources,
+        [build / library, *(build / p for p in programs)],
         [Workload(label, ("/bin/sh", "-c", "exec " + cmd.replace("BUILD", str(build))
-                          .replace("SRC", str(src)))) for label, cmd in WORKLOADS],
-        work / "xkbcommon-built.yaml",
+                          .replace("SRC", str(src)))) for label, cmd in workloads],
+        work / f"{name}-built.yaml",
         env={"top_srcdir": str(src), "top_builddir": str(build), "LC_ALL": "C"},
-        build_cmd=["ninja", "-C", str(build), "libxkbcommon.so.0.0.0", *TOOLS,
-                   *(f"shared-test-{t}" for t in TESTS)])
+        build_cmd=["ninja", "-C", str(build), f"{library}.0.0", *programs])
 
 
 def patched_build(cb: Codebase, packages: list[str], patch: str,

@@ -30,7 +30,7 @@ import debian
 import tracefs
 import truth
 import xkb
-from codebase import Codebase, Workload, api_probes
+from codebase import Codebase, api_probes
 from sites import Api
 
 HERE = Path(__file__).resolve().parent
@@ -68,20 +68,10 @@ WORKLOADS = (
 
 
 def codebase(out: Path) -> Codebase:
-    work = out / "xkbregistry"
-    build = work / "build"
-    src = work / "src"
-    api = Api(GETS, PUTS, {}, TYPE)
-    targets = {n: ("get" if n in GETS else "put") for n in GETS | PUTS}
-    binaries = [build / "libxkbregistry.so.0", *(build / t for t in TOOLS + TESTS)]
-    return Codebase(
-        "xkbregistry", work, src, build, api, targets,
-        ["src/registry.c", "tools/registry-list.c", "test/registry.c"], binaries,
-        [Workload(label, ("/bin/sh", "-c", "exec " + cmd.replace("BUILD", str(build))
-                          .replace("SRC", str(src)))) for label, cmd in WORKLOADS],
-        work / "xkbregistry-built.yaml",
-        env={"top_srcdir": str(src), "top_builddir": str(build), "LC_ALL": "C"},
-        build_cmd=["ninja", "-C", str(build), "libxkbregistry.so.0.0.0", *TOOLS, *TESTS])
+    return xkb.tree_codebase(out, "xkbregistry", Api(GETS, PUTS, {}, TYPE),
+                             "libxkbregistry.so.0",
+                             ["src/registry.c", "tools/registry-list.c", "test/registry.c"],
+                             [*TOOLS, *TESTS], WORKLOADS)
 
 
 def prepare(cb: Codebase) -> None:
