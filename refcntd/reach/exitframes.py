@@ -115,7 +115,11 @@ class _Table:
         i = bisect_right(self.starts, at) - 1
         if i < 0 or not self.fdes[i][0] <= at < self.fdes[i][1]:
             return None
-        rows = [r for r in _rows(self.fdes[i][2]) if r.pc <= at]
+        lo, hi, rows = self.fdes[i]
+        if rows and not isinstance(rows[0], Row):
+            rows = _rows(rows)
+            self.fdes[i] = (lo, hi, rows)  # made once: the next lookup finds Rows
+        rows = [r for r in rows if r.pc <= at]
         return rows[-1] if rows else None
 
 
@@ -124,8 +128,7 @@ def _rows(rows: list[Any]) -> list[Row]:
     FDEs of libc's 3 700 (making them all at each start cost 50 ms); a malformed cache
     row is a row missing, which stops the unwind (the stack is then scanned whole)."""
     try:
-        return [r if isinstance(r, Row) else Row(int(r[0]), int(r[1]), tuple(map(int, r[2:])))
-                for r in rows]
+        return [Row(int(r[0]), int(r[1]), tuple(map(int, r[2:]))) for r in rows]
     except (TypeError, IndexError, ValueError):
         return []
 
@@ -163,6 +166,11 @@ def _read_frames(fd_path: str) -> _Table:
                  for name in ("exit", "_exit") for s in image.symbols.get(name, [])[:1]}
     fdes = [(lo - base, hi - base, [Row(r.pc - base, r.cfa, r.saved) for r in rows])
             for lo, hi, rows in _parse(lines)]
+    return _table(fdes, functions)
+
+
+def _table(fdes: list[tuple[int, int, list[Any]]], functions: dict[str, tuple[int, int]]
+           ) -> _Table:
     fdes.sort(key=lambda f: f[0])
     return _Table([f[0] for f in fdes], fdes, functions)
 
@@ -188,8 +196,7 @@ def _from_json(data: Any) -> _Table | None:
         functions = {str(k): (int(v[0]), int(v[1])) for k, v in data["functions"].items()}
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         return None
-    fdes.sort(key=lambda f: f[0])
-    return _Table([f[0] for f in fdes], fdes, functions)
+    return _table(fdes, functions)
 
 
 def _parse(lines: list[str]) -> list[tuple[int, int, list[Row]]]:
