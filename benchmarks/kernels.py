@@ -120,6 +120,8 @@ def fixtures(out: Path) -> Path:
     cs = out / "build" / "callsites"
     cs.mkdir(parents=True, exist_ok=True)
     made["csmain"], made["csplugin_dlsym.so"] = build_fixture(build, cs, "csplugin_dlsym.c")
+    from catalog import build as build_catalog
+    made["glibtypes"] = build_catalog(out / "build", "glibtypes.c", ["gobject-2.0"])
     for name, path in made.items():
         link = fx / name
         link.unlink(missing_ok=True)

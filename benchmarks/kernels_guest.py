@@ -161,6 +161,20 @@ def case_dlsym(out: Path, fx: Path) -> str:
     return "exit 23, obj leaks [1, 2, 4], get moved to its entry when dlsym handed it out"
 
 
+def case_gbytes(out: Path, fx: Path) -> str:
+    """GLib's g_bytes_unref_to_data on its three paths (the glib spec's put that absorbs
+    the g_bytes_unref inside it, PF_ABSORBS_PUT): only the one kept GBytes is left."""
+    status, stderr, report = run(["run", "--spec", "glib", "--", str(fx / "glibtypes"), "glib",
+                                  "unrefto"], out, "gbytes")
+    check(report is not None and status == 23, f"exit {status}: {stderr.strip()[-300:]}")
+    assert report is not None
+    (process,) = report["processes"]
+    check(leaks(process) == {"GBytes": [1]} and not process["anomalies"],
+          f"leaks {leaks(process)}, {len(process['anomalies'])} anomalies")
+    check(report["tracing"]["complete"], f"lost: {report['tracing']['lost']}")
+    return "exit 23, the one kept GBytes [1], no anomaly, nothing replaced at a reused address"
+
+
 class Daemon:
     """A refcntd attach or serve in the background; killed whatever happens."""
 
@@ -249,6 +263,7 @@ def case_serve_metrics(out: Path, fx: Path) -> str:
 CASES: dict[str, Callable[[Path, Path], str]] = {
     "prebuild": case_prebuild, "check": case_check, "demo": case_demo,
     "history": case_history, "ci-sarif": case_ci_sarif, "usdt": case_usdt, "dlsym": case_dlsym,
+    "gbytes": case_gbytes,
     "attach-library": case_attach_library, "serve-metrics": case_serve_metrics}
 
 

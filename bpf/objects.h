@@ -11,8 +11,9 @@
 BPF_F_TABLE("hash", struct obj_key, struct obj_val, objs, MAX_OBJECTS, BPF_F_NO_PREALLOC);
 BPF_TABLE("lru_hash", struct obj_key, struct grave_val, graveyard, MAX_GRAVES);
 BPF_TABLE("lru_hash", struct obj_key, __u32, unknown_seen, MAX_GRAVES);
-/* Objects whose delete fired inside their last put, before its probe: that
- * put (by this thread id) is already counted. */
+/* Objects whose delete fired inside their last put, before its probe, or whose
+ * put calls another put on them (PF_ABSORBS_PUT): that put, by this thread id,
+ * is already counted.  An init at the address forgets it. */
 BPF_TABLE("lru_hash", struct obj_key, __u32, put_due, MAX_PROCS);
 /* Threads inside a constructor whose return probe has not fired yet, and the
  * references taken and dropped on not-yet-returned objects meanwhile (an
@@ -127,7 +128,8 @@ static __always_inline int obj_set_aside(struct probe_cfg *cfg, struct obj_key *
 	return 1;
 }
 
-/* The put whose delete already fired inside it (PF_DELETE_IN_PUT). */
+/* The put whose delete already fired inside it (PF_DELETE_IN_PUT), or the
+ * inner put of a put that counted it (PF_ABSORBS_PUT). */
 static __always_inline int obj_absorbed_put(struct obj_key *key)
 {
 	__u32 *tid = put_due.lookup(key);

@@ -37,6 +37,7 @@ enum refcntd_role { ROLE_INIT = 0, ROLE_GET = 1, ROLE_PUT = 2, ROLE_DELETE = 3,
 #define PF_MAY_EXIST 128    /* init: a live object returned is that object (no new one): may_return_existing */
 #define PF_EXISTING_GET 256 /* PF_MAY_EXIST: ... and the constructor's return is a get on it */
 #define PF_REUSES_ARG 512   /* PF_MAY_EXIST: only the object at *obj saved at entry; another return drops it */
+#define PF_ABSORBS_PUT 1024 /* put: this thread's next put on the object, made inside this one, is part of it */
 
 /* What the kernel side could not record: shown in every report header. */
 enum refcntd_stat {

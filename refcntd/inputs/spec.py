@@ -101,6 +101,7 @@ class RoleSpec:
     type_name: Source | None = None  # init only
     initial_count: Source | None = None  # init only
     frees_at_zero: bool = False  # put: the put to 0 ends life even with a delete role
+    absorbs_put: bool = False  # put: this thread's put on the object inside it is part of it
     inside_last_put: str | None = None  # delete: "before" / "after" the last put's own probe
     floating_flag: tuple[int, int] | None = None  # sink: (offset in the object, bit mask)
     static_if: tuple[int, int] | None = None  # (offset, value): the library's static objects
@@ -353,7 +354,8 @@ def _one_role_per_function(roles_node: dict[str, YNode], library: str | None) ->
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
     allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
     extra = {"init": {"type", "initial_count", "may_return_existing"},
-             "get": {"may_be_leaked", "revives"}, "put": {"frees_at_zero", "may_be_leaked"},
+             "get": {"may_be_leaked", "revives"},
+             "put": {"frees_at_zero", "may_be_leaked", "absorbs_inner_put"},
              "delete": {"inside_last_put"},
              "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
     required = {"object"} | ({"type"} if role == "init" else set())
@@ -383,6 +385,8 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     written_at=written_at,
                     frees_at_zero=fields["frees_at_zero"].boolean()
                     if "frees_at_zero" in fields else False,
+                    absorbs_put=fields["absorbs_inner_put"].boolean()
+                    if "absorbs_inner_put" in fields else False,
                     inside_last_put=_inside_last_put(fields.get("inside_last_put")),
                     floating_flag=_bit_flag(fields.get("floating_flag")),
                     may_be_leaked=_bit_flag(fields.get("may_be_leaked")),

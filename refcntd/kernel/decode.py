@@ -71,6 +71,7 @@ def _semantics(cfg: abi.ProbeCfg, site: ProbeSite) -> None:
     role = site.spec_role
     cfg.flags = ((abi.PF_FREES_AT_ZERO if role.frees_at_zero else 0)
                  | (abi.PF_DELETE_IN_PUT if role.inside_last_put == "before" else 0)
+                 | (abi.PF_ABSORBS_PUT if role.absorbs_put else 0)
                  | (abi.PF_OBJ_OUT if role.obj.out else 0)
                  | (abi.PF_STATIC_IF if role.static_if else 0)
                  | (abi.PF_QUIET_UNKNOWN if role.quiet_unknown else 0)

@@ -32,9 +32,6 @@ def test_real_double_unref_is_caught(bpf, exe, tmp_path, spec):
     assert_double_caught(trace(tmp_path, spec, [str(exe), spec, "double"]))
 
 
-@pytest.mark.xfail(strict=True, reason="design only (docs/specs.md, Known limits): "
-                   "g_bytes_unref_to_data needs a put whose inner put is part of it, a "
-                   "kernel-side change not made yet")
 def test_gbytes_unref_to_data_and_array_on_every_path(bpf, exe, tmp_path):
     """The last reference stolen (no g_bytes_unref), copied with g_bytes_unref inside,
     a reference others hold: exact, no anomaly, no record replaced at a reused address."""

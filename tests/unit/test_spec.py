@@ -103,6 +103,7 @@ roles:
   put:
     - {functions: [foo_unref], object: arg1, frees_at_zero: true}
     - {functions: [bar_unref], object: arg1}
+    - {functions: [foo_unref_to_data], object: arg1, absorbs_inner_put: true}
   delete: {usdt: "foo:dispose", object: arg1, inside_last_put: before,
            unknown_objects: count}
   sink: {functions: [foo_ref_sink], object: arg1, floating_flag: {offset: 4, mask: 1}}
@@ -117,6 +118,7 @@ def test_semantics_real_apis_need(tmp_path):
     assert make.obj.out and make.obj.arg == 2 and make.obj.at_return
     assert make.type_name.deref == (16, 8) and make.static_if == (0, -1)
     assert spec.roles["put"][0].frees_at_zero and not spec.roles["put"][1].frees_at_zero
+    assert [p.absorbs_put for p in spec.roles["put"]] == [False, False, True]
     (delete,) = spec.roles["delete"]
     assert delete.inside_last_put == "before" and delete.quiet_unknown
     assert spec.roles["sink"][0].floating_flag == (4, 1)
@@ -132,6 +134,10 @@ def test_semantics_real_apis_need(tmp_path):
      "true or false"),
     ("{functions: [foo_ref], object: arg1, may", "{functions: [foo_ref], object: arg1, "
      "frees_at_zero: true, may", "roles.get.frees_at_zero", "unknown key"),
+    ("absorbs_inner_put: true", "absorbs_inner_put: yes please",
+     "roles.put[2].absorbs_inner_put", "true or false"),
+    ("revives: true", "revives: true, absorbs_inner_put: true", "roles.get.absorbs_inner_put",
+     "unknown key"),
     ("deref: [16, 8]", "deref: [16, 8, 0]", "roles.init[1].type.deref", "1..2"),
     ("{out: arg2}", "{out: arg9}", "roles.init[1].object.out", "1..6"),
     ("floating_flag: {offset: 4, mask: 1}", "floating_flag: {offset: 4}",
