@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -47,24 +48,44 @@ def entries(cache, prefix=""):
                   if prefix or not p.name.startswith("layout-"))
 
 
+class Cold:
+    """One cold run (a BPF compile, the binary analysed for the first time) whose cache
+    every test starts from, restored at the same path: the programs' key depends on it.
+    A compile per test made this file the suite's slowest."""
+
+    def __init__(self, exe, base):
+        self.exe, self.cache, self.pristine = exe, base / "cache", base / "pristine"
+        self.result = run(exe, base, self.cache, "cold")
+        assert CACHED not in self.result.stderr and "BPF compile" in self.result.stderr
+        shutil.copytree(self.cache, self.pristine, symlinks=True)
+
+    def restored(self):
+        shutil.rmtree(self.cache)
+        shutil.copytree(self.pristine, self.cache, symlinks=True)
+        return self.exe, self.cache
+
+
+@pytest.fixture(scope="module")
+def cold(bpf, build, tmp_path_factory):
+    return Cold(build.perflike("O2"), tmp_path_factory.mktemp("progcache"))
+
+
 @pytest.mark.parametrize("extra", [[], ["--history", "all"]], ids=["default", "history"])
-def test_second_run_loads_the_cached_programs(bpf, build, tmp_path, extra):
-    exe, cache = build.perflike("O2"), tmp_path / "cache"
-    cold = run(exe, tmp_path, cache, "cold", *extra)
-    assert CACHED not in cold.stderr and "BPF compile" in cold.stderr, cold.stderr
-    (entry,) = entries(cache)
-    layouts = entries(cache, "layout-")
+def test_second_run_loads_the_cached_programs(cold, tmp_path, extra):
+    """After the shared cold run (one compile), a run with or without --history (a
+    knob of the same program) loads the cached programs and reports the same."""
+    exe, cache = cold.restored()
+    (entry,), layouts = entries(cache), entries(cache, "layout-")
     warm = run(exe, tmp_path, cache, "warm", *extra)
     assert CACHED in warm.stderr, warm.stderr
     assert entries(cache) == [entry] and entries(cache, "layout-") == layouts
-    assert shape(warm.report) == shape(cold.report)
+    assert shape(warm.report) == shape(cold.result.report)
 
 
-def test_a_missing_or_wrong_layout_costs_one_maps_only_compile(bpf, build, tmp_path):
+def test_a_missing_or_wrong_layout_costs_one_maps_only_compile(cold, tmp_path):
     """Without the maps' layout (other map sizes), or with one whose sizes do not fit
     abi.py (its digest intact): one maps-only compile records it again."""
-    exe, cache = build.perflike("O2"), tmp_path / "cache"
-    run(exe, tmp_path, cache, "cold")
+    exe, cache = cold.restored()
     for layout in entries(cache, "layout-"):
         layout.unlink()
     again = run(exe, tmp_path, cache, "again")
@@ -84,11 +105,10 @@ def test_a_missing_or_wrong_layout_costs_one_maps_only_compile(bpf, build, tmp_p
     assert CACHED in warm.stderr, warm.stderr
 
 
-def test_other_map_sizes_are_derived_without_a_compile(bpf, build, tmp_path):
+def test_other_map_sizes_are_derived_without_a_compile(cold, tmp_path):
     """--max-objects and the probe slots only size maps: the layout recorded at other
     sizes is resized from the declarations, and the maps really have the new sizes."""
-    exe, cache = build.perflike("O2"), tmp_path / "cache"
-    run(exe, tmp_path, cache, "cold")
+    exe, cache = cold.restored()
     (layout,) = entries(cache, "layout-")
     other = run(exe, tmp_path, cache, "other", "--max-objects", "4096")
     assert CACHED in other.stderr, other.stderr
@@ -118,11 +138,10 @@ def test_prebuild_leaves_nothing_to_compile(bpf, build, tmp_path):
     assert CACHED in first.stderr, first.stderr
 
 
-def test_an_entry_the_kernel_refuses_is_replaced(bpf, build, tmp_path):
+def test_an_entry_the_kernel_refuses_is_replaced(cold, tmp_path):
     """A consistent entry (its digest matches) with a program the verifier rejects:
     the run compiles anew, reports exactly, and the entry is rewritten."""
-    exe, cache = build.perflike("O2"), tmp_path / "cache"
-    run(exe, tmp_path, cache, "cold")
+    exe, cache = cold.restored()
     (path,) = entries(cache)
     data = json.loads(path.read_text())
     key = data["key"]
@@ -137,9 +156,8 @@ def test_an_entry_the_kernel_refuses_is_replaced(bpf, build, tmp_path):
     assert progcache.load(cache, key).functions["on_probe"] == good
 
 
-def test_a_corrupt_entry_is_ignored(bpf, build, tmp_path):
-    exe, cache = build.perflike("O2"), tmp_path / "cache"
-    run(exe, tmp_path, cache, "cold")
+def test_a_corrupt_entry_is_ignored(cold, tmp_path):
+    exe, cache = cold.restored()
     (path,) = entries(cache)
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
