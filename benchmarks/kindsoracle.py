@@ -206,6 +206,41 @@ def program_rows(name: str, argv: list[str], tmp: Path) -> list[dict[str, object
           "valgrind": {}, "equal": True}]
 
 
+def repeated_rows(name: str, argv: list[str], tmp: Path, runs: int) -> list[dict[str, object]]:
+    """Both tools `runs` times on one command (which objects are alive at exit
+    depends on when GIO's worker thread finishes its tasks: valgrind runs the
+    program 20-50x slower)."""
+    ours, theirs = [], []
+    libs = private_copies(tmp)
+    for i in range(runs):
+        work = tmp / f"run{i}"
+        work.mkdir(exist_ok=True)
+        ours.append(refcntd_sites(refcntd_json(argv, work, ["--spec", "gobject"]), argv))
+        theirs.append(valgrind_sites(argv, libs))
+    return compare_runs(name, ours, theirs)
+
+
+def compare_runs(name: str, ours: list[dict[tuple[str, ...], Counter[str]]],
+                 theirs: list[dict[tuple[str, ...], Counter[str]]]) -> list[dict[str, object]]:
+    """Per site refcntd listed in any run: each run's kinds on both sides, and a verdict.
+    `same kinds`: every kind refcntd gave is one valgrind gave at that site in some
+    run; `alive only under refcntd`: valgrind had no instance block there in any run
+    (its slower run let the object go before exit: no verdict to compare); `differ`:
+    valgrind had blocks there, and refcntd gave a kind valgrind never did."""
+    rows: list[dict[str, object]] = []
+    for site in sorted({s for run in ours for s in run}):
+        mine = [dict(run.get(site, Counter())) for run in ours]
+        other = [dict(run.get(site, Counter())) for run in theirs]
+        kinds = {k for run in mine for k in run if k != LATE}
+        seen = {k for run in other for k in run}
+        verdict = ("same kinds" if kinds <= seen else
+                   "alive only under refcntd" if not seen else "differ")
+        rows.append({"program": name, "site": " < ".join(site) or "?", "refcntd": mine,
+                     "valgrind": other, "verdict": verdict,
+                     "only_refcntd": sorted(kinds - seen)})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -213,8 +248,17 @@ def main() -> int:
     parser.add_argument("--valgrind-opt", action="append", default=[], metavar="OPT",
                         help="one more valgrind option (repeatable); its rows are named "
                              "PROGRAM (valgrind OPT)")
+    parser.add_argument("--repeat", type=int, default=0, metavar="N",
+                        help="run each --only program N times in both tools and write "
+                             "the per-site kinds of every run (section 'Repeated runs')")
     args = parser.parse_args()
     VALGRIND_OPTS.extend(args.valgrind_opt)
+    if args.repeat:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [r for n in args.only or PROGRAMS
+                    for r in repeated_rows(n, PROGRAMS[n], Path(tmp), args.repeat)]
+        write(args.out, [], [], rows)
+        return 0
     suffix = f" (valgrind {' '.join(args.valgrind_opt)})" if args.valgrind_opt else ""
     with tempfile.TemporaryDirectory() as tmp:
         fixtures = [] if args.only else fixture_rows(Path(tmp))
@@ -228,16 +272,20 @@ def _kinds(counts: object) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"  # type: ignore[attr-defined]
 
 
-def write(out: Path, fixtures: list[dict[str, object]], programs: list[dict[str, object]]) -> None:
+def write(out: Path, fixtures: list[dict[str, object]], programs: list[dict[str, object]],
+          repeated: list[dict[str, object]] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)  # a run of minutes is not lost to a missing folder
     path = out / "leak-kinds-valgrind.json"
-    if path.exists() and (not fixtures or not programs):  # --only: keep the other rows
-        old = json.loads(path.read_text())
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if old and (not fixtures or not programs):  # --only, --repeat: keep the other rows
         fixtures = fixtures or old["fixtures"]
         names = {p["program"] for p in programs}
         programs = [p for p in old["programs"] if p["program"] not in names] + programs
+    names = {r["program"] for r in repeated or []}
+    repeated = [r for r in old.get("repeated", []) if r["program"] not in names] + \
+        (repeated or [])
     path.write_text(json.dumps({"machine": machine(), "fixtures": fixtures,
-                                "programs": programs}, indent=1) + "\n")
+                                "programs": programs, "repeated": repeated}, indent=1) + "\n")
     lines = ["# Leak kinds: refcntd against valgrind memcheck", "",
              f"Machine: {machine()}. `benchmarks/kindsoracle.py` (its docstring says how "
              "objects are matched).", "", "## tests/fixtures/reach.c, object by object", "",
@@ -250,10 +298,24 @@ def write(out: Path, fixtures: list[dict[str, object]], programs: list[dict[str,
     lines += [f"| {r['program']} | {r['site']} | {_kinds(r['refcntd'])} | "
               f"{_kinds(r['valgrind'])} | {'yes' if r['equal'] else '**no**'} |"
               for r in programs]
+    lines += repeated_table(repeated)
     md = out / "leak-kinds-valgrind.md"
     by_hand = md.read_text().partition("\n## Reading")[2] if md.exists() else ""
     md.write_text("\n".join(lines) + "\n" + (f"\n## Reading{by_hand}" if by_hand else ""))
 
+
+
+def repeated_table(rows: list[dict[str, object]]) -> list[str]:
+    """One line per site: each run's kinds on both sides (`-`: none alive there)."""
+    if not rows:
+        return []
+    def runs(kinds: object) -> str:
+        return " / ".join(_kinds(k) if k else "-" for k in kinds)  # type: ignore[attr-defined]
+    return ["", "## Repeated runs (`--repeat N`: each run's kinds at the site, run by run)",
+            "", "| program | site | refcntd, runs 1..N | valgrind, runs 1..N | verdict |",
+            "|---|---|---|---|---|"] + \
+        [f"| {r['program']} | {r['site']} | {runs(r['refcntd'])} | {runs(r['valgrind'])} | "
+         f"{r['verdict'] if r['verdict'] != 'differ' else '**differ**'} |" for r in rows]
 
 if __name__ == "__main__":
     sys.exit(main())
