@@ -253,13 +253,13 @@ def main() -> int:
                              "the per-site kinds of every run (section 'Repeated runs')")
     args = parser.parse_args()
     VALGRIND_OPTS.extend(args.valgrind_opt)
+    suffix = f" (valgrind {' '.join(args.valgrind_opt)})" if args.valgrind_opt else ""
     if args.repeat:
         with tempfile.TemporaryDirectory() as tmp:
             rows = [r for n in args.only or PROGRAMS
-                    for r in repeated_rows(n, PROGRAMS[n], Path(tmp), args.repeat)]
+                    for r in repeated_rows(n + suffix, PROGRAMS[n], Path(tmp), args.repeat)]
         write(args.out, [], [], rows)
         return 0
-    suffix = f" (valgrind {' '.join(args.valgrind_opt)})" if args.valgrind_opt else ""
     with tempfile.TemporaryDirectory() as tmp:
         fixtures = [] if args.only else fixture_rows(Path(tmp))
         programs = [r for n, a in PROGRAMS.items() if not args.only or n in args.only
