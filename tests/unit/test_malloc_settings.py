@@ -3,7 +3,6 @@ long-lived one may serve the block from a freed chunk that fits, which is fine).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -44,25 +43,3 @@ def test_big_blocks_stay_mmapped_after_a_bigger_one_is_freed():
     when freed)."""
     assert _mmapped(fixed=False) == 0  # glibc's own rule, as the fix's premise says
     assert _mmapped(fixed=True) == 1
-
-
-REEXEC = """
-import os, sys
-from refcntd.service import malloc
-print(os.getpid(), os.environ.get("PYTHONMALLOC"), sys.argv[1:], flush=True)
-malloc.use_system_allocator()
-"""
-
-
-def test_serve_runs_on_the_system_allocator_same_pid_and_arguments():
-    """use_system_allocator re-executes once (the second run finds PYTHONMALLOC set),
-    as the same process with the same arguments; an allocator already chosen stays."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
-    out = subprocess.run([sys.executable, "-c", REEXEC, "a b", "c"], check=True, env=env,
-                         capture_output=True, text=True).stdout.splitlines()
-    (pid1, first, args1), (pid2, second, args2) = (line.split(" ", 2) for line in out)
-    assert pid1 == pid2 and (first, second) == ("None", "malloc")
-    assert args1 == args2 == "['a b', 'c']"
-    kept = subprocess.run([sys.executable, "-c", REEXEC], check=True, capture_output=True,
-                          text=True, env={**env, "PYTHONMALLOC": "pymalloc"}).stdout
-    assert kept.split()[1] == "pymalloc" and len(kept.splitlines()) == 1
