@@ -26,14 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, ProcessCollector
 
-    from refcntd.service import httpserver, malloc
+    from refcntd.service import httpserver
     from refcntd.service.daemon import Daemon
     from refcntd.service.metrics import BuildInfo
     from refcntd.service.systemd import setup_logging
     config = load_config(args.config)
     if args.check:
         return _check(config, args.strict)
-    malloc.use_system_allocator()  # months of RSS kept by pymalloc's arenas otherwise
     setup.prepare()
     setup_logging()
     daemon = Daemon(config, strict=args.strict)

@@ -17,24 +17,12 @@ over eight reload cycles of a target, glibc's arena grew 17 -> 37 MiB before and
 16 -> 20 MiB after, and RSS rose 16.7 MiB before and 11.3 MiB after (the rest is
 pymalloc's arenas, which a few long-lived objects made during a tracer's life
 keep), flat from the second cycle on either way.
-
-Python's own allocator (pymalloc) keeps a 1 MiB arena as long as one object in it
-lives, and a tracer's life makes and frees ~22 MiB of small objects among a few
-that outlive it: the first reload cycle of a target raised serve's RSS 9 MiB in
-an in-process test of 4 cycles (the soak's hour: 194 -> 214 MiB, its one step).
-With PYTHONMALLOC=malloc those objects come from glibc's two arenas, whose free
-pages malloc_trim hands back wherever they are: the same test's step was 3 MiB
-(111 -> 121 MiB with pymalloc, 114 -> 118 without), for about 10-15 % more CPU
-in report building. serve re-executes itself with it (before any thread exists)
-unless PYTHONMALLOC is set already.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import sys
 
 log = logging.getLogger("refcntd")
 M_ARENA_MAX = -8  # glibc's mallopt parameters
@@ -67,12 +55,3 @@ def trim() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
-
-
-def use_system_allocator() -> None:
-    """Re-execute this process (same PID, argv and environment) with
-    PYTHONMALLOC=malloc, unless the environment chose an allocator already."""
-    if os.environ.get("PYTHONMALLOC"):
-        return
-    os.environ["PYTHONMALLOC"] = "malloc"
-    os.execv(sys.executable, sys.orig_argv)

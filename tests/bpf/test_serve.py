@@ -113,8 +113,6 @@ def test_serve_metrics_reports_and_sigterm(bpf, build, tmp_path):
     holder = None
     with Serve(tmp_path, targets) as serve:
         assert "target=missing" in serve.log and "cannot attach" in serve.log
-        environ = Path(f"/proc/{serve.proc.pid}/environ").read_bytes().split(b"\0")
-        assert b"PYTHONMALLOC=malloc" in environ  # re-executed: service/malloc.py
         runs = [subprocess.Popen([str(perflike), "30"], stdout=subprocess.DEVNULL)
                 for _ in range(3)]  # several at once, each lives a few ms
         assert [p.wait(timeout=60) for p in runs] == [0, 0, 0]
