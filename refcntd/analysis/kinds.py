@@ -28,10 +28,11 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
     are LATE, whatever their address holds now."""
     if not scan.complete:
         return groups
-    late = _late(groups, scan, now_ns)
-    kinds = scan.kinds_of(o.address for g in groups for o in g.objects
+    objects = {id(g): list(g.objects) for g in groups}  # read once: a lazy sequence (leaks.py)
+    late = _late(groups, objects, scan, now_ns)
+    kinds = scan.kinds_of(o.address for g in groups for o in objects[id(g)]
                           if o.address not in late)
-    types = {o.address: g.type_name for g in groups for o in g.objects}
+    types = {o.address: g.type_name for g in groups for o in objects[id(g)]}
     per_block = Counter(k.block for k in kinds.values())
     shared = [a for a, k in kinds.items() if per_block[k.block] > 1]
     for address in shared:
@@ -41,13 +42,13 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
                           "pool allocator's slab): no kind, every one a leak as without "
                           "--leak-kinds (G_SLICE=always-malloc gives each GObject a block "
                           "of its own)")
-    _note_freed(scan, [o.address for g in groups for o in g.objects
+    _note_freed(scan, [o.address for g in groups for o in objects[id(g)]
                        if o.address not in kinds and o.address not in late])
     kinds.update(late)
     out = []
     for group in groups:
         parts: dict[str, list[LeakedObject]] = {}
-        for obj in group.objects:
+        for obj in objects[id(group)]:
             k = kinds.get(obj.address)
             root = _root(k, types) if k else ""
             parts.setdefault(k.kind if k else "", []).append(
@@ -58,15 +59,15 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
     return sorted(out, key=LeakGroup.order)
 
 
-def _late(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None
-          ) -> dict[int, ObjectKind]:
+def _late(groups: list[LeakGroup], objects: dict[int, list[LeakedObject]], scan: ReachScan,
+          now_ns: int | None) -> dict[int, ObjectKind]:
     """Objects created after the scan began: at exit, by threads that ran on once the
     process was continued, until exit_group ended them (their memory was free or
     another block's at the scan).  No checker sees them: valgrind and LeakSanitizer
     judge the heap at one moment.  A note says how many."""
     if now_ns is None or not scan.taken_ns:
         return {}
-    late = {o.address: ObjectKind(LATE) for g in groups for o in g.objects
+    late = {o.address: ObjectKind(LATE) for g in groups for o in objects[id(g)]
             if now_ns - o.age_ns > scan.taken_ns}
     if late:
         scan.notes.append(f"{len(late)} object(s) created after the scan, by threads still "

@@ -76,13 +76,14 @@ def read_heap(mem: ProcessMemory, maps: list[Mapping], words: Words | None = Non
     the words that may point into a block are kept there as the chunks are walked (the
     heap read once, not once more for the pointers); `covered` says where."""
     heap = Heap()
-    other = sorted({a for m in maps for a in OTHER_ALLOCATORS if a in m.path.rsplit("/", 1)[-1]})
+    names = {m.path.rsplit("/", 1)[-1] for m in maps if m.path}  # each file once
+    other = sorted({a for name in names for a in OTHER_ALLOCATORS if a in name})
     if other:
         heap.recognised = False
         heap.notes.append(f"allocator {', '.join(other)} is not glibc malloc: reachability "
                           "not scanned, verdicts as without it")
         return heap
-    if not any(m.path.rsplit("/", 1)[-1].startswith("libc.so") for m in maps):
+    if not any(name.startswith("libc.so") for name in names):
         heap.recognised = False
         heap.notes.append("no glibc in the process (static or another C library): "
                           "reachability not scanned")

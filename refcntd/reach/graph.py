@@ -140,15 +140,29 @@ class PointerFilter:
 
 def find_edges(words: Words, starts: np.ndarray, ends: np.ndarray,
                tails: np.ndarray | None = None) -> Edges:
-    """Every pointer into a block from the roots and from the blocks themselves (a
-    block holds the words up to its tail, glibc.Heap; its end without tails)."""
-    parts = [_resolve(values, where, starts, ends,
-                      None if owner is None else np.int64(-1 - owner), tails)
-             for values, where, owner in zip(words.values, words.where, words.owner,
-                                             strict=True)]
+    """Every pointer into a block from the blocks themselves (a block holds the words
+    up to its tail, glibc.Heap; its end without tails), then from the roots, each in
+    the order read.  Resolved in two passes, not one per part: a short-lived
+    process's scan has a dozen small parts, and numpy's fixed cost per call was most
+    of its kinds."""
+    heap = [i for i, owner in enumerate(words.owner) if owner is None]
+    rooted = {i: -1 - owner for i, owner in enumerate(words.owner) if owner is not None}
+    parts = []
+    if heap:
+        parts.append(_resolve(_joined(words.values, heap), _joined(words.where, heap),
+                              starts, ends, None, tails))
+    if rooted:
+        owners = np.repeat(np.array(list(rooted.values()), np.int64),
+                           [len(words.values[i]) for i in rooted])
+        parts.append(_resolve(_joined(words.values, list(rooted)),
+                              _joined(words.where, list(rooted)), starts, ends, owners, tails))
     if not parts:
         return Edges(*_nothing())
     return Edges(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+
+
+def _joined(arrays: list[np.ndarray], which: list[int]) -> np.ndarray:
+    return np.concatenate([arrays[i] for i in which]).astype(np.uint64, copy=False)
 
 
 def _windows(mem: ProcessMemory, start: int, end: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -179,10 +193,11 @@ def _hits(base: int, words: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 
 
 def _resolve(words: np.ndarray, where: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-             root: np.int64 | None, tails: np.ndarray | None = None
+             root: np.int64 | np.ndarray | None, tails: np.ndarray | None = None
              ) -> tuple[np.ndarray, ...]:
     """The words pointing into a block; `root` None: the words are inside blocks, and
-    count only inside an in-use one (before its tail)."""
+    count only inside an in-use one (before its tail); else the root (-1 - its index)
+    of all the words, or of each."""
     if len(starts) == 0:
         return _nothing()
     dst = np.searchsorted(starts, words, "right").astype(np.int64) - 1
@@ -193,7 +208,8 @@ def _resolve(words: np.ndarray, where: np.ndarray, starts: np.ndarray, ends: np.
         inside &= (src >= 0) & (where < held_to[np.maximum(src, 0)])
         src = src[inside]
     else:
-        src = np.full(int(np.count_nonzero(inside)), root, np.int64)
+        src = root[inside] if isinstance(root, np.ndarray) else \
+            np.full(int(np.count_nonzero(inside)), root, np.int64)
     dst, words, where = dst[inside], words[inside], where[inside]
     return src, dst, words != starts[dst], where
 

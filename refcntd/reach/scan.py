@@ -53,6 +53,7 @@ class ReachScan:
     roots: list[Root] = field(default_factory=list)
     heap_bytes: int = 0
     bytes_read: int = 0
+    reads: int = 0  # system calls that read the process (ProcessMemory.reads)
     seconds: float = 0.0
     taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
@@ -119,7 +120,7 @@ def read_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) ->
         _read(mem, out, proc, at_exit)
     finally:
         mem.close()
-    out.bytes_read = mem.bytes_read
+    out.bytes_read, out.reads = mem.bytes_read, mem.reads
     out.seconds = time.monotonic() - began
     return out
 
@@ -130,6 +131,7 @@ def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False)
         out.complete = False
         out.notes.append(f"process {out.pid} gone before its memory was scanned")
         return
+    mem.snapshot(maps)
     threads = read_threads(out.pid, proc)
     exiting = _exit_frames(mem, maps, threads, out) if at_exit else {}
     out.words = graph.Words()

@@ -10,6 +10,7 @@ today's verdicts and says why.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -91,8 +92,7 @@ def wait_stopped(pid: int, proc: Path = Path("/proc"), timeout_s: float = STOP_W
     """Whether every thread of `pid` is stopped (state T) before `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if all(_state(task) in ("T", "t", "X", "Z", "")
-               for task in (proc / str(pid) / "task").glob("*")):
+        if all(s in ("T", "t", "X", "Z", "") for s in _states(proc, pid)):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -101,12 +101,24 @@ def wait_stopped(pid: int, proc: Path = Path("/proc"), timeout_s: float = STOP_W
 
 def still_stopped(pid: int, proc: Path = Path("/proc")) -> bool:
     """Whether every thread of `pid` is stopped now (not running, not exited)."""
-    states = [_state(task) for task in (proc / str(pid) / "task").glob("*")]
+    states = _states(proc, pid)
     return bool(states) and all(s in ("T", "t") for s in states)
 
 
-def _state(task: Path) -> str:
+def _states(proc: Path, pid: int) -> list[str]:
+    """Each thread's state letter ("" for one gone meanwhile): os.listdir and plain
+    reads, twice per held process (pathlib's glob and read_text were ~0.2 ms of it)."""
+    tasks = f"{proc}/{pid}/task"
     try:
-        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        tids = os.listdir(tasks)
+    except OSError:
+        return []
+    return [_state(f"{tasks}/{tid}/stat") for tid in tids]
+
+
+def _state(stat: str) -> str:
+    try:
+        with open(stat, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return ""
