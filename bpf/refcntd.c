@@ -143,7 +143,7 @@ static __always_inline int put_object(struct pt_regs *ctx, struct probe_cfg *cfg
 	struct grave_val g = {};
 	__u32 kind = 0;
 	__s64 before = 0;
-	if (obj_absorbed_put(&key))
+	if (KNOB(absorbs_put) && obj_absorbed_put(&key))  /* a live object's inner put */
 		return 0;
 	if (cfg->flags & PF_ABSORBS_PUT) {  /* g_bytes_unref_to_data: g_bytes_unref inside, or not */
 		__u32 tid = (__u32)bpf_get_current_pid_tgid();
@@ -151,7 +151,7 @@ static __always_inline int put_object(struct pt_regs *ctx, struct probe_cfg *cfg
 	}
 	struct obj_val *o = obj_lookup(&key);
 	if (!o) {
-		if (obj_early_op(&key, -1))
+		if (obj_absorbed_put(&key) || obj_early_op(&key, -1))
 			return 0;
 		kind = anomaly_missing(cfg, &key, AN_PUT_AFTER_DELETE, AN_UNKNOWN_PUT,
 				       ST_UNKNOWN_PUT, &g);

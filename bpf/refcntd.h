@@ -450,7 +450,9 @@ struct refcntd_config {
 				 * modules has no unwind table yet (hold.h); needs hold */
 	__u8 hold_execs;        /* also stop a traced process that execs a file nobody scanned
 				 * (run: programs with their own copy of the functions); needs hold */
-	__u8 pad[2];
+	__u8 absorbs_put;       /* a put role absorbs its inner put (PF_ABSORBS_PUT): every put
+				 * first looks for one due (objects.h); 0: only after a delete */
+	__u8 pad[1];
 	__u32 off_task_utask;   /* pending uretprobes (unwind.h), all 0 when BTF lacks them */
 	__u32 off_utask_ri;
 	__u32 off_ri_stack;

@@ -38,7 +38,7 @@ def config(opts: KernelOptions, live: tuple[int, int] | None = None) -> abi.Refc
     exit where sched_process_exit has no group_dead (program.kernel_choices)."""
     unwind = opts.unwind_offsets is not None
     cfg = abi.RefcntdConfig(
-        filtered=opts.filtered, has_delete=opts.has_delete,
+        filtered=opts.filtered, has_delete=opts.has_delete, absorbs_put=opts.absorbs_put,
         filter_comm=bool(opts.comm_filter), unwind=unwind, hold=opts.hold and unwind,
         hold_tables=opts.hold and opts.hold_tables and unwind,
         hold_execs=opts.hold and opts.hold_execs and unwind,

@@ -35,6 +35,7 @@ from refcntd.paths import BPF_DIR, CACHE_DIR
 class KernelOptions:
     filtered: bool  # only processes registered in `procs` (run, --pid)
     has_delete: bool
+    absorbs_put: bool = False  # a put role absorbs its inner put: every put looks for one
     max_objects: int = 1 << 20
     max_stacks: int = 8192
     max_procs: int = 16384

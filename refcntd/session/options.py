@@ -42,6 +42,7 @@ def kernel_options(spec: Spec, has_ldso: bool, filtered: bool, opts: TraceOption
                    ) -> KernelOptions:
     """What the BPF program is compiled for: known before the binary analysis ends."""
     return KernelOptions(filtered=filtered, has_delete=spec.has_delete,
+                         absorbs_put=any(r.absorbs_put for r in spec.roles.get("put", ())),
                          max_objects=opts.max_objects, max_stacks=opts.max_stacks,
                          exit_code_offset=btf.member_offset("task_struct", "exit_code"),
                          history=opts.history, history_depth=opts.history_depth,
