@@ -284,6 +284,7 @@ class Tracer:
             # counters of untraced or unreported processes (a tracer whose program is a
             # long-running service reports rarely: its sweep after reports never came)
             self.worker.submit(self.tracker.prune_stats)
+            self.index.forget_gone()  # here: the roots are the capture thread's
 
     def _prune_age_bins(self) -> None:
         """On the worker: reading the age bins removes those no longer needed."""

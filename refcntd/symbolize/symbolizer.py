@@ -127,6 +127,7 @@ class BuildIdIndex:
         self._names: dict[str, str] = {}  # held-open path -> /proc/PID/root/path
         self._held: dict[tuple[int, int], str] = {}  # (dev, inode) -> held-open path
         self._roots: dict[int, tuple[int, str]] = {}  # tgid -> (root fd, /proc/PID/root)
+        self._gone: set[int] = set()  # held roots whose process was gone at the last sweep
         self._uids: PerProcess[frozenset[int]] = PerProcess()  # learnt while it lived
         self._notes: PerProcess[list[str]] = PerProcess()
 
@@ -216,6 +217,20 @@ class BuildIdIndex:
         held = self._roots.pop(tgid, None)
         if held is not None:
             os.close(held[0])
+
+    def forget_gone(self, proc: Path = Path("/proc")) -> None:
+        """Close the roots of processes gone at this sweep and the one before: a process
+        whose exit no tracer reports (seen exec'ing in a container system-wide, never
+        traced) held its root open for good (the hour's soak: 12 fds from one test run
+        in mount namespaces beside it).  Its events may still be queued at the first
+        sweep that finds it gone, so it is closed at the next."""
+        gone = {tgid for tgid in self._roots if not (proc / str(tgid)).exists()}
+        for tgid in gone & self._gone:
+            self.forget_process(tgid)
+        self._gone = gone - self._gone
+
+    def held_roots(self) -> int:
+        return len(self._roots)
 
     def add_library(self, path: str, tgid: int | None = None) -> None:
         """A path process `tgid` maps or ld.so reported for it; indexed once."""

@@ -177,3 +177,25 @@ def test_library_in_another_mount_namespace(bpf, build, tmp_path):
     module = group["stack"][1]["module"]
     assert module == f"/proc/{process['pid']}/root{mountpoint}/libplugin.so", group["stack"]
     assert group["stack"][1]["file"].endswith("plugin.c")
+
+
+def test_roots_of_processes_whose_exit_is_never_seen_are_closed(bpf):
+    """A process seen exec'ing in another mount namespace has its root held open (its
+    libraries are read through it); when no exit of it ever comes (system-wide, never
+    traced), the sweep closes it once the process has been gone for two sweeps: the
+    hour's soak kept 12 such fds from a test run beside it."""
+    from refcntd.symbolize.symbolizer import BuildIdIndex
+    index = BuildIdIndex()
+    fds = len(os.listdir("/proc/self/fd"))
+    child = subprocess.Popen(["unshare", "-m", "sleep", "0.5"])
+    time.sleep(0.2)  # unshare has exec'd sleep in its namespace
+    index.watch_process(child.pid)
+    index.inherit_root(1 << 23, child.pid)  # a fork whose exit is not seen (above PID_MAX_LIMIT)
+    assert index.held_roots() == 2 and len(os.listdir("/proc/self/fd")) == fds + 2
+    index.forget_gone()
+    assert index.held_roots() == 2  # the fork's pid cannot exist: gone at its first sweep
+    child.wait(timeout=10)
+    index.forget_gone()
+    assert index.held_roots() == 1  # the fork's, at its second; the child's is kept one more
+    index.forget_gone()
+    assert index.held_roots() == 0 and len(os.listdir("/proc/self/fd")) == fds
