@@ -166,7 +166,7 @@ class Soak:
         self.svc.kill()
         self.svc.wait()
         with self.churn.lock:  # the service's one report: every conn it leaked, count 1
-            self.churn.truth[("svc", self.svc.pid)] = {"conn": [1] * self.svc_total}
+            self.churn.truth[("svc", self.svc.pid)] = [{"conn": [1] * self.svc_total}]
         self.checker.settle(60)
         end = {"failed": self.churn.failed[:20], "wrong": self.checker.wrong[:20],
                "incomplete": self.checker.incomplete[:20],

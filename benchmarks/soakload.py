@@ -43,7 +43,9 @@ class Churn:
 
     programs: dict[str, Path]  # target -> program to run
     rate: float
-    truth: dict[tuple[str, int], Summary] = field(default_factory=dict)
+    # (target, pid) -> truths, oldest first: pid_max is 32768 here, and an hour launches
+    # 58 000 processes, so a pid comes back while its first process's report is pending
+    truth: dict[tuple[str, int], list[Summary]] = field(default_factory=dict)
     launched: int = 0
     failed: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -76,13 +78,23 @@ class Churn:
                 seed = self._rng.randrange(1 << 30)
             self._pool.submit(self._one, target, mode, seed)
 
+    def take_truth(self, target: str, pid: int) -> Summary | None:
+        """The oldest truth of `pid` not yet checked (the caller holds the lock)."""
+        left = self.truth.get((target, pid))
+        if not left:
+            return None
+        truth = left.pop(0)
+        if not left:
+            del self.truth[(target, pid)]
+        return truth
+
     def _one(self, target: str, mode: str, seed: int) -> None:
         try:
             lines = self._spawn(self.programs[target], mode, seed)
             with self.lock:
                 for line in lines:
                     pid, summary = parse_truth(line)
-                    self.truth[(target, pid)] = summary
+                    self.truth.setdefault((target, pid), []).append(summary)
                 self.launched += 1
         except Exception as err:  # noqa: BLE001 - counted and shown, the churn goes on
             with self.lock:
@@ -158,7 +170,7 @@ class Checker:
         if not data["tracing"]["complete"] or data["tracing"]["lost"]:
             self.incomplete.append(f"{target} {pid}: {data['tracing']['lost']}")
         with self.churn.lock:
-            truth = self.churn.truth.pop((target, pid), None)
+            truth = self.churn.take_truth(target, pid)
         if truth is None:
             self.unexpected.append(f"{target} {pid} {process['state']}")
         elif truth == report_summary(process):
@@ -170,7 +182,7 @@ class Checker:
     def missing(self) -> list[str]:
         """Truths still without a report (call once the processes are gone)."""
         with self.churn.lock:
-            return [f"{t} {p}" for t, p in self.churn.truth]
+            return [f"{t} {p}" for (t, p), left in self.churn.truth.items() for _ in left]
 
     def settle(self, timeout: float = 30) -> None:
         """Scan until every finished process has its report, or `timeout`."""
