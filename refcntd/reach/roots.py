@@ -76,6 +76,16 @@ def _read(path: str) -> str:
         return f.read().decode(errors="replace")
 
 
+def stat_field(path: str, index: int) -> str | None:
+    """Field `index` after the command of a /proc/.../stat file (0: the state letter,
+    19: the start time), or None when it cannot be read: held processes are checked
+    this way several times each, so no pathlib."""
+    try:
+        return _read(path).rsplit(")", 1)[1].split()[index]
+    except (OSError, IndexError):
+        return None
+
+
 def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
                heap_regions: list[tuple[int, int]],
                exiting: dict[int, ExitPath] | None = None) -> tuple[list[Root], list[str]]:

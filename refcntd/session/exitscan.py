@@ -19,6 +19,7 @@ from refcntd.binary.libpaths import resolve_library
 from refcntd.errors import BinaryError
 from refcntd.kernel.parts import Probes
 from refcntd.reach.exitframes import libc_frames
+from refcntd.reach.roots import stat_field
 from refcntd.reach.scan import ReachScan, read_process
 
 STOP_WAIT_S = 2.0  # every thread must have taken the SIGSTOP before memory is read
@@ -113,12 +114,4 @@ def _states(proc: Path, pid: int) -> list[str]:
         tids = os.listdir(tasks)
     except OSError:
         return []
-    return [_state(f"{tasks}/{tid}/stat") for tid in tids]
-
-
-def _state(stat: str) -> str:
-    try:
-        with open(stat, "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return ""
+    return [stat_field(f"{tasks}/{tid}/stat", 0) or "" for tid in tids]

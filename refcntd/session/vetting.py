@@ -43,6 +43,7 @@ from refcntd.kernel.holdmaps import EXIT_HOLD
 from refcntd.kernel.parts import HoldMaps, Probes
 from refcntd.kernel.program import KernelOptions
 from refcntd.paths import RUN_DIR
+from refcntd.reach.roots import stat_field
 from refcntd.session.unwind import exec_mappings
 
 
@@ -506,11 +507,7 @@ def _alive(pid: int) -> bool:
 
 def _start_time(tgid: int) -> str | None:
     """Field 22 of /proc/PID/stat: when the process started (pids are reused)."""
-    try:
-        with open(f"/proc/{tgid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
+    return stat_field(f"/proc/{tgid}/stat", 19)
 
 
 def _return_offsets(image: ElfImage, names: Iterable[str]) -> list[int]:
