@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refcntd.reach.chunks import Chunks, missing_note, walk
+from refcntd.reach.chunks import Chunks, follow_fastbins, missing_note, walk
 from refcntd.reach.graph import PointerFilter, Words
 from refcntd.reach.memory import Mapping, ProcessMemory
 
@@ -35,6 +35,7 @@ HEAP_INFO = 48  # sizeof(heap_info) in 2.35+: ar_ptr, prev, size, mprotect_size,
 ARENA_SIZE = 2200  # sizeof(struct malloc_state), 64-bit
 ARENA_FASTBINS, ARENA_TOP, ARENA_NEXT = 16, 96, 2160  # field offsets in malloc_state
 NFASTBINS = 10
+FASTBIN_LIST_MAX = 1 << 20  # links followed in one list: a corrupt cycle ends
 TCACHE_CHUNK = 0x290  # tcache_perthread_struct: 64 u16 counts, 64 entries
 TCACHE_BINS, TCACHE_MAX_COUNT = 64, 65535
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "tbbmalloc", "snmalloc")
@@ -230,11 +231,18 @@ def _libc_data(maps: list[Mapping]) -> Iterator[Mapping]:
 
 
 def _fastbin_chunks(mem: ProcessMemory, pages: _Pages, arena: int, heap: Heap) -> set[int]:
-    """Chunks in the arena's fastbins (fd mangled: stored ^ (its own address >> 12))."""
+    """Chunks in the arena's fastbins (fd mangled: stored ^ (its own address >> 12)):
+    followed by the compiled walker where built, in Python from where it could not read
+    (or all of them without it)."""
     heads = mem.words(arena + ARENA_FASTBINS, NFASTBINS) or []
     out: set[int] = set()
+    followed = follow_fastbins(mem, heads, FASTBIN_LIST_MAX)
+    if followed is not None:
+        chunks, heads = followed
+        out.update(chunks)
+        out.difference_update(heads)  # read again below, their own way
     for chunk in heads:
-        for _ in range(1 << 20):
+        for _ in range(FASTBIN_LIST_MAX):
             if not chunk or chunk in out:
                 break
             out.add(chunk)

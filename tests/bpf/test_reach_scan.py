@@ -123,3 +123,38 @@ def test_scan_from_one_read_of_the_small_mappings_is_the_same(programs, monkeypa
     assert (result.blocks, result.lost_blocks, result.heap.free_chunks) == \
         (result2.blocks, result2.lost_blocks, result2.heap.free_chunks)
     assert result.reads < result2.reads / 2, (result.reads, result2.reads)
+
+
+@pytest.mark.parametrize("count,threads", [(30_000, 1), (200, 0)])
+def test_compiled_fastbin_walk_finds_every_freed_chunk(tmp_path, monkeypatch, count, threads):
+    """chunkwalk.c's refcntd_fastbins against the truth the program prints (every chunk
+    it freed, all to fastbins with the tcache off) and against glibc.py's walk in
+    Python: the same free chunks, in the main arena and a thread's, with fewer reads."""
+    from refcntd.reach import glibc
+
+    exe = cc(tmp_path / "fastbins", [FIXTURES / "fastbins.c"], ["-O2", "-pthread"])
+    out = tmp_path / "freed.txt"
+    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen([str(exe), str(count), str(threads)], stdout=stdout, env=env)
+    try:
+        wait_stopped(proc.pid)
+        truth = {int(line, 16) for line in out.read_text().split()}
+        maps = memory.read_maps(proc.pid)
+        heaps = {}
+        for how in ("compiled", "python"):
+            if how == "python":
+                monkeypatch.setattr(glibc, "follow_fastbins", lambda *_: None)
+            mem = memory.ProcessMemory(proc.pid)
+            heaps[how] = (glibc.read_heap(mem, maps), mem.reads)
+            mem.close()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=10)
+    (fast, fast_reads), (slow, slow_reads) = heaps["compiled"], heaps["python"]
+    assert chunks.compiled() is not None
+    assert len(truth) == count * (1 + threads)
+    assert truth <= set(fast.free.tolist()), len(truth - set(fast.free.tolist()))
+    assert fast.free.tolist() == slow.free.tolist()
+    assert not [n for n in fast.notes if "fastbin" in n], fast.notes
+    assert fast_reads <= slow_reads
