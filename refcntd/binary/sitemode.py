@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,17 +97,24 @@ def mode_for(modes: dict[str, str], role: str) -> str:
     return modes.get(base, modes.get("*", MODE_AUTO))
 
 
-_SCANS: dict[tuple[str, int], dict[int, TargetScan]] = {}
+ScanKey = tuple[frozenset[tuple[int, str]], frozenset[int]]
+# per image (a file replaced in place is read into a new one), gone with it
+_SCANS: weakref.WeakKeyDictionary[ElfImage, dict[ScanKey, dict[int, TargetScan]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def module_scan(image: ElfImage, targets: dict[int, str],
                 plt_slots: frozenset[int] = frozenset()) -> dict[int, TargetScan]:
     """One sweep per module and target set (a plan asks for each role in turn), kept on
-    disk per build-id: sweeping a large program takes seconds, and attach must be fast."""
-    key = (str(image.path), hash((frozenset(targets.items()), plt_slots)))
-    if key not in _SCANS:
-        _SCANS[key] = _cached_scan(image, targets, plt_slots)
-    return _SCANS[key]
+    disk per build-id: sweeping a large program takes seconds, and attach must be fast.
+    Kept in memory with the image it swept: by path, an upgrade whose probed functions
+    kept their addresses was given the old build's call sites (uprobes inside the new
+    build's instructions), and every build serve ever saw stayed in memory."""
+    scans = _SCANS.setdefault(image, {})
+    key = (frozenset(targets.items()), plt_slots)
+    if key not in scans:
+        scans[key] = _cached_scan(image, targets, plt_slots)
+    return scans[key]
 
 
 def _cached_scan(image: ElfImage, targets: dict[int, str], plt_slots: frozenset[int]

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import FIXTURES, leak_summary
+from conftest import EXAMPLES, FIXTURES, cc, leak_summary
 from test_run import PERFLIKE_LEAKS
 from test_serve import Serve, free_port, metric, target_yaml
 
@@ -67,27 +67,83 @@ def test_replaced_binary_is_traced_again(bpf, build, tmp_path):
     target = tmp_path / "perf"
     shutil.copy(build.perflike("O2fp"), target)
     with Serve(tmp_path, target_yaml("perf", target)) as serve:
-        first = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
-        assert first.wait(60) == 0
-        assert leak_summary(_report_of(serve, first.pid)["processes"][0]) == PERFLIKE_LEAKS
+        _traced_run(serve, target)
         before = attached_binaries(serve.scrape())
-        # a package upgrade: the new file (another build) is renamed over the old path
-        staged = tmp_path / "perf.dpkg-new"
-        shutil.copy(build.perflike("O2"), staged)
-        os.replace(staged, target)
-        serve.wait_log(f"binary={target} replaced (new inode)", 30)
-        serve.wait_log(f"binary={target} appeared: attaching", 30)
-        _wait_count(serve, f"binary={target} attached", 2)
-        second = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
-        assert second.wait(60) == 0
-        report = _report_of(serve, second.pid)
-        assert leak_summary(report["processes"][0]) == PERFLIKE_LEAKS
+        _upgrade(serve, target, build.perflike("O2"))
+        report = _traced_run(serve, target)
         assert report["tracing"]["complete"], report["tracing"]
         after = attached_binaries(serve.scrape())
         assert serve.stop() == 0
     ids = {build_id(build.perflike(v)) for v in ("O2fp", "O2")}
     assert len(ids) == 2 and set(before) | set(after) == ids
     assert before[build_id(build.perflike("O2fp"))] < after[build_id(build.perflike("O2"))]
+
+
+def _traced_run(serve: Serve, target: Path) -> dict:
+    """`target` (a perflike) run once: its report, with perflike's leaks."""
+    proc = subprocess.Popen([str(target)], stdout=subprocess.DEVNULL)
+    assert proc.wait(60) == 0
+    report = _report_of(serve, proc.pid)
+    assert leak_summary(report["processes"][0]) == PERFLIKE_LEAKS
+    return report
+
+
+def _upgrade(serve: Serve, target: Path, new: Path) -> None:
+    """A package upgrade: the new file (another build) renamed over the old path, and
+    serve attached to it."""
+    staged = target.with_name(target.name + ".dpkg-new")
+    shutil.copy(new, staged)
+    os.replace(staged, target)
+    serve.wait_log(f"binary={target} replaced (new inode)", 30)
+    serve.wait_log(f"binary={target} appeared: attaching", 30)
+    _wait_count(serve, f"binary={target} attached", 2)
+
+
+def _same_stubs_other_call_sites(out: Path) -> tuple[Path, Path]:
+    """Two builds of perflike whose refcount stubs sit at the same addresses (their
+    object linked first, in .text.unlikely, which leads .text) and whose callers were
+    compiled differently: an upgrade that moves the call sites and not the probed
+    functions."""
+    out.mkdir()
+    stubs = cc(out / "refcnt.o", [EXAMPLES / "refcnt.c"], ["-O2", "-c"])
+    subprocess.run(["objcopy", "--rename-section", ".text=.text.unlikely", str(stubs)],
+                   check=True)
+    builds = []
+    for name, flags in (("old", []), ("new", ["-fno-inline-functions-called-once",
+                                              "-fno-optimize-sibling-calls"])):
+        obj = cc(out / f"{name}.o", [EXAMPLES / "perflike.c"],
+                 ["-O2", "-fno-omit-frame-pointer", "-c", *flags])
+        builds.append(cc(out / name, [stubs, obj], []))
+    return builds[0], builds[1]
+
+
+def _stubs(path: Path) -> dict[str, list[int]]:
+    from refcntd.binary.elf import ElfImage
+    return {name: [s.vaddr for s in syms] for name, syms in ElfImage(path).symbols.items()
+            if "refcnt__" in name}
+
+
+def test_upgrade_that_keeps_the_stubs_gets_its_own_call_sites(bpf, tmp_path):
+    """A new build whose probed functions kept their addresses but whose callers moved:
+    serve plans the call sites of the new build, never the old build's offsets (each a
+    uprobe in the middle of some instruction of the new one)."""
+    from refcntd.binary.plan import build_plan
+    from refcntd.inputs.spec import load_spec
+
+    old, new = _same_stubs_other_call_sites(tmp_path / "builds")
+    spec = load_spec("perf-stubs")
+    sites = [sorted(s.probe_offset for s in build_plan(spec, str(b)).sites) for b in (old, new)]
+    assert _stubs(old) == _stubs(new) and len(_stubs(old)) == 4
+    assert sites[0] != sites[1], "the builds' call sites should differ"
+    target = tmp_path / "perf"
+    shutil.copy(old, target)
+    with Serve(tmp_path, target_yaml("perf", target),
+               env={"REFCNTD_PROBE_MODE": "callsites"}) as serve:
+        _traced_run(serve, target)
+        _upgrade(serve, target, new)
+        report = _traced_run(serve, target)  # without the fix: SIGSEGV
+        assert report["tracing"]["complete"], report["tracing"]
+        assert serve.stop() == 0
 
 
 def attached_binaries(samples: dict) -> dict[str, float]:
