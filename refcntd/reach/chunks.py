@@ -103,8 +103,10 @@ def follow_fastbins(mem: ProcessMemory, heads: list[int], per_list: int
     the compiled walker.  A link a step in Python cost ~1 us, 10^5 of them in perf's
     exit scan."""
     lib = compiled()
-    if lib is None or not heads:
+    if lib is None:
         return None
+    if not any(heads):  # a small process's usual case: no buffers to map for it
+        return [], []
     heads_a = np.array(heads, np.uint64)
     out = np.empty(len(heads) * per_list, np.uint64)  # pages touched only as written
     buf = np.empty(FASTBIN_WINDOWS * FASTBIN_WINDOW, np.uint8)
