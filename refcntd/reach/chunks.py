@@ -108,8 +108,11 @@ def follow_fastbins(mem: ProcessMemory, heads: list[int], per_list: int
     if not any(heads):  # a small process's usual case: no buffers to map for it
         return [], []
     heads_a = np.array(heads, np.uint64)
-    out = np.empty(len(heads) * per_list, np.uint64)  # pages touched only as written
-    buf = np.empty(FASTBIN_WINDOWS * FASTBIN_WINDOW, np.uint8)
+    try:  # address space: refused under strict overcommit, where Python's walk goes on
+        out = np.empty(len(heads) * per_list, np.uint64)  # pages touched only as written
+        buf = np.empty(FASTBIN_WINDOWS * FASTBIN_WINDOW, np.uint8)
+    except MemoryError:
+        return None
     tags = np.ones(FASTBIN_WINDOWS, np.uint64)
     valid = np.zeros(2 * FASTBIN_WINDOWS, np.uint32)
     bad, stats = np.zeros(len(heads), np.uint64), np.zeros(2, np.uint64)
