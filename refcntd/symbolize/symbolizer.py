@@ -229,9 +229,6 @@ class BuildIdIndex:
             self.forget_process(tgid)
         self._gone = gone - self._gone
 
-    def held_roots(self) -> int:
-        return len(self._roots)
-
     def add_library(self, path: str, tgid: int | None = None) -> None:
         """A path process `tgid` maps or ld.so reported for it; indexed once."""
         if not path.startswith("/"):

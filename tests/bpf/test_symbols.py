@@ -191,11 +191,11 @@ def test_roots_of_processes_whose_exit_is_never_seen_are_closed(bpf):
     time.sleep(0.2)  # unshare has exec'd sleep in its namespace
     index.watch_process(child.pid)
     index.inherit_root(1 << 23, child.pid)  # a fork whose exit is not seen (above PID_MAX_LIMIT)
-    assert index.held_roots() == 2 and len(os.listdir("/proc/self/fd")) == fds + 2
+    assert len(index._roots) == 2 and len(os.listdir("/proc/self/fd")) == fds + 2
     index.forget_gone()
-    assert index.held_roots() == 2  # the fork's pid cannot exist: gone at its first sweep
+    assert len(index._roots) == 2  # the fork's pid cannot exist: gone at its first sweep
     child.wait(timeout=10)
     index.forget_gone()
-    assert index.held_roots() == 1  # the fork's, at its second; the child's is kept one more
+    assert len(index._roots) == 1  # the fork's, at its second; the child's is kept one more
     index.forget_gone()
-    assert index.held_roots() == 0 and len(os.listdir("/proc/self/fd")) == fds
+    assert len(index._roots) == 0 and len(os.listdir("/proc/self/fd")) == fds
