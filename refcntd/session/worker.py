@@ -7,6 +7,9 @@ stack entries (after the report that read them is built) run on this thread,
 in submission order, so a large report or a slow disk never keeps the ring
 buffer from being read.  Other threads that need the symbolizer (a diff asked
 for over HTTP) run their work here too, so it is only ever used by one thread.
+The workers of a process (serve's targets) share the modules their symbolizers
+load, and take turns to run their jobs (symbolize/turn.py): the GIL ran them
+one at a time already, and the capture threads do not wait for them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
+
+from refcntd.symbolize.turn import SYMBOLIZE
 
 T = TypeVar("T")
 Job = Callable[[], None]
@@ -52,8 +57,9 @@ class ReportWorker:
                 future.set_result(fn())
             except BaseException as err:  # noqa: BLE001 - handed to the caller
                 future.set_exception(err)
-        if not self._thread.is_alive():
-            return fn()  # stopped (detached): nothing else uses the symbolizer any more
+        if not self._thread.is_alive():  # stopped (detached): run here, in turn
+            with SYMBOLIZE:
+                return fn()
         self._jobs.put(job)
         return future.result(timeout_s)
 
@@ -76,6 +82,7 @@ class ReportWorker:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                job()  # later reports still get built: they are other processes'
+                with SYMBOLIZE:
+                    job()  # later reports still get built: they are other processes'
             except BaseException as err:  # noqa: BLE001 - re-raised on the capture thread
                 self._error = self._error or err

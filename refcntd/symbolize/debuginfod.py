@@ -62,6 +62,7 @@ from refcntd.inputs.safefs import (
     open_untrusted,
     trusted_dir,
 )
+from refcntd.symbolize.turn import SYMBOLIZE
 
 DEFAULT_TIMEOUT_S = 5.0
 MIN_STALL_S = 10.0
@@ -141,7 +142,8 @@ class DebuginfodClient:
             self._jobs[build_id] = (now + self.wait_s, future)
         deadline, future = self._jobs[build_id]
         try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+            with SYMBOLIZE.aside():  # other targets' reports go on meanwhile
+                return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
             raise Pending(build_id) from None
 

@@ -47,7 +47,7 @@ class ModuleSymbols:
     def load(cls, path: str, finder: DebugFileFinder | None = None) -> ModuleSymbols:
         image = open_image(path)
         mod = cls(path, image)
-        if finder is not None and not (image.has_symtab and image.has_debug_info):
+        if finder is not None and mod.wants_debug:
             mod.debug, final = finder.find_image(image)
             mod.pending = not final
         images = [image, *([mod.debug] if mod.debug else [])]
@@ -58,6 +58,11 @@ class ModuleSymbols:
         mod.starts = [s[0] for s in syms]
         mod.names = [(name, start, size) for start, _, name, size in syms]
         return mod
+
+    @property
+    def wants_debug(self) -> bool:
+        """Its file lacks the full symbol table or DWARF: a debug file would add them."""
+        return not (self.image.has_symtab and self.image.has_debug_info)
 
     @property
     def debug_path(self) -> str | None:

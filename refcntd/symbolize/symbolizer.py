@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -325,6 +326,24 @@ def _looks_like_elf(path: Path) -> bool:
         return False
 
 
+# Modules by (path, file stamp, where debug files come from), for every Symbolizer of
+# the process: serve's targets all symbolize libc, and a tracer of its own (a target
+# added by a reload, an upgraded build) loading it again made ~5 MB of small objects
+# whose pymalloc arenas outlived them.  Weak: a module no tracer uses is gone with it.
+# The report workers that share one take turns (turn.py).
+_SHARED: weakref.WeakValueDictionary[tuple[object, ...], ModuleSymbols] = \
+    weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_key(path: str, finder: DebugFileFinder) -> tuple[object, ...] | None:
+    stamp = file_stamp(path)
+    if stamp is None:
+        return None
+    urls = tuple(finder.debuginfod.urls) if finder.debuginfod else ()
+    return (path, stamp, finder.debug_dirs, urls)
+
+
 class Symbolizer:
     """Caches symbol tables and source lines per module across many reports."""
 
@@ -349,11 +368,23 @@ class Symbolizer:
         return self._modules[path]
 
     def _load(self, path: str) -> ModuleSymbols | None:
-        """Loaded again while its debug file is still downloading; lines learnt anew."""
-        try:
-            mod = ModuleSymbols.load(path, self.finder)
-        except BinaryError:
-            return None
+        """Loaded again while its debug file is still downloading; lines learnt anew.
+        Another tracer's copy is taken unless this one's finder now finds a debug file
+        it lacked (installed since)."""
+        key = _shared_key(path, self.finder)
+        with _SHARED_LOCK:
+            mod = _SHARED.get(key) if key is not None else None
+        if mod is not None and mod.debug is None and mod.wants_debug \
+                and self.finder.find_image(mod.image)[0] is not None:
+            mod = None
+        if mod is None:
+            try:
+                mod = ModuleSymbols.load(path, self.finder)
+            except BinaryError:
+                return None
+            if key is not None and not mod.pending:
+                with _SHARED_LOCK:
+                    _SHARED[key] = mod
         if path in self._modules:
             self._lines = {k: v for k, v in self._lines.items() if k[0] != path}
         return mod
