@@ -46,6 +46,7 @@ from refcntd.kernel.records import (
 )
 from refcntd.reach.scan import ReachScan, finish
 from refcntd.symbolize.symbolizer import Symbolizer
+from refcntd.symbolize.turn import SYMBOLIZE
 
 REPORTED_KEEP = 4096  # far more than the reports one ring-buffer read can bring
 PENDING_ARGV_LIMIT = 4096
@@ -199,28 +200,34 @@ class SessionTracker:
                          released, scan)
 
     def _build(self, job: ReportJob) -> None:
-        """Worker side: symbolize and attribute, then free the stacks the report read."""
+        """Worker side: symbolize and attribute, then free the stacks the report read.
+        The symbolizing takes its turn (symbolize/turn.py): serve's targets share the
+        modules; reading the kernel and the process's memory, and the report's files,
+        do not wait for it."""
         s, records = job.session, job.records()
-        mods = ProcessModules(perf_map=self.sym.perf_map(s.tgid, self.proc_root))
+        if job.scan is not None:
+            finish(job.scan)  # read while the process was held at _exit (exitscan.py)
         history = None
         if self.stub_names is not None and job.released is not None:
             history = HistoryContext(self.stub_names, list(job.released))
-        if isinstance(records, ObjectColumns):
-            groups = group_columns(records, self.stacks, self.sym, job.now, mods)
-        else:
-            groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
-        notes = self.sym.take_notes(s.tgid)
+        with SYMBOLIZE:
+            mods = ProcessModules(perf_map=self.sym.perf_map(s.tgid, self.proc_root))
+            if isinstance(records, ObjectColumns):
+                groups = group_columns(records, self.stacks, self.sym, job.now, mods)
+            else:
+                groups = group_leaks(records, self.stacks, self.sym, job.now, mods, history)
+            notes = self.sym.take_notes(s.tgid)
+            anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
+            operations = operation_paths(self.stacks, self.sym, mods, history) \
+                if history else {}
+            unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen),
+                                         self.stacks, self.sym, mods)
         if job.scan is not None:
-            finish(job.scan)  # read while the process was held at _exit (exitscan.py)
             groups = apply_kinds(groups, job.scan, job.now)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "
                          "(killed, or a raw exit_group): every object alive is a leak")
-        anomalies = anomaly_findings(list(job.anomalies), self.stacks, self.sym, mods)
-        operations = operation_paths(self.stacks, self.sym, mods, history) if history else {}
-        unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen), self.stacks,
-                                     self.sym, mods)
         with self.totals_lock:
             for name, sums in unnamed.items():
                 add_totals(self.unnamed_totals, name, sums)

@@ -6,10 +6,10 @@ Symbolizing, attributing, rendering, writing files and freeing the kernel's
 stack entries (after the report that read them is built) run on this thread,
 in submission order, so a large report or a slow disk never keeps the ring
 buffer from being read.  Other threads that need the symbolizer (a diff asked
-for over HTTP) run their work here too, so it is only ever used by one thread.
+for over HTTP) run their work here too, so one thread at a time uses it.
 The workers of a process (serve's targets) share the modules their symbolizers
-load, and take turns to run their jobs (symbolize/turn.py): the GIL ran them
-one at a time already, and the capture threads do not wait for them.
+load: what uses them takes turns (symbolize/turn.py), a report only while it
+symbolizes (lifecycle.py), work given by `call` throughout.
 """
 
 from __future__ import annotations
@@ -49,12 +49,14 @@ class ReportWorker:
         self._jobs.put(job)
 
     def call(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
-        """Run `fn` on the worker (after the jobs before it) and wait for its result."""
+        """Run `fn` on the worker (after the jobs before it) and wait for its result;
+        `fn` uses the symbolizer, in turn with the process's other workers."""
         future: Future[T] = Future()
 
         def job() -> None:
             try:
-                future.set_result(fn())
+                with SYMBOLIZE:
+                    future.set_result(fn())
             except BaseException as err:  # noqa: BLE001 - handed to the caller
                 future.set_exception(err)
         if not self._thread.is_alive():  # stopped (detached): run here, in turn
@@ -82,7 +84,6 @@ class ReportWorker:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                with SYMBOLIZE:
-                    job()  # later reports still get built: they are other processes'
+                job()  # later reports still get built: they are other processes'
             except BaseException as err:  # noqa: BLE001 - re-raised on the capture thread
                 self._error = self._error or err

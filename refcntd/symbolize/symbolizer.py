@@ -374,15 +374,17 @@ class Symbolizer:
         key = _shared_key(path, self.finder)
         with _SHARED_LOCK:
             mod = _SHARED.get(key) if key is not None else None
-        if mod is not None and mod.debug is None and mod.wants_debug \
-                and self.finder.find_image(mod.image)[0] is not None:
-            mod = None
+        if mod is not None and mod.debug is None and mod.wants_debug:
+            found, final = self.finder.find_image(mod.image)
+            if found is not None or not final:  # new, or still downloading: its own load
+                mod = None
         if mod is None:
             try:
                 mod = ModuleSymbols.load(path, self.finder)
             except BinaryError:
                 return None
-            if key is not None and not mod.pending:
+            # shared only as the file it was read from: not changed since the key's stat
+            if key is not None and not mod.pending and _shared_key(path, self.finder) == key:
                 with _SHARED_LOCK:
                     _SHARED[key] = mod
         if path in self._modules:

@@ -3,9 +3,11 @@
 serve's tracers (one per target and build) share the modules their symbolizers
 load (symbolizer.py): libc's symbols and lines once, not once per target.
 pyelftools' readers behind a module keep a position and caches, and are not
-safe across threads, so the report workers take turns (session/worker.py).
-A job waiting on the network (a debuginfod download, up to its timeout) steps
-aside meanwhile: another target's reports are not held up by it.
+safe across threads, so what uses them takes turns: a report while it
+symbolizes (session/lifecycle.py), a view handed to a worker (session/worker.py).
+Reading the kernel's maps, a held process's memory and writing report files
+are outside it.  A report waiting on the network (a debuginfod download, up to
+its timeout) steps aside meanwhile: other targets' reports go on.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ class Turn:
 
     @contextmanager
     def aside(self) -> Iterator[None]:
-        """Let the others run while this thread waits (no shared module in hand)."""
+        """Let the others run while this thread waits.  Only where no shared module's
+        reader is part-way through a read: the debug file search of a module that is
+        not shared yet (debuginfod.py)."""
         me = threading.get_ident()
         if self._owner != me:
             yield
@@ -54,4 +58,4 @@ class Turn:
             self._owner, self._depth = me, depth
 
 
-SYMBOLIZE = Turn()  # held while a report worker of the process runs a job
+SYMBOLIZE = Turn()  # held while this process's shared modules are in use

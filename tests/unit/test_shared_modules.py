@@ -75,28 +75,31 @@ def test_a_debug_file_installed_since_is_not_hidden_by_the_shared_copy(tmp_path)
     assert "helper" in {n for n, _, _ in fresh.names}
 
 
-def test_workers_of_one_process_run_one_job_at_a_time():
-    """Two targets' report workers: their jobs never overlap (a shared module's
-    pyelftools readers are not safe across threads)."""
-    inside = [0]
-    most = [0]
+def test_views_given_to_two_workers_take_turns():
+    """Two targets' views (a diff, a pprof profile) handed to their workers from HTTP
+    threads never use the shared modules at once; a stopped worker's runs in turn too."""
+    inside, most = [0], [0]
     lock = threading.Lock()
 
-    def job() -> None:
+    def view() -> int:
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
         time.sleep(0.01)
         with lock:
             inside[0] -= 1
+        return 1
     workers = [ReportWorker(f"w{i}") for i in range(3)]
-    for _ in range(10):
-        for w in workers:
-            w.submit(job)
+    workers[2].stop()
+    threads = [threading.Thread(target=lambda w=w: [w.call(view) for _ in range(10)])
+               for w in workers for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     for w in workers:
         w.close()
     assert most[0] == 1
-    assert workers[0].call(lambda: 5) == 5  # a stopped worker runs it here, in turn
 
 
 def test_a_job_waiting_on_a_download_lets_the_others_run():
@@ -109,9 +112,11 @@ def test_a_job_waiting_on_a_download_lets_the_others_run():
             waiting.set()
             assert other_ran.wait(5)
     a, b = ReportWorker("a"), ReportWorker("b")
-    a.submit(slow)
+    done = threading.Thread(target=a.call, args=(slow,))
+    done.start()
     assert waiting.wait(5)
-    b.submit(other_ran.set)
+    b.call(other_ran.set, timeout_s=5)
+    done.join()
     a.close()
     b.close()
     assert other_ran.is_set()
