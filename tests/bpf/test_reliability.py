@@ -79,13 +79,18 @@ REFCNTD_PROGS = {"on_probe", "on_unwind", "on_body", "on_unwind_more", "on_ldso"
 
 def settled_bpf_objects(timeout: float = 20) -> tuple[set[str], set[str]]:
     """bpf_objects() once an earlier test's refcntd is gone from the kernel: its programs
-    and maps are freed after it exits (deferred), and must not count as "before"."""
+    and maps are freed after it exits (deferred; its maps after its programs: a "before"
+    read between the two once held the previous run's twelve maps), and must not count
+    as "before".  Settled: no refcntd program, and the same twice 0.5 s apart."""
     deadline = time.monotonic() + timeout
+    last = None
     while True:
         objects = bpf_objects()
-        if not objects[0] & REFCNTD_PROGS or time.monotonic() > deadline:
+        if (not objects[0] & REFCNTD_PROGS and objects == last) \
+                or time.monotonic() > deadline:
             return objects
-        time.sleep(0.2)
+        last = objects
+        time.sleep(0.5)
 
 
 def probe_bytes(pid: int, module: Path, offsets: list[int]) -> list[int]:
