@@ -58,11 +58,20 @@ def _after_cycles(daemon, tmp: Path, gen: Path, extra: Path) -> list[tuple[int, 
 SNAPSHOTS: list[tracemalloc.Snapshot] = []
 
 
+def _kept(i: int) -> int:
+    """Bytes cycle `i` kept over cycle 2, less single blocks of 1 MiB or more: one of
+    CPython's own tables growing (a full suite's run kept one 3.8 MB block at its sixth
+    cycle, allocated where pathlib interns a path's parts: the interned strings' dict
+    resized, it seems), not a tracer's objects, which are many small ones."""
+    diff = SNAPSHOTS[i].compare_to(SNAPSHOTS[1], "traceback")
+    return sum(d.size_diff for d in diff if not (d.count == 1 and d.size >= 1 << 20))
+
+
 def _grown(i: int) -> str:
     """What cycle `i` kept over cycle 2, by where it was allocated: said when it fails."""
     diff = SNAPSHOTS[i].compare_to(SNAPSHOTS[1], "traceback")[:4]
-    return "\n".join(f"{d.size_diff} B: " + " < ".join(d.traceback.format()[-1:-12:-2])
-                     for d in diff)
+    return "\n".join(f"{d.size_diff} B in {d.count_diff:+d} blocks: "
+                     + " < ".join(d.traceback.format()[-1:-12:-2]) for d in diff)
 
 
 def test_reload_cycles_of_a_target_level_off(bpf, tmp_path):
@@ -94,6 +103,6 @@ def test_reload_cycles_of_a_target_level_off(bpf, tmp_path):
         daemon.shutdown()
         logging.disable(logging.NOTSET)
     mib = [(round(t / 2**20, 2), alive) for t, alive in after]
-    worst = max(range(1, CYCLES), key=lambda i: after[i][0])
-    assert after[worst][0] - after[1][0] < 1 << 20, (mib, _grown(worst))
+    worst = max(range(1, CYCLES), key=_kept)
+    assert _kept(worst) < 1 << 20, (mib, _grown(worst))
     assert not any(alive for _, alive in after), mib
