@@ -11,13 +11,17 @@ puts a GObject's private data before it, in the same allocation.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import replace
 
-from refcntd.analysis.model import LeakedObject, LeakGroup
-from refcntd.reach.scan import INDIRECTLY, LATE, ObjectKind, ReachScan
+from refcntd.analysis.model import LeakedObject, LeakGroup, Pointer
+from refcntd.reach.holders import Slot, pointers_to
+from refcntd.reach.scan import INDIRECTLY, LATE, REACHABLE, ObjectKind, ReachScan
 
-ORDER = {"definitely lost": 0, INDIRECTLY: 1, "still reachable": 2, LATE: 3, "": 4}
+UNHELD = "reference held by nothing"  # still reachable, count above its holders (holders.py)
+ORDER = {UNHELD: -1, "definitely lost": 0, INDIRECTLY: 1, REACHABLE: 2, LATE: 3, "": 4}
+MAX_POINTERS = 8  # pointers kept per object (counted first); `holders` counts them all
 
 
 def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = None
@@ -44,15 +48,18 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
                           "of its own)")
     _note_freed(scan, [o.address for g in groups for o in objects[id(g)]
                        if o.address not in kinds and o.address not in late])
+    slots = pointers_to(scan, set(kinds))
+    scan.drop_edges()
     kinds.update(late)
+    held = Holders(types, slots)
     out = []
     for group in groups:
         parts: dict[str, list[LeakedObject]] = {}
         for obj in objects[id(group)]:
             k = kinds.get(obj.address)
-            root = _root(k, types) if k else ""
-            parts.setdefault(k.kind if k else "", []).append(
-                replace(obj, kind=k.kind, root=root) if k else obj)
+            if k is not None:
+                obj = held.apply(obj, k) if k.kind != LATE else replace(obj, kind=LATE)
+            parts.setdefault(obj.kind, []).append(obj)
         for kind in sorted(parts, key=ORDER.__getitem__):
             out.append(replace(group, objects=parts[kind], kind=kind, culprits=list(
                 group.culprits)))
@@ -74,6 +81,42 @@ def _late(groups: list[LeakGroup], objects: dict[int, list[LeakedObject]], scan:
                           "running once it was over: not judged (no leak checker sees "
                           "them)")
     return late
+
+
+class Holders:
+    """Each object's holders from the scan's slots, named after the tracked object or the
+    block holding them, and the kind an unheld reference gives it."""
+
+    def __init__(self, types: dict[int, str], slots: dict[int, list[Slot]] | None) -> None:
+        self.types, self.slots = types, slots
+        self.addresses = sorted(types)
+
+    def apply(self, obj: LeakedObject, k: ObjectKind) -> LeakedObject:
+        if self.slots is None:  # no pointer graph: the kind alone
+            return replace(obj, kind=k.kind, root=_root(k, self.types))
+        found = self.slots.get(obj.address, [])
+        holders = sum(1 for s in found if s.counted)
+        kind = UNHELD if k.kind == REACHABLE and obj.count > holders else k.kind
+        pointers = tuple(self.pointer(s, obj.address) for s in found[:MAX_POINTERS])
+        return replace(obj, kind=kind, root=_root(k, self.types), holders=holders,
+                       pointers=pointers)
+
+    def pointer(self, s: Slot, target: int) -> Pointer:
+        return Pointer(self.holder(s), s.where, s.value != target, s.counted, s.not_counted)
+
+    def holder(self, s: Slot) -> str:
+        """`map 0x55d0..+0x18` (a tracked object), `a 64-byte block 0x..+0x10`, or the
+        root's own words (`global dsos+0x8 (perf)`)."""
+        if not s.block:
+            return s.root
+        i = bisect_right(self.addresses, s.where) - 1
+        if i < 0 or self.addresses[i] < s.block:  # before its object: GLib's private data
+            i += 1
+        if i < len(self.addresses) and s.block <= self.addresses[i] < s.block_end:
+            owner = self.addresses[i]
+            off = s.where - owner
+            return f"{self.types[owner]} 0x{owner:x}{'+' if off >= 0 else '-'}0x{abs(off):x}"
+        return f"a {s.block_end - s.block}-byte block 0x{s.block:x}+0x{s.where - s.block:x}"
 
 
 def _note_freed(scan: ReachScan, unkinded: list[int]) -> None:

@@ -53,6 +53,17 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class Pointer:
+    """A slot pointing to a leaked object at the scan (reach/holders.py says which count)."""
+
+    holder: str  # `map 0x55d0..+0x18`, `global dsos+0x8 (perf)`, `a 64-byte block 0x..+0x10`
+    slot: int  # the slot's address (0: a register)
+    interior: bool  # points inside the object, not at its start
+    counted: bool = True  # holds a reference
+    why: str = ""  # not counted: why (a link of its own; a cleared node)
+
+
+@dataclass(frozen=True)
 class LeakedObject:
     address: int
     count: int
@@ -67,6 +78,13 @@ class LeakedObject:
     kind: str = ""  # --leak-kinds: "definitely lost", "indirectly lost", "still reachable",
     #                 "created after the scan"
     root: str = ""  # still reachable: what it is reachable from ("global cache (prog)")
+    holders: int = -1  # slots holding a reference at the scan; -1: not scanned
+    pointers: tuple[Pointer, ...] = ()  # the first of them (MAX_POINTERS), counted first
+
+    @property
+    def unheld(self) -> int:
+        """References no slot holds: a get whose put was lost (docs/leak-kinds.md)."""
+        return max(0, self.count - self.holders) if self.holders >= 0 else 0
 
 
 @dataclass

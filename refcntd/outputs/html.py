@@ -32,7 +32,7 @@ from refcntd.analysis.model import (
 )
 from refcntd.outputs.ciformats import probed_functions
 from refcntd.outputs.pprof import alloc_frames, group_values
-from refcntd.outputs.report import render_culprits, render_tracing, short_path
+from refcntd.outputs.report import render_culprits, render_holders, render_tracing, short_path
 from refcntd.symbolize.symbolizer import Frame
 from refcntd.text import visible
 
@@ -245,7 +245,8 @@ def _group(g: LeakGroup, v: Values, word: str, where: str, opened: bool) -> Iter
 
 def _objects(shown: Sequence[LeakedObject], total: int) -> Iterator[str]:
     yield ("<table class=\"objects\"><tr><th>object</th><th>count</th><th>gets</th>"
-           "<th>puts</th><th>age</th><th>leak</th><th>held by</th></tr>")
+           "<th>puts</th><th>age</th><th>leak</th><th>held by</th><th>holders at the scan</th>"
+           "</tr>")
     for o in shown:
         held = ", ".join(f"{h.type_name or '?'} 0x{h.address:x} ({h.references})"
                          for h in o.held_by)
@@ -254,7 +255,8 @@ def _objects(shown: Sequence[LeakedObject], total: int) -> Iterator[str]:
                f"<td class=\"n\">{_age(o.age_ns)}</td>"
                f"<td>{_e(' '.join(filter(None, (o.kind, o.leak))))}"
                f"{_e(', from ' + o.root) if o.root else ''}</td>"
-               f"<td>{_e(held)}</td></tr>")
+               f"<td>{_e(held)}</td>"
+               f"<td>{'<br>'.join(_e(t.strip()) for t in render_holders(o))}</td></tr>")
     yield "</table>"
     if total > len(shown):
         yield f"<p class=\"muted\">... and {total - len(shown)} more objects</p>"

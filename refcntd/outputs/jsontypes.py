@@ -81,6 +81,19 @@ class InstanceJson(TypedDict):
     history: NotRequired[list[HistoryStepJson]]
     kind: NotRequired[str]  # --leak-kinds: definitely/indirectly lost, still reachable, late
     root: NotRequired[str]  # still reachable: from what ("global cache (prog)")
+    holders: NotRequired[int]  # slots holding a reference at the scan (leak kinds)
+    unheld: NotRequired[int]  # references no slot holds: count - holders, at least 0
+    pointers: NotRequired[list[PointerJson]]  # the first slots pointing to it
+
+
+class PointerJson(TypedDict):
+    """A slot pointing to a leaked object at the scan (reach/holders.py)."""
+
+    holder: str
+    slot: str  # its address ("0x0": a register)
+    interior: bool
+    counted: bool
+    why: NotRequired[str]  # not counted: why
 
 
 class UnwindJson(TypedDict):

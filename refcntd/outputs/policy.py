@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from refcntd.analysis.kinds import UNHELD
 from refcntd.analysis.model import AnomalyFinding, LeakGroup, RunResult
 from refcntd.errors import ConfigError, RefcntdError, UsageError
 from refcntd.inputs.files import read_text
@@ -178,7 +179,7 @@ def collect_findings(result: RunResult) -> list[Finding]:
         if p.state == "live at detach":
             continue
         for g in p.groups:  # still reachable and late objects apart (--leak-kinds)
-            apart = g.kind if g.kind in (REACHABLE, LATE) else ""
+            apart = g.kind if g.kind in (REACHABLE, LATE, UNHELD) else ""
             f = found.setdefault((_key("leak", g.type_name, g.frames), apart),
                                  Finding("leak", g.type_name, g.frames))
             f.objects += len(g.objects)

@@ -164,9 +164,34 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
         lines.append(f"  object 0x{obj.address:x}: count {obj.count}, {obj.gets} gets, "
                      f"{obj.puts} puts, age {_age(obj.age_ns)}"
                      + (f", {_root_text(obj.root)}" if obj.root else ""))
+        lines += render_holders(obj)
         lines += render_history(obj)
     if len(g.objects) > MAX_LISTED_OBJECTS:
         lines.append(f"  ... and {len(g.objects) - MAX_LISTED_OBJECTS} more objects")
+    return lines
+
+
+HOLDERS_LISTED = 3
+
+
+def render_holders(obj: LeakedObject) -> list[str]:
+    """Who holds its references at the scan (reach/holders.py): the references nobody
+    holds first, then the first holders, then pointers that hold none, and why."""
+    if obj.holders < 0:
+        return []
+    counted = [p.holder for p in obj.pointers if p.counted]
+    listed = ", ".join(counted[:HOLDERS_LISTED]) + \
+        (f", ... {obj.holders - HOLDERS_LISTED} more" if obj.holders > HOLDERS_LISTED else "")
+    lines = []
+    if obj.unheld:
+        lines.append(f"    {_plural(obj.unheld, 'reference')} held by nothing: count "
+                     f"{obj.count}, " + (f"{_plural(obj.holders, 'holder')} ({listed})"
+                                         if obj.holders else "no holder"))
+    elif obj.holders:
+        lines.append(f"    held by {_plural(obj.holders, 'slot')}: {listed}")
+    if obj.unheld:  # why a pointer left is no holder: only where a reference is missing
+        lines += [f"    not a holder: {p.holder} ({p.why})"
+                  for p in obj.pointers if not p.counted][:HOLDERS_LISTED]
     return lines
 
 

@@ -16,6 +16,7 @@ from refcntd.analysis.model import (
     AnomalyFinding,
     LeakedObject,
     LeakGroup,
+    Pointer,
     ProcessReport,
     ProcessSites,
     RunResult,
@@ -32,6 +33,7 @@ from refcntd.outputs.jsontypes import (
     GroupJson,
     InstanceJson,
     OperationJson,
+    PointerJson,
     ProbeJson,
     ProcessJson,
     RunJson,
@@ -127,6 +129,14 @@ def unwind_json(u: StackUnwind) -> UnwindJson:
     return out
 
 
+def pointer_json(p: Pointer) -> PointerJson:
+    out: PointerJson = {"holder": p.holder, "slot": f"0x{p.slot:x}", "interior": p.interior,
+                        "counted": p.counted}
+    if p.why:
+        out["why"] = p.why
+    return out
+
+
 def instance_json(o: LeakedObject) -> InstanceJson:
     out: InstanceJson = {"address": f"0x{o.address:x}", "count": o.count, "gets": o.gets,
                          "puts": o.puts, "age_ns": o.age_ns}
@@ -140,6 +150,9 @@ def instance_json(o: LeakedObject) -> InstanceJson:
         out["kind"] = o.kind
     if o.root:
         out["root"] = o.root
+    if o.holders >= 0:
+        out["holders"], out["unheld"] = o.holders, o.unheld
+        out["pointers"] = [pointer_json(p) for p in o.pointers]
     if o.history_total:
         out["history_total"] = o.history_total
         out["history_dropped"] = o.history_total - len(o.history)

@@ -14,6 +14,7 @@ from refcntd.analysis.model import (
     Holder,
     LeakedObject,
     LeakGroup,
+    Pointer,
     ProbeStatus,
     ProcessReport,
     RunResult,
@@ -176,7 +177,10 @@ def _object(i: InstanceJson) -> LeakedObject:
     return LeakedObject(int(i["address"], 16), i["count"], i["gets"], i["puts"], i["age_ns"],
                         history, i.get("history_total", 0), i.get("leak", ""), held,
                         tuple(int(a, 16) for a in i.get("cycle", [])), i.get("kind", ""),
-                        i.get("root", ""))
+                        i.get("root", ""), i.get("holders", -1),
+                        tuple(Pointer(p["holder"], int(p["slot"], 16), p["interior"],
+                                      p["counted"], p.get("why", ""))
+                              for p in i.get("pointers", [])))
 
 
 def _anomaly(a: AnomalyJson) -> AnomalyFinding:

@@ -40,6 +40,7 @@ class Edges:
     dst: np.ndarray
     interior: np.ndarray
     where: np.ndarray  # the address of the word holding the pointer
+    value: np.ndarray  # the pointer itself (where in its block it points: holders.py)
 
 
 @dataclass
@@ -158,7 +159,7 @@ def find_edges(words: Words, starts: np.ndarray, ends: np.ndarray,
                               _joined(words.where, list(rooted)), starts, ends, owners, tails))
     if not parts:
         return Edges(*_nothing())
-    return Edges(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+    return Edges(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
 
 
 def _joined(arrays: list[np.ndarray], which: list[int]) -> np.ndarray:
@@ -211,12 +212,12 @@ def _resolve(words: np.ndarray, where: np.ndarray, starts: np.ndarray, ends: np.
         src = root[inside] if isinstance(root, np.ndarray) else \
             np.full(int(np.count_nonzero(inside)), root, np.int64)
     dst, words, where = dst[inside], words[inside], where[inside]
-    return src, dst, words != starts[dst], where
+    return src, dst, words != starts[dst], where, words
 
 
 def _nothing() -> tuple[np.ndarray, ...]:
     empty = np.zeros(0, np.int64)
-    return empty, empty, np.zeros(0, bool), np.zeros(0, np.uint64)
+    return empty, empty, np.zeros(0, bool), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
 
 
 @dataclass

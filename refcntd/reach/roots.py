@@ -171,14 +171,35 @@ def describe(root: Root, address: int) -> str:
     return f"global {symbol} ({name})" if symbol else f"data of {name} at +{address - root.base:#x}"
 
 
+def describe_slot(root: Root, address: int) -> str:
+    """The word at `address` of a root: `global dsos+0x10 (perf)`, `data of libx.so at
+    +0x2010`, `the stack of thread 7 (perf)`, `a register of thread 7 (perf)`."""
+    if root.what == "registers":
+        return f"a register of thread {root.owner}"
+    if root.what != "module":
+        return describe(root, address)
+    found = symbol_at(root.owner, address - root.base)
+    name = Path(root.owner).name
+    if found is None:
+        return f"data of {name} at +{address - root.base:#x}"
+    symbol, offset = found
+    return f"global {symbol}{f'+{offset:#x}' if offset else ''} ({name})"
+
+
 def global_at(path: str, offset: int) -> str | None:
     """The data symbol covering `offset` (from the file's start as mapped), if any."""
+    found = symbol_at(path, offset)
+    return found[0] if found else None
+
+
+def symbol_at(path: str, offset: int) -> tuple[str, int] | None:
+    """The data symbol covering `offset` and the offset into it."""
     table = _objects(path)
     i = bisect_right(table, (offset, "\uffff")) - 1
     if i < 0:
         return None
     start, name, size = table[i][0], table[i][1], table[i][2]
-    return name if start <= offset < start + max(size, 8) else None
+    return (name, offset - start) if start <= offset < start + max(size, 8) else None
 
 
 @cache

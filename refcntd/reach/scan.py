@@ -58,6 +58,8 @@ class ReachScan:
     taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
     words: graph.Words | None = None  # read, not yet made kinds (read_process, finish)
+    edges: graph.Edges | None = None  # made by finish, for the holders (holders.py); the
+    #                                   kinds' reader drops them (drop_edges)
     direct_exit: bool = False  # held at `_exit` reached without exit() (exitframes.py)
 
     @property
@@ -76,6 +78,11 @@ class ReachScan:
             if b >= 0 and address < int(self.heap.ends[b]):
                 out[address] = self._kind(address, b)
         return out
+
+    def drop_edges(self) -> None:
+        """The pointer graph is read once, for the holders of the objects reported: a
+        heap of millions of blocks has as many edges, not to be kept with the scan."""
+        self.edges = None
 
     def freed(self, objects: Iterable[int]) -> list[int]:
         """The objects inside a chunk malloc holds as free (a tcache or a fastbin): their
@@ -177,6 +184,7 @@ def finish(out: ReachScan) -> None:
     edges = graph.find_edges(out.words, starts, ends, out.heap.tails)
     out.words = None
     out.kinds = graph.classify(len(starts), edges)
+    out.edges = edges
     out.heap_bytes = int((ends - starts).sum()) if len(starts) else 0
     out.lost_blocks = int(np.count_nonzero((out.kinds.state == graph.UNREACHED)
                                            | (out.kinds.state == graph.INDIRECT)))

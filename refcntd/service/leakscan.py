@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
-from refcntd.analysis.kinds import apply_kinds
+from refcntd.analysis.kinds import UNHELD, apply_kinds
 from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.kernel.records import ObjectRecord
@@ -54,7 +54,7 @@ DEFAULT_BUDGET_S = 1.0
 SECONDS_PER_SCAN = 0.05
 SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.6, 0.025e-6
 SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
-LOST = ("definitely lost", INDIRECTLY)
+LOST = ("definitely lost", INDIRECTLY, UNHELD)  # UNHELD: a reference nobody holds
 
 
 @dataclass

@@ -14,8 +14,9 @@ from refcntd.reach.graph import INDIRECT, POSSIBLE, REACHABLE, UNREACHED, Edges
 def edges(*pairs: tuple[int, int, bool]) -> Edges:
     """(src, dst, interior): src -1 is root 0."""
     src, dst, interior = zip(*pairs, strict=True) if pairs else ((), (), ())
+    where = np.arange(len(src), dtype=np.uint64) * np.uint64(8)
     return Edges(np.array(src, np.int64), np.array(dst, np.int64), np.array(interior, bool),
-                 np.arange(len(src), dtype=np.uint64) * np.uint64(8))
+                 where, where)
 
 
 def test_chain_from_a_root_is_reachable_and_keeps_the_root():
@@ -54,10 +55,11 @@ def test_hits_keep_only_words_inside_in_use_blocks():
     starts = np.array([0x1000, 0x2000], np.uint64)
     ends = np.array([0x1040, 0x2040], np.uint64)
     words = np.array([0x2000, 0x2010, 0x3000, 0x1000, 5], np.uint64)
-    src, dst, interior, where = graph._hits(0x1000, words, starts, ends, None)
+    src, dst, interior, where, value = graph._hits(0x1000, words, starts, ends, None)
     assert dst.tolist() == [1, 1, 0] and interior.tolist() == [False, True, False]
+    assert value.tolist() == [0x2000, 0x2010, 0x1000]
     assert src.tolist() == [0, 0, 0] and where.tolist() == [0x1000, 0x1008, 0x1018]
-    src, dst, _, where = graph._hits(0x5000, words, starts, ends, None)  # not in a block
+    src, dst, _, where, _ = graph._hits(0x5000, words, starts, ends, None)  # not in a block
     assert len(dst) == 0
 
 
@@ -69,9 +71,9 @@ def test_a_blocks_last_word_is_the_next_chunks_prev_size():
     ends = np.array([0x1050, 0x10a0], np.uint64)
     tails = ends + np.uint64(8)
     words = np.array([0x1060, 0x1050], np.uint64)  # at 0x1050: the last word of block 0
-    src, dst, _, where = graph._hits(0x1050, words, starts, ends, None, tails=tails)
+    src, dst, _, where, _ = graph._hits(0x1050, words, starts, ends, None, tails=tails)
     assert src.tolist() == [0] and dst.tolist() == [1] and where.tolist() == [0x1050]
-    src, dst, _, _ = graph._hits(0x1050, words, starts, ends, None)  # without tails: lost
+    src, dst, _, _, _ = graph._hits(0x1050, words, starts, ends, None)  # without tails: lost
     assert len(dst) == 0
 
 

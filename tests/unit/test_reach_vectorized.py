@@ -36,8 +36,9 @@ def heap_graph(seed: int, count: int) -> Edges:
     for _ in range(count // 10):
         pairs.append((int(rng.integers(count)), int(rng.integers(count)), False))
     src, dst, interior = (np.array(x) for x in zip(*pairs, strict=True))
-    return Edges(src.astype(np.int64), dst.astype(np.int64), interior.astype(bool),
-                 np.arange(len(src), dtype=np.uint64))
+    where = np.arange(len(src), dtype=np.uint64)
+    return Edges(src.astype(np.int64), dst.astype(np.int64), interior.astype(bool), where,
+                 where)
 
 
 def reached_by(count: int, e: Edges, strict: bool) -> dict[int, set[int]]:
