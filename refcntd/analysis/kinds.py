@@ -16,12 +16,15 @@ from collections import Counter
 from dataclasses import replace
 
 from refcntd.analysis.model import LeakedObject, LeakGroup, Pointer
+from refcntd.binary.structs import StructNames
 from refcntd.reach.holders import Slot, pointers_to
 from refcntd.reach.scan import INDIRECTLY, LATE, REACHABLE, ObjectKind, ReachScan
+from refcntd.symbolize.symbolizer import Frame
 
 UNHELD = "reference held by nothing"  # still reachable, count above its holders (holders.py)
 ORDER = {UNHELD: -1, "definitely lost": 0, INDIRECTLY: 1, REACHABLE: 2, LATE: 3, "": 4}
 MAX_POINTERS = 8  # pointers kept per object (counted first); `holders` counts them all
+MEMBER_FRAMES = 4  # allocation frames whose units may define a holder's struct
 
 
 def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = None
@@ -51,7 +54,15 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
     slots = pointers_to(scan, set(kinds))
     scan.drop_edges()
     kinds.update(late)
-    held = Holders(types, slots)
+    with StructNames() as names:
+        held = Holders(types, slots, {o.address: g.frames for g in groups
+                                      for o in objects[id(g)]}, names)
+        return _split(groups, objects, kinds, held)
+
+
+def _split(groups: list[LeakGroup], objects: dict[int, list[LeakedObject]],
+           kinds: dict[int, ObjectKind], held: Holders) -> list[LeakGroup]:
+    """Each group split by its objects' kinds (the holders decide UNHELD)."""
     out = []
     for group in groups:
         parts: dict[str, list[LeakedObject]] = {}
@@ -87,8 +98,9 @@ class Holders:
     """Each object's holders from the scan's slots, named after the tracked object or the
     block holding them, and the kind an unheld reference gives it."""
 
-    def __init__(self, types: dict[int, str], slots: dict[int, list[Slot]] | None) -> None:
-        self.types, self.slots = types, slots
+    def __init__(self, types: dict[int, str], slots: dict[int, list[Slot]] | None,
+                 frames: dict[int, tuple[Frame, ...]], names: StructNames) -> None:
+        self.types, self.slots, self.frames, self.names = types, slots, frames, names
         self.addresses = sorted(types)
 
     def apply(self, obj: LeakedObject, k: ObjectKind) -> LeakedObject:
@@ -115,8 +127,22 @@ class Holders:
         if i < len(self.addresses) and s.block <= self.addresses[i] < s.block_end:
             owner = self.addresses[i]
             off = s.where - owner
-            return f"{self.types[owner]} 0x{owner:x}{'+' if off >= 0 else '-'}0x{abs(off):x}"
+            member = self.member(owner, off) if off >= 0 else None
+            return f"{self.types[owner]} 0x{owner:x}" + \
+                (f" {member}" if member else f"{'+' if off >= 0 else '-'}0x{abs(off):x}")
         return f"a {s.block_end - s.block}-byte block 0x{s.block:x}+0x{s.where - s.block:x}"
+
+
+    def member(self, owner: int, offset: int) -> str | None:
+        """`.dso`: the member of the owner's struct at `offset`, from the DWARF of the
+        modules that allocated it (binary/structs.py)."""
+        frames = self.frames.get(owner, ())[:MEMBER_FRAMES]
+        for module in dict.fromkeys(f.module for f in frames if f.module):
+            vaddrs = [f.vaddr for f in frames if f.module == module]
+            found = self.names.member(module, vaddrs, self.types[owner], offset)
+            if found:
+                return found
+        return None
 
 
 def _note_freed(scan: ReachScan, unkinded: list[int]) -> None:

@@ -19,6 +19,13 @@ DW_TAG_subprogram = 0x2E
 DW_TAG_namespace = 0x39
 
 
+class Attribute(ctypes.Structure):
+    """Dwarf_Attribute from <elfutils/libdw.h>: code, form, value pointer, unit."""
+
+    _fields_ = [("code", ctypes.c_uint), ("form", ctypes.c_uint), ("valp", ctypes.c_void_p),
+                ("cu", ctypes.c_void_p)]
+
+
 class Die(ctypes.Structure):
     """Dwarf_Die from <elfutils/libdw.h>: opaque to us, 32 bytes."""
 
@@ -55,6 +62,12 @@ def _load() -> ctypes.CDLL:
         "dwarf_lowpc": (ctypes.c_int, [pdie, ctypes.POINTER(u64)]),
         "dwarf_addrdie": (pdie, [ctypes.c_void_p, u64, pdie]),
         "dwarf_func_inline_instances": (ctypes.c_int, [pdie, _CALLBACK, ctypes.c_void_p]),
+        "dwarf_hasattr": (ctypes.c_int, [pdie, ctypes.c_uint]),
+        "dwarf_attr_integrate": (ctypes.POINTER(Attribute),
+                                 [pdie, ctypes.c_uint, ctypes.POINTER(Attribute)]),
+        "dwarf_formudata": (ctypes.c_int, [ctypes.POINTER(Attribute), ctypes.POINTER(u64)]),
+        "dwarf_formref_die": (pdie, [ctypes.POINTER(Attribute), pdie]),
+        "dwarf_aggregate_size": (ctypes.c_int, [pdie, ctypes.POINTER(u64)]),
     }
     for fname, (res, args) in sigs.items():
         fn = getattr(lib, fname)
@@ -146,3 +159,43 @@ class Dwarf:
         callback = _CALLBACK(note)
         self._lib.dwarf_func_inline_instances(ctypes.byref(function), callback, None)
         return found
+
+    def children(self, die: Die) -> Iterator[Die]:
+        """The DIE's children, each a copy (the next one is read into a buffer of its own)."""
+        child = Die()
+        if self._lib.dwarf_child(ctypes.byref(die), ctypes.byref(child)) != 0:
+            return
+        while True:
+            yield Die.from_buffer_copy(child)
+            if self._lib.dwarf_siblingof(ctypes.byref(child), ctypes.byref(child)) != 0:
+                return
+
+    def tag(self, die: Die) -> int:
+        return int(self._lib.dwarf_tag(ctypes.byref(die)))
+
+    def has(self, die: Die, attribute: int) -> bool:
+        return bool(self._lib.dwarf_hasattr(ctypes.byref(die), attribute))
+
+    def udata(self, die: Die, attribute: int) -> int | None:
+        """A constant attribute (a member's DW_AT_data_member_location)."""
+        attr, value = Attribute(), ctypes.c_uint64()
+        if not self._lib.dwarf_attr_integrate(ctypes.byref(die), attribute, ctypes.byref(attr)):
+            return None
+        if self._lib.dwarf_formudata(ctypes.byref(attr), ctypes.byref(value)) != 0:
+            return None
+        return value.value
+
+    def ref(self, die: Die, attribute: int) -> Die | None:
+        """The DIE a reference attribute (DW_AT_type) names."""
+        attr, out = Attribute(), Die()
+        if not self._lib.dwarf_attr_integrate(ctypes.byref(die), attribute, ctypes.byref(attr)):
+            return None
+        return out if self._lib.dwarf_formref_die(ctypes.byref(attr), ctypes.byref(out)) \
+            else None
+
+    def size(self, die: Die) -> int | None:
+        """The byte size of a type (through typedefs, qualifiers and arrays)."""
+        value = ctypes.c_uint64()
+        if self._lib.dwarf_aggregate_size(ctypes.byref(die), ctypes.byref(value)) != 0:
+            return None
+        return value.value
