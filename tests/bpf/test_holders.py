@@ -109,3 +109,36 @@ def test_a_stripped_program_names_holders_by_offset(bpf, program, tmp_path):
     root = names["tree_root"]
     assert child["holder"] == f"obj 0x{root:x}+0x{slots['child_link'] - root:x}"
     assert result.returncode == 23 and "2 failing finding(s)" in result.stderr
+
+
+def test_live_leaks_name_holders_and_unheld_references(bpf, program, tmp_path):
+    """GET /leaks on a process that never exits: the lost object and the two references
+    held by nothing, each with its holders, as at exit; nothing every reference holds."""
+    import json
+    import subprocess
+    import time
+    import urllib.request
+
+    from test_serve import Serve, target_yaml
+
+    with Serve(tmp_path, target_yaml("svc", program)) as serve:
+        proc = subprocess.Popen([str(program), "hang"], stdout=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            while not lines or lines[-1] != "READY\n":
+                lines.append(proc.stdout.readline())
+                assert lines[-1], "the fixture ended early"
+            time.sleep(0.5)
+            with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/leaks",
+                                        timeout=60) as r:
+                answer = json.loads(r.read())
+        finally:
+            proc.kill()
+            proc.wait()
+        assert serve.stop() == 0
+    names = {a: n for n, a in printed("".join(lines), "OBJ").items()}
+    (process,) = answer["targets"]["svc"]["run"]["processes"]
+    found = {names[int(i["address"], 16)]: (g["kind"], i["holders"], i["unheld"])
+             for g in process["groups"] for i in g["instances"]}
+    assert found == {"extra_ref": (UNHELD, 1, 1), "purged": (UNHELD, 0, 1),
+                     "lost": ("definitely lost", 0, 1)}, found
