@@ -26,7 +26,8 @@ LEAK_RULE = "refcount-leak"
 
 def title(f: Finding) -> str:
     if f.kind == "leak":
-        return f"{f.objects} leaked {f.type_name} object(s){_blame(f)}"
+        unheld = ", a reference held by nothing" if f.unheld else ""
+        return f"{f.objects} leaked {f.type_name} object(s){unheld}{_blame(f)}"
     return f"{f.kind}: {ANOMALY_TEXT[f.kind]} ({f.type_name})"
 
 
@@ -40,7 +41,8 @@ def case_name(f: Finding) -> str:
     """A JUnit case name that follows a leak site across runs: kind, type and allocating
     function chain (innermost first), no counts; the fingerprint tells apart sites whose
     first frames agree."""
-    return f"{f.kind} {f.type_name} at {_chain(f.frames, 6)} [{f.fingerprint[:12]}]"
+    unheld = " (reference held by nothing)" if f.unheld else ""
+    return f"{f.kind}{unheld} {f.type_name} at {_chain(f.frames, 6)} [{f.fingerprint[:12]}]"
 
 
 def _chain(frames: tuple[Frame, ...], limit: int) -> str:

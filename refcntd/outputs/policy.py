@@ -78,11 +78,14 @@ class Finding:
     status: str = FAILING
     reason: str = ""  # the suppression rule, baseline or threshold that applied
     before: Size | None = None  # its size in the baseline (the larger of the good runs)
+    unheld: bool = False  # its objects have references no slot holds (analysis/kinds.py)
 
     @property
     def key(self) -> FindingKey:
-        """Stable across runs: no addresses, pids or offsets."""
-        return (self.kind, self.type_name, tuple(_frame_name(f) for f in self.frames))
+        """Stable across runs: no addresses, pids or offsets.  References held by nothing
+        are a finding apart from the same site's reachable objects, in a baseline too."""
+        kind = f"{self.kind}:{UNHELD}" if self.unheld else self.kind
+        return (kind, self.type_name, tuple(_frame_name(f) for f in self.frames))
 
     @property
     def fingerprint(self) -> str:
@@ -181,7 +184,8 @@ def collect_findings(result: RunResult) -> list[Finding]:
         for g in p.groups:  # still reachable and late objects apart (--leak-kinds)
             apart = g.kind if g.kind in (REACHABLE, LATE, UNHELD) else ""
             f = found.setdefault((_key("leak", g.type_name, g.frames), apart),
-                                 Finding("leak", g.type_name, g.frames))
+                                 Finding("leak", g.type_name, g.frames,
+                                         unheld=g.kind == UNHELD))
             f.objects += len(g.objects)
             f.references += g.references()
             f.groups.append(g)

@@ -130,3 +130,21 @@ def test_objects_created_after_the_scan_are_late_and_not_judged():
     assert statuses(Policy(lsan=True), result) == [NOT_JUDGED]
     assert statuses(Policy(), result) == [FAILING]  # without --leak-kinds
     assert apply_kinds([g], scan)[0].kind != LATE  # no clock given: no late objects
+
+
+def test_a_reference_held_by_nothing_fails_apart_from_reachable_objects():
+    """The same site's reachable objects pass; its unheld references are a finding of their
+    own that fails, also against a baseline where that site was only reachable."""
+    from refcntd.analysis.kinds import UNHELD
+    from refcntd.outputs.ciformats import case_name, title
+
+    result = run(proc(1, "exit 0", group("still reachable", 3), group(UNHELD)))
+    verdict = Policy(lsan=True).evaluate(result)
+    by_status = {f.status: f for f in verdict.findings}
+    assert sorted(by_status) == [FAILING, REACHABLE]
+    unheld = by_status[FAILING]
+    assert unheld.unheld and unheld.objects == 1 and unheld.key != by_status[REACHABLE].key
+    assert "a reference held by nothing" in title(unheld)
+    assert "(reference held by nothing)" in case_name(unheld)
+    baseline = Policy(lsan=True, baseline={by_status[REACHABLE].key: (3, 3)})
+    assert sorted(statuses(baseline, result)) == [FAILING, "in baseline"]
