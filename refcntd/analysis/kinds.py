@@ -132,7 +132,6 @@ class Holders:
                 (f" {member}" if member else f"{'+' if off >= 0 else '-'}0x{abs(off):x}")
         return f"a {s.block_end - s.block}-byte block 0x{s.block:x}+0x{s.where - s.block:x}"
 
-
     def member(self, owner: int, offset: int) -> str | None:
         """`.dso`: the member of the owner's struct at `offset`, from the DWARF of the
         modules that allocated it (binary/structs.py)."""
