@@ -99,6 +99,13 @@ class LeakGroup:
     unwind: StackUnwind = field(default_factory=StackUnwind)
     verdict: Verdict | None = None  # with --history: culprit, tie, unknown, indirect, cycle
     kind: str = ""  # --leak-kinds: the kind of all its objects; "" when not scanned
+    class_name: str = ""  # the class of all its objects, read at the scan (spec `class:`);
+    #                       "" when not read: the type name is all there is
+
+    @property
+    def shown_type(self) -> str:
+        """`GObject (JsonParser)`: the spec's type and, when read, the class."""
+        return f"{self.type_name} ({self.class_name})" if self.class_name else self.type_name
 
     def key(self) -> LeakKey:
         return (self.type_name, tuple(f.key() for f in self.frames))

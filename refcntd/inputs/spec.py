@@ -63,6 +63,22 @@ class Source:
 
 
 EXISTING_MODES = ("get", "counted")
+GTYPE_INSTANCE = "instance"
+
+
+@dataclass(frozen=True)
+class ClassSource:
+    """Where an object's class is in its memory (an init's `class:`), read at the
+    leak-kinds scan (refcntd/reach/gtypes.py): `{gtype: instance}`, a GTypeInstance
+    (a GObject: its first word is its class, whose first word is the GType);
+    `{gtype: N}`, a GType stored at offset N (GstMiniObject.type: 0)."""
+
+    instance: bool = False
+    offset: int = 0
+
+    def describe(self) -> str:
+        return "its GType's name (GTypeInstance)" if self.instance else \
+            f"the name of the GType at +{self.offset}"
 
 
 @dataclass(frozen=True)
@@ -109,6 +125,7 @@ class RoleSpec:
     may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
     revives: bool = False  # get: the object this thread's last put released comes back
     may_return_existing: ExistingReturn | None = None  # init at return: see ExistingReturn
+    class_source: ClassSource | None = None  # init: the object's class, read at the scan
     # (file, line, key) of each function name, so that a name the binary lacks is
     # reported where the user wrote it
     written_at: tuple[tuple[str, int, str], ...] = field(default=(), compare=False)
@@ -168,6 +185,12 @@ class Spec:
 
     def libraries(self) -> set[str]:
         return {r.library for r in self.entries if r.library}
+
+    def class_sources(self) -> dict[str, ClassSource]:
+        """Each constant type name whose objects name their class (`class:`)."""
+        return {str(r.type_name.constant): r.class_source for r in self.entries
+                if r.class_source is not None and r.type_name is not None
+                and r.type_name.constant is not None}
 
     def constant_types(self) -> set[str]:
         return {str(r.type_name.constant) for r in self.entries
@@ -353,7 +376,7 @@ def _one_role_per_function(roles_node: dict[str, YNode], library: str | None) ->
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
     allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
-    extra = {"init": {"type", "initial_count", "may_return_existing"},
+    extra = {"init": {"type", "initial_count", "may_return_existing", "class"},
              "get": {"may_be_leaked", "revives"},
              "put": {"frees_at_zero", "may_be_leaked", "absorbs_inner_put"},
              "delete": {"inside_last_put"},
@@ -393,6 +416,7 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     revives=fields["revives"].boolean() if "revives" in fields else False,
                     static_if=_static_if(fields.get("static_if")),
                     may_return_existing=_existing(fields.get("may_return_existing"), obj),
+                    class_source=_class_source(fields.get("class"), type_name),
                     quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
 
 
@@ -414,6 +438,23 @@ def _existing(node: YNode | None, obj: Source) -> ExistingReturn | None:
     if obj.out and arg != obj.arg:
         raise node.fail(f"with object {{out: arg{obj.arg}}} the reused object is *arg{obj.arg}")
     return ExistingReturn(reused_arg=arg)
+
+
+def _class_source(node: YNode | None, type_name: Source | None) -> ClassSource | None:
+    """`{gtype: instance}` or `{gtype: N}`, for a constant type name only."""
+    if node is None:
+        return None
+    if type_name is None or type_name.constant is None:
+        raise node.fail("class: needs a constant type ({name: X}): the class refines it")
+    gtype = node.mapping({"gtype"}, {"gtype"})["gtype"]
+    if gtype.scalar() == GTYPE_INSTANCE:
+        return ClassSource(instance=True)
+    if isinstance(gtype.scalar(), str):
+        raise gtype.fail(f"expected {GTYPE_INSTANCE} or an offset in 0..4096")
+    offset = gtype.integer(0, 4096)
+    if offset % 8:
+        raise gtype.fail("a GType is 8 bytes, aligned: the offset must be a multiple of 8")
+    return ClassSource(offset=offset)
 
 
 def _inside_last_put(node: YNode | None) -> str | None:

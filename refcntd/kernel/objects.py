@@ -114,6 +114,22 @@ class BpfObjects:
             self._pending.start(self.program["objs"],
                                 (abi.ObjKey * (len(doomed) // size)).from_buffer(doomed))
 
+    def addresses_of(self, tgid: int, type_ids: frozenset[int]) -> list[tuple[int, int]]:
+        """(address, type id) of one process's live objects of these types, left in the map:
+        one walk of it, its columns compared in C (the exit scan names their classes
+        while the process is held: reach/gtypes.py)."""
+        self._pending.wait()
+        out: list[tuple[int, int]] = []
+        for keys, values, n in lookup_batches(self.program["objs"]):
+            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
+            if tgid not in tgids:
+                continue
+            addrs = objcols.column(keys, abi.ObjKey, "addr", n)
+            types = objcols.column(values, abi.ObjVal, "type_id", n)
+            out += [(addrs[i], types[i]) for i in range(n)
+                    if tgids[i] == tgid and types[i] in type_ids]
+        return out
+
     def live_objects(self) -> list[ObjectRecord]:
         self._pending.wait()
         names = self._names()

@@ -27,8 +27,22 @@ LEAK_RULE = "refcount-leak"
 def title(f: Finding) -> str:
     if f.kind == "leak":
         unheld = ", a reference held by nothing" if f.unheld else ""
-        return f"{f.objects} leaked {f.type_name} object(s){unheld}{_blame(f)}"
+        return f"{f.objects} leaked {f.type_name} object(s){_classes(f)}{unheld}{_blame(f)}"
     return f"{f.kind}: {ANOMALY_TEXT[f.kind]} ({f.type_name})"
+
+
+def _classes(f: Finding) -> str:
+    """` (class JsonParser)`, ` (classes GTask 2, JsonNode 1)`: what the scan read, in
+    the text only (names and fingerprints keep the spec's type: the same every run)."""
+    counts: dict[str, int] = {}
+    for g in f.groups:
+        if g.class_name:
+            counts[g.class_name] = counts.get(g.class_name, 0) + len(g.objects)
+    if len(counts) == 1:
+        return f" (class {next(iter(counts))})"
+    shown = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    more = f", {len(shown) - 4} more" if len(shown) > 4 else ""
+    return f" (classes {', '.join(f'{c} {n}' for c, n in shown[:4])}{more})" if shown else ""
 
 
 def _blame(f: Finding) -> str:

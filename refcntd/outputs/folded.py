@@ -21,7 +21,7 @@ def _name(frame: Frame) -> str:
 
 def folded(result: RunResult) -> str:
     """The folded text; objects of the same stack in several processes of one command add up."""
-    return _lines((p.comm, g.frames, g.type_name, len(g.objects))
+    return _lines((p.comm, g.frames, g.shown_type, len(g.objects))
                   for p in result.processes for g in p.groups)
 
 

@@ -125,7 +125,7 @@ def _tree(results: Sequence[RunResult], values: dict[int, Values]) -> dict[str, 
                 path = [*([r.target] if len(results) > 1 else []),
                         f"{p.comm or '?'} ({p.pid})",
                         *(frame_name(f) for f in reversed(alloc_frames(g.frames, probed))),
-                        f"[{g.type_name}]"]
+                        f"[{g.shown_type}]"]
                 root.add([_name(names, n) for n in path], values[id(g)])
     return {"names": list(names), "root": root.as_list()}
 
@@ -231,7 +231,9 @@ def _group(g: LeakGroup, v: Values, word: str, where: str, opened: bool) -> Iter
         word.capitalize()
     kind = f"{kind} ({g.kind})" if g.kind else kind  # --leak-kinds
     yield (f"<details class=\"group\"{' open' if opened else ''}><summary><b>{kind} {v[0]} "
-           f"object(s) of type <code>{_e(g.type_name)}</code></b>, {v[1]} reference(s)"
+           f"object(s) of type <code>{_e(g.type_name)}</code>"
+           + (f" class <code>{_e(g.class_name)}</code>" if g.class_name else "")
+           + f"</b>, {v[1]} reference(s)"
            f"{' at ' + _e(where) if where else ''}</summary>")
     yield "<p>Allocated at:</p>" + _stack(g.frames, g.unwind)
     verdict = render_culprits(g, word)

@@ -114,6 +114,8 @@ class GroupJson(TypedDict):
     instances: NotRequired[list[InstanceJson]]  # absent only inside stream_json
     verdict: NotRequired[VerdictJson]  # --history only
     kind: NotRequired[str]  # --leak-kinds: its objects' kind
+    # its objects' class, read at the scan (spec `class:`: a GObject's GType name)
+    class_name: NotRequired[str]
 
 
 class AnomalyJson(TypedDict):

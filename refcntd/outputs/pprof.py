@@ -78,8 +78,9 @@ def run_samples(result: RunResult, types: frozenset[str] | None = None,
             if types is not None and g.type_name not in types:
                 continue
             kind = (("kind", g.kind),) if g.kind else ()  # --leak-kinds
+            named = (("class", g.class_name),) if g.class_name else ()  # spec `class:`
             yield Sample(alloc_frames(g.frames, probed), group_values(g),
-                         (*base, ("type", g.type_name), *state, *kind))
+                         (*base, ("type", g.type_name), *named, *state, *kind))
 
 
 def alloc_frames(frames: tuple[Frame, ...], probed: frozenset[str]) -> tuple[Frame, ...]:

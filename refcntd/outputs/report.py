@@ -153,7 +153,8 @@ def render_group(g: LeakGroup, word: str) -> list[str]:
         word.capitalize()
     kind = f"{kind} ({g.kind})" if g.kind else kind  # --leak-kinds
     counted = "count now" if word == "live" else "final count"  # live at detach: not final
-    lines = [f"{kind} {_plural(len(g.objects), 'object')} of type '{g.type_name}' "
+    of_class = f" class '{g.class_name}'" if g.class_name else ""
+    lines = [f"{kind} {_plural(len(g.objects), 'object')} of type '{g.type_name}'{of_class} "
              f"({counted} {count_text}) allocated at:"]
     lines += [f"    #{i} {frame.describe()}" for i, frame in enumerate(g.frames)]
     lines += truncation_line(g.unwind)

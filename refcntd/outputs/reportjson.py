@@ -86,6 +86,8 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
         out["instances"] = [instance_json(o) for o in g.objects]
     if g.kind:
         out["kind"] = g.kind
+    if g.class_name:
+        out["class_name"] = g.class_name
     if g.verdict is not None:
         out["verdict"] = {"status": g.verdict.status, "reason": g.verdict.reason,
                           "notes": list(g.verdict.notes)}

@@ -158,7 +158,7 @@ def _group(g: GroupJson, objects: Objects) -> LeakGroup:
     return LeakGroup(g["type"], _frames(g["stack"]),
                      [_object(i) for i in items] if cut is None else cut,  # type: ignore[arg-type]
                      g.get("stack_truncated", False), culprits, _unwind(g.get("unwind")), verdict,
-                     g.get("kind", ""))
+                     g.get("kind", ""), g.get("class_name", ""))
 
 
 def _unwind(u: UnwindJson | None) -> StackUnwind:

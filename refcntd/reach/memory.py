@@ -187,6 +187,31 @@ class ProcessMemory:
         data = self.read(address, 8)
         return int.from_bytes(data, "little") if len(data) == 8 else None
 
+    def gather(self, addresses: list[int]) -> list[int | None]:
+        """The word at each address (None where it cannot be read), IOV_MAX per system
+        call: the kernel stops at the first range it cannot read, and the rest is read
+        again from the one after it, so a bad address costs one more call."""
+        out: list[int | None] = [None] * len(addresses)
+        at = 0
+        while at < len(addresses):
+            part = addresses[at:at + IOV_MAX]
+            if self._vm_readv is None:
+                out[at] = self.word(addresses[at])
+                at += 1
+                continue
+            into = np.zeros(len(part), np.uint64)
+            got = _readv_many(self._vm_readv, self.pid, into, [(a, a + 8) for a in part])
+            self.reads += 1
+            if got < 0:  # refused or unreadable: one word at a time (/proc/PID/mem)
+                out[at] = self.word(addresses[at])
+                at += 1
+                continue
+            done = got // 8
+            self.bytes_read += 8 * done
+            out[at:at + done] = into[:done].tolist()
+            at += done + (done < len(part))  # the one that failed stays None
+        return out
+
     def words(self, address: int, count: int) -> list[int] | None:
         data = self.read(address, 8 * count)
         if len(data) != 8 * count:

@@ -61,6 +61,7 @@ class ReachScan:
     edges: graph.Edges | None = None  # made by finish, for the holders (holders.py); the
     #                                   kinds' reader drops them (drop_edges)
     direct_exit: bool = False  # held at `_exit` reached without exit() (exitframes.py)
+    classes: dict[int, str] = field(default_factory=dict)  # object -> its class (gtypes.py)
 
     @property
     def blocks(self) -> int:

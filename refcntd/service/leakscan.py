@@ -25,13 +25,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
+from refcntd.analysis.classes import apply_classes
 from refcntd.analysis.kinds import UNHELD, apply_kinds
 from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.inputs.spec import ClassSource
 from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs.reportjson import run_json
 from refcntd.reach.chunks import compiled
 from refcntd.reach.glibc import blocks_read, read_heap
+from refcntd.reach.gtypes import note, prepare_for, read_classes
 from refcntd.reach.memory import ProcessMemory, read_maps
 from refcntd.reach.scan import INDIRECTLY, ReachScan, finish, read_process
 from refcntd.session.exitscan import wait_stopped
@@ -122,7 +125,8 @@ def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None) -> list[Li
         if blocker and os.geteuid() != 0:
             out.append(LiveScan(pid, skipped=f"not stopped: {blocker}"))
             continue
-        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid)))
+        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid),
+                             tracer.plan.spec.class_sources()))
     return out
 
 
@@ -153,9 +157,11 @@ def expected_stop_s(writable_bytes: int, blocks: int) -> float:
 
 
 def scan_live(pid: int, budget_s: float,
-              objects: Callable[[], list[ObjectRecord]] = list) -> LiveScan:
-    """Stop `pid`, read its objects and its memory, continue it, then find the kinds
-    (of the stopped moment: only what was read is used): unless over the budget.
+              objects: Callable[[], list[ObjectRecord]] = list,
+              classes: dict[str, ClassSource] | None = None) -> LiveScan:
+    """Stop `pid`, read its objects and its memory (and the class of its objects of
+    `classes`' types), continue it, then find the kinds (of the stopped moment: only
+    what was read is used): unless over the budget.
     A process that was already stopped (by a hold, by its user) stays stopped."""
     expected, size, blocks = estimate_s(pid)
     if expected > budget_s:
@@ -163,6 +169,8 @@ def scan_live(pid: int, budget_s: float,
                                      f"memory and {blocks:,} malloc blocks would stop it "
                                      f"about {expected:.2f} s, over the budget of "
                                      f"{budget_s:.3f} s")
+    if classes:
+        prepare_for(pid)  # GLib's layouts decoded before the stop, not during it
     was_stopped = wait_stopped(pid, timeout_s=0)
     began = time.monotonic()
     marker = None if was_stopped else mark_held(pid)
@@ -172,6 +180,7 @@ def scan_live(pid: int, budget_s: float,
             wait_stopped(pid)
         live = LiveScan(pid, objects=objects())
         live.scan = read_process(pid)
+        _name_classes(live, classes or {})
     except ProcessLookupError:
         return LiveScan(pid, skipped="gone")
     finally:
@@ -180,6 +189,17 @@ def scan_live(pid: int, budget_s: float,
     live.stopped_s = time.monotonic() - began
     finish(live.scan)  # the graph of what was read: the process runs meanwhile
     return live
+
+
+def _name_classes(live: LiveScan, classes: dict[str, ClassSource]) -> None:
+    """While stopped: the class of each of its objects whose type the spec reads."""
+    assert live.scan is not None
+    wanted = {o.addr: classes[o.type_name] for o in live.objects
+              if o.type_name in classes}
+    if wanted:
+        found = read_classes(live.pid, wanted)
+        live.scan.classes = found.names
+        live.scan.notes += note(found)
 
 
 def _continue(pid: int, marker: Path | None) -> None:
@@ -196,7 +216,8 @@ def lost_report(tracer: Tracer, live: LiveScan, show_cmdline: bool) -> ProcessRe
     tracker, now_ns = tracer.tracker, time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     groups = group_leaks(live.objects, tracker.stacks, tracker.sym, now_ns,
                          ProcessModules(perf_map=load_perf_map(live.pid)))
-    groups = [g for g in apply_kinds(groups, live.scan, now_ns) if g.kind in LOST]
+    groups = [g for g in apply_classes(apply_kinds(groups, live.scan, now_ns),
+                                       live.scan.classes) if g.kind in LOST]
     command = read_cmdline(live.pid)
     session = tracker.sessions.get(live.pid)
     comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")

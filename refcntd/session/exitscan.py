@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.libpaths import resolve_library
 from refcntd.errors import BinaryError
+from refcntd.inputs.spec import ClassSource
 from refcntd.kernel.parts import Probes
+from refcntd.reach import gtypes
 from refcntd.reach.exitframes import libc_frames
 from refcntd.reach.roots import stat_field
 from refcntd.reach.scan import ReachScan, read_process
@@ -30,13 +33,18 @@ NOT_SCANNED = "leak kinds not scanned at exit"  # the note that keeps today's ve
 class ExitScans:
     """Holding at _exit: attach, scan each held process, hand the scan to its report."""
 
-    def __init__(self, probes: Probes, binary: str) -> None:
-        self.probes, self.binary = probes, binary
+    def __init__(self, probes: Probes, binary: str,
+                 classed: Callable[[int], dict[int, ClassSource]] | None = None) -> None:
+        """`classed(tgid)`: the process's live objects whose class the spec reads
+        (`class:`), named while it is held (reach/gtypes.py)."""
+        self.probes, self.binary, self.classed = probes, binary, classed
         self.results: dict[int, ReachScan] = {}
         self.problem = ""  # why processes are not held at exit, if they are not
         self.scanned = 0
         self.seconds = 0.0  # held, in total
         self.bytes_read = 0  # while held
+        self.class_seconds = 0.0  # of `seconds`: objects' classes (kernel map and memory)
+        self.classes_read = 0
 
     def attach(self) -> None:
         """The probe on _exit of the libc the command would load."""
@@ -52,6 +60,8 @@ class ExitScans:
         self.problem = f"the probe on _exit failed: {why}" if why else ""
         if not why:
             libc_frames(str(libc.path))  # read now, not while the first process waits
+        if not why and self.classed is not None:
+            self._prepare_classes()
 
     def held(self, tgid: int) -> None:
         """A process stopped at _exit: scan it (the caller continues it, always)."""
@@ -60,6 +70,8 @@ class ExitScans:
         # only the read needs it stopped: the kinds are made by the report's worker
         # (scan.finish), after it goes on to its exit (fork-heavy runs: ~7 ms less a process)
         scan = read_process(tgid, at_exit=True)
+        if self.classed is not None:
+            self._name_classes(tgid, scan)
         if not stopped:
             scan.notes.append(f"not every thread had stopped after {STOP_WAIT_S} s: "
                               "scanned while some ran")
@@ -75,6 +87,25 @@ class ExitScans:
         while len(self.results) > KEPT_LIMIT:
             self.results.pop(next(iter(self.results)))
 
+    def _prepare_classes(self) -> None:
+        """GLib's layouts decoded now (~20 ms), not while the first process waits."""
+        try:
+            image = ElfImage(self.binary)
+            gtypes.prepare(resolve_library(gtypes.GOBJECT_SONAME, image),
+                           resolve_library(gtypes.GLIB_SONAME, image))
+        except BinaryError:
+            pass  # a process maps them later (a plugin): decoded at its exit
+
+    def _name_classes(self, tgid: int, scan: ReachScan) -> None:
+        assert self.classed is not None
+        began = time.monotonic()
+        objects = self.classed(tgid)
+        found = gtypes.read_classes(tgid, objects) if objects else gtypes.ClassNames()
+        scan.classes = found.names
+        scan.notes += gtypes.note(found)
+        self.class_seconds += time.monotonic() - began
+        self.classes_read += len(objects)
+
     def take(self, tgid: int) -> ReachScan | None:
         return self.results.pop(tgid, None)
 
@@ -84,9 +115,11 @@ class ExitScans:
                     "as with --no-leak-kinds"]
         if not self.scanned:
             return []
+        classes = f" ({self.classes_read} object classes read in " \
+            f"{self.class_seconds:.3f} s)" if self.classes_read else ""
         return [f"{self.scanned} process(es) scanned at exit for leak kinds: "
                 f"{self.bytes_read / 2**20:.1f} MiB read, held {self.seconds:.3f} s "
-                "in total"]
+                f"in total{classes}"]
 
 
 def wait_stopped(pid: int, proc: Path = Path("/proc"), timeout_s: float = STOP_WAIT_S) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from refcntd.analysis.classes import apply_classes
 from refcntd.analysis.kinds import apply_kinds
 from refcntd.analysis.leaks import (
     HistoryContext,
@@ -223,7 +224,7 @@ class SessionTracker:
             unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen),
                                          self.stacks, self.sym, mods)
         if job.scan is not None:
-            groups = apply_kinds(groups, job.scan, job.now)
+            groups = apply_classes(apply_kinds(groups, job.scan, job.now), job.scan.classes)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "

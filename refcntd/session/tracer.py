@@ -19,6 +19,7 @@ from refcntd.analysis.model import (
 from refcntd.binary.plan import Plan
 from refcntd.binary.probesite import ProbeSite
 from refcntd.inputs.files import file_identity
+from refcntd.inputs.spec import ClassSource
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
 from refcntd.kernel.decode import file_key, pack_probe_cfgs
 from refcntd.kernel.loader import Kernel
@@ -173,7 +174,7 @@ class Tracer:
         why = why or ("" if self.kernel.holds.enabled else
                       continue_blocker() or "the kernel side cannot hold processes here "
                       "(no BTF offsets for the unwinder, or REFCNTD_UNWIND=fp)")
-        scans = ExitScans(self.kernel.probes, self.plan.binary)
+        scans = ExitScans(self.kernel.probes, self.plan.binary, self._classed())
         if why:
             scans.problem = why
             self.plan.notes += scans.notes()
@@ -181,6 +182,19 @@ class Tracer:
         self.vetting.exit_hold = scans.held
         self.tracker.take_scan = scans.take
         return scans
+
+    def _classed(self) -> Callable[[int], dict[int, ClassSource]] | None:
+        """The spec's `class:` types: a process's live objects of them, by address."""
+        sources = {type_id(name): source
+                   for name, source in self.plan.spec.class_sources().items()}
+        if not sources:
+            return None
+        wanted = frozenset(sources)
+
+        def classed(tgid: int) -> dict[int, ClassSource]:
+            return {addr: sources[tid]
+                    for addr, tid in self.kernel.objects.addresses_of(tgid, wanted)}
+        return classed
 
     def __enter__(self) -> Tracer:
         return self
