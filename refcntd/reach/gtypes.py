@@ -205,8 +205,8 @@ class _Reader:
         pointer = self.mem.word(array + 8 * quark)
         if not pointer or not self._readable_byte(pointer):
             return None
-        raw = self.mem.read(pointer, MAX_NAME).split(b"\0", 1)[0]
-        return raw.decode() if NAME_RE.fullmatch(raw) else None
+        raw, end, _ = self.mem.read(pointer, MAX_NAME).partition(b"\0")
+        return raw.decode() if end and NAME_RE.fullmatch(raw) else None  # ended in MAX_NAME
 
     def _readable_byte(self, address: int) -> bool:
         i = bisect_right(self._starts, address) - 1

@@ -1,0 +1,203 @@
+"""Classes read from memory (reach/gtypes.py), on GLib's structures laid out by hand in
+this very process (ProcessMemory reads oneself without root): the statics where
+Debian's libgobject and libglib keep them (decoded from their code by
+binary/gtypelayout.py), TypeNodes, classes, quark strings and instances on a fake
+heap.  Then the same memory made hostile: every bad word gives no name, never an
+exception, and nothing is followed twice."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from refcntd.binary.gtypelayout import GObjectLayout, QuarkLayout, gobject_layout, quark_layout
+from refcntd.inputs.spec import ClassSource
+from refcntd.reach import gtypes
+from refcntd.reach.memory import Mapping, ProcessMemory
+
+LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+GOBJECT, GLIB = LIBDIR / "libgobject-2.0.so.0", LIBDIR / "libglib-2.0.so.0"
+G_TYPE_OBJECT = 20 << 2  # a fundamental GType
+INSTANCE, FIELD0 = ClassSource(instance=True), ClassSource(offset=0)
+
+
+class Area:
+    """An anonymous mapping of this process, written by offset."""
+
+    def __init__(self, size: int) -> None:
+        self.size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        self.map = mmap.mmap(-1, self.size)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.used = 0
+
+    def put(self, offset: int, data: bytes) -> int:
+        self.map[offset:offset + len(data)] = data
+        return self.base + offset
+
+    def add(self, data: bytes) -> int:
+        """At the next free 16-byte-aligned offset: its address."""
+        at = self.used
+        self.used = (at + len(data) + 15) // 16 * 16
+        return self.put(at, data)
+
+
+def q(*words: int) -> bytes:
+    return struct.pack(f"<{len(words)}Q", *words)
+
+
+class FakeGlib:
+    """libgobject's and libglib's statics, and a heap of type nodes and objects."""
+
+    def __init__(self, layout: GObjectLayout, quarks: QuarkLayout) -> None:
+        self.layout = layout
+        self.gobject = Area(layout.fundamental_nodes + 8 * 256)
+        self.glib = Area(max(quarks.seq_id, quarks.quarks) + 16)
+        self.heap = Area(1 << 16)
+        self.strings: list[int] = [0]  # quark 0 is no quark
+        self.quark_array = self.heap.add(b"\0" * 8 * 64)
+        self.glib.put(quarks.quarks, q(self.quark_array))
+        self.seq_at = quarks.seq_id
+        self._count()
+
+    def _count(self) -> None:
+        self.glib.put(self.seq_at, struct.pack("<I", len(self.strings)))
+
+    def quark(self, name: bytes) -> int:
+        self.strings.append(self.heap.add(name + b"\0"))
+        index = len(self.strings) - 1
+        self.heap.put(self.quark_array - self.heap.base + 8 * index, q(self.strings[-1]))
+        self._count()
+        return index
+
+    def node(self, name: bytes, fundamental: int = 0) -> int:
+        """A TypeNode named `name`: its GType (the node's address, or `fundamental`)."""
+        size = self.layout.supers + 16
+        raw = bytearray(size)
+        raw[self.layout.qname:self.layout.qname + 4] = struct.pack("<I", self.quark(name))
+        node = self.heap.add(bytes(raw))
+        gtype = fundamental or node
+        self.heap.put(node - self.heap.base + self.layout.supers, q(gtype))
+        if fundamental:
+            self.gobject.put(self.layout.fundamental_nodes + (fundamental >> 2) * 8, q(node))
+        return gtype
+
+    def instance(self, gtype: int) -> int:
+        cls = self.heap.add(q(gtype, 0, 0, 0))
+        return self.heap.add(q(cls, 1, 0))
+
+    def maps(self) -> list[Mapping]:
+        return [Mapping(self.gobject.base, self.gobject.base + self.gobject.size, "rw-p", 0,
+                        os.stat(GOBJECT).st_ino, str(GOBJECT.resolve())),
+                Mapping(self.glib.base, self.glib.base + self.glib.size, "rw-p", 0,
+                        os.stat(GLIB).st_ino, str(GLIB.resolve())),
+                Mapping(self.heap.base, self.heap.base + self.heap.size, "rw-p", 0, 0,
+                        "[heap]")]
+
+
+@pytest.fixture
+def glib(tmp_path: Path) -> tuple[FakeGlib, Path]:
+    layout, quarks = gobject_layout(str(GOBJECT)), quark_layout(str(GLIB))
+    assert layout is not None and quarks is not None, "Debian's GLib 2.74 (scripts/setup.sh)"
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True)
+    (proc / str(os.getpid()) / "root").symlink_to("/")  # the libraries as we see them
+    return FakeGlib(layout, quarks), proc
+
+
+def names(fake: FakeGlib, proc: Path, objects: dict[int, ClassSource]) -> gtypes.ClassNames:
+    mem = ProcessMemory(os.getpid())
+    try:
+        return gtypes.read_class_names(mem, fake.maps(), objects, proc)
+    finally:
+        mem.close()
+
+
+def test_debian_layouts_are_decoded() -> None:
+    """GLib 2.74 as Debian builds it: what objdump shows in g_type_name and friends."""
+    assert gobject_layout(str(GOBJECT)) == GObjectLayout(0x3fc, 0x5e3a0, 0x28, 0x48, 0)
+    assert quark_layout(str(GLIB)) == QuarkLayout(0x137d18, 0x137d20, 0)
+
+
+def test_other_code_gives_no_layout() -> None:
+    """A library whose functions are not GLib's (or absent) is refused, not guessed."""
+    assert gobject_layout(str(GLIB)) is None
+    assert quark_layout("/bin/true") is None
+    assert gobject_layout("/nonexistent/libgobject-2.0.so.0") is None
+
+
+def test_derived_fundamental_and_field_types_are_named(glib) -> None:
+    fake, proc = glib
+    parser = fake.node(b"JsonParser")
+    plain = fake.node(b"GObject", fundamental=G_TYPE_OBJECT)
+    caps = fake.node(b"GstCaps")
+    a, b, c = fake.instance(parser), fake.instance(parser), fake.instance(plain)
+    mini = fake.heap.add(q(caps, 0x100000001))
+    found = names(fake, proc, {a: INSTANCE, b: INSTANCE, c: INSTANCE, mini: FIELD0})
+    assert found.names == {a: "JsonParser", b: "JsonParser", c: "GObject", mini: "GstCaps"}
+    assert (found.unread, found.problem) == (0, "")
+
+
+def test_hostile_words_give_no_name(glib) -> None:
+    """Each link broken once; the good object beside them is still named."""
+    fake, proc = glib
+    good = fake.instance(fake.node(b"GTask"))
+    unmapped = fake.heap.add(q(0x10))  # class pointer into nothing
+    odd = fake.heap.add(q(fake.heap.base + 3))  # unaligned class pointer
+    forged = fake.heap.add(b"\0" * 0x100)  # a "node" whose supers[0] is not its GType
+    not_a_node = fake.instance(forged)
+    bad_quark = fake.node(b"Fine")
+    fake.heap.put(bad_quark - fake.heap.base + fake.layout.qname, struct.pack("<I", 9999))
+    garbage = fake.node(b"\xff\xfe not a type name")
+    short = fake.node(b"ab")  # GLib refuses names under 3 characters
+    self_loop = fake.heap.add(b"\0" * 16)
+    fake.heap.put(self_loop - fake.heap.base, q(self_loop))  # its class is itself
+    unnamed_fundamental = fake.instance(G_TYPE_OBJECT)  # no node registered there
+    objects = {good: INSTANCE, unmapped: INSTANCE, odd: INSTANCE, not_a_node: INSTANCE,
+               fake.instance(bad_quark): INSTANCE, fake.instance(garbage): INSTANCE,
+               fake.instance(short): INSTANCE, self_loop: INSTANCE,
+               unnamed_fundamental: INSTANCE, 0x10: INSTANCE, 0: FIELD0, good + 4: INSTANCE}
+    found = names(fake, proc, objects)
+    assert found.names == {good: "GTask"}
+    assert found.unread == len(objects) - 1
+
+
+def test_a_name_without_its_end_is_refused(glib) -> None:
+    """A name running off its mapping, or longer than any GLib name, is not read."""
+    fake, proc = glib
+    long = fake.node(b"A" * 300)
+    found = names(fake, proc, {fake.instance(long): INSTANCE})
+    assert found.names == {}
+
+
+def test_quark_count_beyond_reason_names_nothing(glib) -> None:
+    fake, proc = glib
+    obj = fake.instance(fake.node(b"GTask"))
+    fake.glib.put(fake.seq_at, struct.pack("<I", 0))
+    assert names(fake, proc, {obj: INSTANCE}).names == {}
+
+
+def test_without_libgobject_every_object_keeps_its_type(glib) -> None:
+    fake, proc = glib
+    obj = fake.instance(fake.node(b"GTask"))
+    mem = ProcessMemory(os.getpid())
+    found = gtypes.read_class_names(mem, fake.maps()[1:], {obj: INSTANCE}, proc)
+    assert (found.names, found.unread) == ({}, 1)
+    assert "libgobject-2.0.so not mapped" in found.problem
+    assert gtypes.note(found) == ["classes not read (libgobject-2.0.so not mapped): 1 "
+                                  "object(s) named by the spec's type only"]
+
+
+def test_reads_are_one_per_object_batch_and_a_few_per_class(glib) -> None:
+    """2 000 objects of 3 classes: two gathers (objects, classes) and ~4 reads a class."""
+    fake, proc = glib
+    types = [fake.node(n) for n in (b"GstBuffer", b"GstCaps", b"GstEvent")]
+    objects = {fake.heap.add(q(types[i % 3], 0)): FIELD0 for i in range(2000)}
+    mem = ProcessMemory(os.getpid())
+    found = gtypes.read_class_names(mem, fake.maps(), objects, proc)
+    assert len(found.names) == 2000
+    assert mem.reads <= 2 + 1 + 3 * 4  # 2 gathers of <=1024, the quark table, 3 classes
