@@ -1,0 +1,67 @@
+"""Classes named at exit (reach/gtypes.py) on a GLib program of our own with the bundled
+gobject spec, with GSlice (Debian 12's default) and with G_SLICE=always-malloc: every
+leaked object's class is what G_OBJECT_TYPE_NAME said in the program, a factory
+making two classes gives two groups with one key, and nothing else is named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT, cc, refcntd
+
+TRUTH = {"RcdWidget": 2, "RcdGadget": 2, "GObject": 1, "GCancellable": 1}
+
+
+def gio_flags() -> list[str]:
+    try:
+        out = subprocess.run(["pkg-config", "--cflags", "--libs", "gio-2.0"], check=True,
+                             capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        pytest.fail(f"pkg-config gio-2.0 failed (libglib2.0-dev, scripts/setup.sh): {err}")
+    return out.split()
+
+
+@pytest.fixture(scope="module")
+def program(build) -> Path:
+    return cc(build.root / "classes" / "gclasses", [FIXTURES / "gclasses.c"],
+              ["-O2", "-fomit-frame-pointer", *gio_flags()])
+
+
+@pytest.mark.parametrize("slice_mode", ["", "always-malloc"])
+def test_leaked_objects_are_named_by_their_class(bpf, program, tmp_path, slice_mode) -> None:
+    env = {**os.environ, "G_SLICE": slice_mode}
+    result = refcntd(["run", "--spec", "gobject", "--", str(program)], tmp_path / "r.json",
+                     env=env)
+    assert result.returncode == 23, result.stderr
+    truth = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("leak "):
+            _, name, address = line.split()
+            truth[int(address, 16)] = name
+    assert sorted(truth.values()) == sorted(n for n, k in TRUTH.items() for _ in range(k))
+    (process,) = result.report["processes"]
+    named = {int(i["address"], 16): g.get("class_name", "")
+             for g in process["groups"] for i in g["instances"]}
+    assert named == truth, process["notes"]
+    factory = [g for g in process["groups"] if g["stack"][1].get("function") == "make"]
+    assert len({str(g["stack"]) for g in factory}) == 1  # one stack, split by class
+    assert {g["class_name"] for g in factory} == {"RcdGadget", "RcdWidget"}
+    assert {g["type"] for g in process["groups"]} == {"GObject"}
+    text = result.stderr + result.stdout
+    assert "of type 'GObject' class 'RcdGadget'" in text
+    assert "classes not read" not in text and "could not be read" not in text
+
+
+def test_without_class_in_the_spec_nothing_is_read(bpf, program, tmp_path) -> None:
+    """A spec without `class:` reads no object's memory for it: the type is all."""
+    spec = tmp_path / "plain.yaml"
+    spec.write_text((ROOT / "configs" / "specs" / "gobject.yaml").read_text()
+                    .replace("    class: {gtype: instance}", "    # no class"))
+    result = refcntd(["run", "--spec", str(spec), "--", str(program)], tmp_path / "r.json")
+    assert result.returncode == 23, result.stderr
+    (process,) = result.report["processes"]
+    assert all("class_name" not in g for g in process["groups"])
+    assert "object classes read" not in result.stderr
