@@ -39,7 +39,9 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
     late = _late(groups, objects, scan, now_ns)
     kinds = scan.kinds_of(o.address for g in groups for o in objects[id(g)]
                           if o.address not in late)
-    types = {o.address: g.type_name for g in groups for o in objects[id(g)]}
+    # a holder or a "lost with" is named by its class where the scan read it (gtypes.py)
+    types = {o.address: scan.classes.get(o.address) or g.type_name
+             for g in groups for o in objects[id(g)]}
     per_block = Counter(k.block for k in kinds.values())
     shared = [a for a, k in kinds.items() if per_block[k.block] > 1]
     for address in shared:

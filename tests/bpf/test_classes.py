@@ -50,6 +50,11 @@ def test_leaked_objects_are_named_by_their_class(bpf, program, tmp_path, slice_m
     assert len({str(g["stack"]) for g in factory}) == 1  # one stack, split by class
     assert {g["class_name"] for g in factory} == {"RcdGadget", "RcdWidget"}
     assert {g["type"] for g in process["groups"]} == {"GObject"}
+    (held,) = [i for g in process["groups"] if g["class_name"] == "GCancellable"
+               for i in g["instances"]]
+    # with GSlice its slab's own words point to it too (issue 58: GSlice's slabs)
+    assert ["RcdGadget", ".held"] in [p["holder"].split()[::2]
+                                      for p in held.get("pointers", [])], held
     text = result.stderr + result.stdout
     assert "of type 'GObject' class 'RcdGadget'" in text
     assert "classes not read" not in text and "could not be read" not in text
