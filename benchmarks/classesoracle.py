@@ -76,13 +76,26 @@ def gdb_names(pid: int, objects: dict[int, ClassSource]) -> dict[int, str | None
         items.write_text(json.dumps(calls))
         script.write_text(GDB_SCRIPT % {"items": str(items), "answer": str(answer)})
         env = dict(os.environ, DEBUGINFOD_URLS="")
-        done = subprocess.run(["gdb", "-nx", "-p", str(pid), "-batch", "-ex",
+        done = subprocess.run(["gdb", "-nx", "-p", str(_live_thread(pid)), "-batch", "-ex",
                         "set debuginfod enabled off", "-x", str(script)],
                        capture_output=True, text=True, env=env, timeout=300, check=False)
         if not answer.exists():
             print(f"gdb on {pid} gave no answer: {done.stderr[-500:]}", file=sys.stderr)
             return {}
         return {int(a, 16): n for a, n in json.loads(answer.read_text()).items()}
+
+
+def _live_thread(pid: int) -> int:
+    """A thread gdb can attach through: the main one, or (a zombie after pthread_exit,
+    the process held in another thread's _exit) one still alive."""
+    for tid in [pid, *sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))]:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return tid
+    return pid
 
 
 def compare(pid: int, scan: ReachScan, objects: dict[int, ClassSource], seconds: float

@@ -118,16 +118,23 @@ class BpfObjects:
         """(address, type id) of one process's live objects of these types, left in the map:
         one walk of it, its columns compared in C (the exit scan names their classes
         while the process is held: reach/gtypes.py)."""
+        return [(addr, tid) for _, addr, tid, _ in self.live_of_types(type_ids, tgid)]
+
+    def live_of_types(self, type_ids: frozenset[int], tgid: int | None = None
+                      ) -> list[tuple[int, int, int, int]]:
+        """(tgid, address, type id, init ns) of the live objects of these types (of one
+        process, or of all), left in the map."""
         self._pending.wait()
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, int, int]] = []
         for keys, values, n in lookup_batches(self.program["objs"]):
             tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
-            if tgid not in tgids:
+            if tgid is not None and tgid not in tgids:
                 continue
             addrs = objcols.column(keys, abi.ObjKey, "addr", n)
             types = objcols.column(values, abi.ObjVal, "type_id", n)
-            out += [(addrs[i], types[i]) for i in range(n)
-                    if tgids[i] == tgid and types[i] in type_ids]
+            inits = objcols.column(values, abi.ObjVal, "init_ns", n)
+            out += [(tgids[i], addrs[i], types[i], inits[i]) for i in range(n)
+                    if types[i] in type_ids and (tgid is None or tgids[i] == tgid)]
         return out
 
     def live_objects(self) -> list[ObjectRecord]:

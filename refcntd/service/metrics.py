@@ -3,7 +3,9 @@
 Labels are bounded: target, type, operation, kind, reason, map.  Never a
 pid, an address or a stack.  The kernel side of serve counts operations per
 type as they happen and live objects per allocation site and creation time,
-so a scrape reads O(types x sites), never every object.
+so a scrape reads O(types x sites), never every object; the one exception is
+refcntd_live_objects_by_class (service/classmetrics.py), which reads each live object
+of a spec's `class:` type once in its life (label `class`, bounded per type).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from prometheus_client.core import (
 from refcntd.kernel.abi import Stat
 from refcntd.kernel.procmem import read_string
 from refcntd.outputs.reportstore import StoreStats
+from refcntd.service.classmetrics import MAX_CLASS_LABELS, OTHER_CLASSES, UNREAD, ClassCounts
 from refcntd.session.status import LOST_REASONS, NOTE_REASONS
 from refcntd.session.tracer import Tracer
 
@@ -70,6 +73,7 @@ class RefcntdCollector:
         self.view = view
         self.report_stats = report_stats
         self._type_cache: dict[tuple[int, int], str] = {}
+        self._classes: dict[str, ClassCounts] = {}  # per target: objects' classes read
 
     def describe(self) -> Iterator[Metric]:
         """Every family collect() yields, without samples (client_python's Collector
@@ -87,6 +91,9 @@ class RefcntdCollector:
 
     def _collect_target(self, s: TargetStats, f: _Families) -> None:
         t = s.name
+        classes = self._classes.setdefault(t, ClassCounts())  # spec `class:` types only
+        for (type_name, cls), n in sorted(classes.counts(s.tracers).items()):
+            f["by_class"].add_metric([t, type_name, cls], n)
         ops: dict[tuple[str, str], int] = {}
         live: dict[str, list[Aged]] = {}
         kernel_stats: dict[Stat, int] = {}
@@ -231,6 +238,7 @@ class _Families(TypedDict):
     folded: GaugeMetricFamily
     types_pruned: CounterMetricFamily
     attached: GaugeMetricFamily
+    by_class: GaugeMetricFamily
 
 
 def _families() -> _Families:
@@ -270,6 +278,11 @@ def _families() -> _Families:
                           "counts are kept)", labels=["target"]),
         "dropped": c("refcntd_dropped_records", "Records the kernel side could not keep",
                      labels=["target", "reason"]),
+        "by_class": g("refcntd_live_objects_by_class", "Live objects of the types whose spec "
+                      "reads a class (class:), by class, read from the running processes' "
+                      f"memory: each type's {MAX_CLASS_LABELS - 1} largest classes by name, "
+                      f"the others class=\"{OTHER_CLASSES}\", unreadable class=\"{UNREAD}\"",
+                      labels=["target", "type", "class"]),
         "notes": c("refcntd_kernel_notes", "Kernel-side counts that are not losses (unknown "
                    "gets, stacks cut short, ...): the report's notes", labels=["target", "note"]),
     }

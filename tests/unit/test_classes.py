@@ -13,6 +13,7 @@ from refcntd.errors import ConfigError
 from refcntd.inputs.spec import ClassSource, load_spec
 from refcntd.outputs import ciformats, report, reportjson, runjson
 from refcntd.outputs.policy import collect_findings
+from refcntd.reach.gtypes import ClassNames
 from refcntd.symbolize.symbolizer import Frame
 
 SPEC = """\
@@ -88,3 +89,43 @@ def test_outputs_show_the_class_and_findings_keep_the_type() -> None:
     assert ciformats.title(finding) == "3 leaked GObject object(s) (classes GTask 2, " \
                                        "JsonParser 1)"
     assert "GTask" not in ciformats.case_name(finding)
+
+
+class FakeObjects:
+    def __init__(self, rows: list[tuple[int, int, int, int]]) -> None:
+        self.rows = rows
+
+    def live_of_types(self, type_ids, tgid=None):
+        return [r for r in self.rows if r[2] in type_ids]
+
+
+class FakeTracer:
+    def __init__(self, rows: list[tuple[int, int, int, int]]) -> None:
+        from types import SimpleNamespace
+        self.plan = SimpleNamespace(spec=load_spec("gstreamer"))
+        self.kernel = SimpleNamespace(objects=FakeObjects(rows))
+
+
+def test_class_metric_reads_each_object_once_and_bounds_its_labels(monkeypatch) -> None:
+    from refcntd.service import classmetrics
+    from refcntd.session.tracer import type_id
+    mini, gobj = type_id("GstMiniObject"), type_id("GObject")
+    truth = {a: f"GstClass{a % 30}" for a in range(100, 400)} | {7: "GstPipeline"}
+    asked: list[int] = []
+
+    def read(pid, objects):
+        asked.extend(objects)
+        return ClassNames(names={a: truth[a] for a in objects if a in truth})
+    monkeypatch.setattr(classmetrics, "read_classes", read)
+    rows = [(1, a, mini, 5) for a in range(100, 400)] + [(1, 7, gobj, 5), (2, 8, gobj, 5)]
+    counts = classmetrics.ClassCounts()
+    first = counts.counts([FakeTracer(rows)])
+    assert first[("GObject", "GstPipeline")] == 1 and first[("GObject", "_unread")] == 1
+    minis = {c: n for (t, c), n in first.items() if t == "GstMiniObject"}
+    assert len(minis) == classmetrics.MAX_CLASS_LABELS and minis["_other"] == 110
+    assert sum(minis.values()) == 300
+    assert len(asked) == 302
+    asked.clear()
+    again = counts.counts([FakeTracer(rows[51:] + [(1, 100, mini, 9)])])  # 100 made anew
+    assert sorted(asked) == [8, 100]  # only the new life and the one not read before
+    assert sum(n for (t, _), n in again.items() if t == "GstMiniObject") == 250
