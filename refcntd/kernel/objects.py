@@ -11,6 +11,8 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
+import numpy as np
+
 from refcntd.kernel import abi, decode
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import Role, Stat
@@ -126,15 +128,17 @@ class BpfObjects:
         process, or of all), left in the map."""
         self._pending.wait()
         out: list[tuple[int, int, int, int]] = []
+        wanted = np.array(sorted(type_ids), np.uint32)
         for keys, values, n in lookup_batches(self.program["objs"]):
-            tgids = objcols.column(keys, abi.ObjKey, "tgid", n)
-            if tgid is not None and tgid not in tgids:
+            k = np.frombuffer(memoryview(keys), np.dtype(abi.ObjKey), n)  # numpy rows
+            v = np.frombuffer(memoryview(values), np.dtype(abi.ObjVal), n)
+            tgids, types = k["tgid"], v["type_id"]
+            rows = np.isin(types, wanted) & ((tgids == tgid) if tgid is not None else True)
+            if not rows.any():
                 continue
-            addrs = objcols.column(keys, abi.ObjKey, "addr", n)
-            types = objcols.column(values, abi.ObjVal, "type_id", n)
-            inits = objcols.column(values, abi.ObjVal, "init_ns", n)
-            out += [(tgids[i], addrs[i], types[i], inits[i]) for i in range(n)
-                    if types[i] in type_ids and (tgid is None or tgids[i] == tgid)]
+            addrs, inits = k["addr"][rows], v["init_ns"][rows]
+            out += zip(tgids[rows].tolist(), addrs.tolist(), types[rows].tolist(),
+                       inits.tolist(), strict=True)
         return out
 
     def live_objects(self) -> list[ObjectRecord]:

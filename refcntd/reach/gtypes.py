@@ -22,6 +22,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from refcntd.binary.gtypelayout import (
     GObjectLayout,
     QuarkLayout,
@@ -147,15 +149,21 @@ class _Reader:
         readable = sorted((m.start, m.end) for m in maps if m.perms.startswith("r"))
         self._starts = [s for s, _ in readable]
         self._ends = [e for _, e in readable]
+        self._starts_array = np.array(self._starts, np.uint64)
+        self._ends_array = np.array(self._ends, np.uint64)
         self._by_gtype: dict[int, str | None] = {}
         self._quarks: tuple[int, int] | None = None  # (count, array), read once
 
     def names(self, objects: dict[int, ClassSource]) -> dict[int, str]:
-        addresses = [a for a in objects if self.readable(a, 8)]
-        firsts = dict(zip(addresses, self.mem.gather(
-            [a + objects[a].offset for a in addresses]), strict=True))
-        classes = sorted({w for a, w in firsts.items() if w is not None
-                          and objects[a].instance and self.readable(w, 8)})
+        where = {a: a + s.offset for a, s in objects.items()}
+        addresses = [a for a, ok in zip(where, self.all_readable(list(where.values())),
+                                        strict=True) if ok]
+        firsts = dict(zip(addresses, self.mem.gather([where[a] for a in addresses]),
+                          strict=True))
+        pointers = sorted({w for a, w in firsts.items() if w is not None
+                           and objects[a].instance})
+        classes = [c for c, ok in zip(pointers, self.all_readable(pointers), strict=True)
+                   if ok]
         gtypes_of = dict(zip(classes, self.mem.gather(classes), strict=True))
         out = {}
         for address, first in firsts.items():
@@ -164,6 +172,17 @@ class _Reader:
             if name is not None:
                 out[address] = name
         return out
+
+    def all_readable(self, addresses: list[int]) -> list[bool]:
+        """readable(a, 8) of each, at once."""
+        if not addresses or not self._starts:
+            return [False] * len(addresses)
+        where = np.array(addresses, np.uint64)
+        i = np.searchsorted(self._starts_array, where, "right") - 1
+        ends = self._ends_array[np.maximum(i, 0)]
+        ok = (i >= 0) & (where % np.uint64(8) == 0) & (where + np.uint64(8) <= ends) \
+            & (where < np.uint64(2**64 - 8))
+        return ok.tolist()  # type: ignore[no-any-return]
 
     def readable(self, address: int, size: int) -> bool:
         if address % 8:

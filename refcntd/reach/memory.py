@@ -22,6 +22,7 @@ CHUNK = 1 << 22  # bytes per read: the scan holds a few of these at a time, neve
 SNAP_MAPPING = 1 << 20  # a writable mapping up to this size is read with the others at once
 SNAP_TOTAL = 8 << 20  # ... while they add up to at most this
 IOV_MAX = 1024  # remote ranges per process_vm_readv
+GATHER_GAP, GATHER_SPAN = 1 << 14, 1 << 22  # gather: words this close share one read
 
 
 class Mapping(NamedTuple):
@@ -188,29 +189,44 @@ class ProcessMemory:
         return int.from_bytes(data, "little") if len(data) == 8 else None
 
     def gather(self, addresses: list[int]) -> list[int | None]:
-        """The word at each address (None where it cannot be read), IOV_MAX per system
-        call: the kernel stops at the first range it cannot read, and the rest is read
-        again from the one after it, so a bad address costs one more call."""
-        out: list[int | None] = [None] * len(addresses)
-        at = 0
-        while at < len(addresses):
-            part = addresses[at:at + IOV_MAX]
-            if self._vm_readv is None:
-                out[at] = self.word(addresses[at])
-                at += 1
-                continue
-            into = np.zeros(len(part), np.uint64)
-            got = _readv_many(self._vm_readv, self.pid, into, [(a, a + 8) for a in part])
-            self.reads += 1
-            if got < 0:  # refused or unreadable: one word at a time (/proc/PID/mem)
-                out[at] = self.word(addresses[at])
-                at += 1
-                continue
-            done = got // 8
-            self.bytes_read += 8 * done
-            out[at:at + done] = into[:done].tolist()
-            at += done + (done < len(part))  # the one that failed stays None
+        """The word at each address (None where it cannot be read).  Addresses close
+        together (GATHER_GAP) are read as one range of up to GATHER_SPAN bytes: objects
+        on one heap are a few reads, where a remote range each cost ~9 us of page
+        pinning (5 000 objects: 57 ms in 1 024-range calls, 3 ms so)."""
+        if not addresses:
+            return []
+        where = np.array(addresses, np.uint64)
+        order = np.argsort(where, kind="stable")
+        ranked = where[order]
+        values = np.zeros(len(where), np.uint64)
+        read = np.zeros(len(where), bool)
+        cuts = np.flatnonzero(np.diff(ranked) > GATHER_GAP) + 1
+        for part in np.split(np.arange(len(ranked)), cuts):
+            base = int(ranked[part[0]])
+            for span in np.split(part, np.flatnonzero(np.diff(
+                    (ranked[part] - np.uint64(base)) // np.uint64(GATHER_SPAN))) + 1):
+                self._gather_span(ranked, span, values, read)
+        out: list[int | None] = [None] * len(where)
+        for rank, (value, ok) in enumerate(zip(values.tolist(), read.tolist(), strict=True)):
+            if ok:
+                out[int(order[rank])] = value
         return out
+
+    def _gather_span(self, ranked: np.ndarray, span: np.ndarray, values: np.ndarray,
+                     read: np.ndarray) -> None:
+        """One read for the sorted addresses `span` indexes; past a short read (memory
+        unmapped meanwhile), or unaligned, one word each."""
+        start = int(ranked[span[0]])
+        data = self.read(start, int(ranked[span[-1]]) + 8 - start)
+        offsets = ranked[span] - np.uint64(start)
+        fits = (offsets % np.uint64(8) == 0) & (offsets + np.uint64(8) <= np.uint64(len(data)))
+        words = np.frombuffer(data, np.uint64, len(data) // 8)
+        values[span[fits]] = words[(offsets[fits] // np.uint64(8)).astype(np.int64)]
+        read[span[fits]] = True
+        for i in span[~fits].tolist():
+            word = self.word(int(ranked[i]))
+            if word is not None:
+                values[i], read[i] = word, True
 
     def words(self, address: int, count: int) -> list[int] | None:
         data = self.read(address, 8 * count)
