@@ -1,16 +1,21 @@
 """Classes named at exit (reach/gtypes.py) on a GLib program of our own with the bundled
-gobject spec, with GSlice (Debian 12's default) and with G_SLICE=always-malloc: every
+gobject spec, with GSlice (Debian 12's default: G_SLICE set empty, which `run` leaves
+as it is) and with G_SLICE=always-malloc: every
 leaked object's class is what G_OBJECT_TYPE_NAME said in the program, a factory
 making two classes gives two groups with one key, and nothing else is named."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, ROOT, cc, refcntd
+from test_serve import Serve, target_yaml
 
 TRUTH = {"RcdWidget": 2, "RcdGadget": 2, "GObject": 1, "GCancellable": 1}
 
@@ -70,3 +75,37 @@ def test_without_class_in_the_spec_nothing_is_read(bpf, program, tmp_path) -> No
     (process,) = result.report["processes"]
     assert all("class_name" not in g for g in process["groups"])
     assert "object classes read" not in result.stderr
+
+
+def test_leaks_and_metrics_name_classes_live(bpf, program, tmp_path) -> None:
+    """GET /leaks names the lost objects' classes in its stop, and
+    refcntd_live_objects_by_class counts the live ones by class (comm: keeps other
+    GLib programs on the machine out of the target)."""
+    yaml = target_yaml("g", program, "gobject", "    comm: [gclasses]\n")
+    with Serve(tmp_path, yaml) as serve:
+        url = f"http://127.0.0.1:{serve.port}"
+        proc = subprocess.Popen([str(program), "hang"], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "G_SLICE": "always-malloc"})
+        try:
+            lines = []
+            while not lines or lines[-1] != "READY\n":
+                lines.append(proc.stdout.readline())
+                assert lines[-1], "the fixture ended early"
+            time.sleep(0.5)
+            with urllib.request.urlopen(f"{url}/leaks", timeout=60) as r:
+                answer = json.loads(r.read())
+            with urllib.request.urlopen(f"{url}/metrics", timeout=60) as r:
+                metrics = r.read().decode()
+        finally:
+            proc.kill()
+            proc.wait()
+        assert serve.stop() == 0
+    truth = {int(a, 16): n for _, n, a in (line.split() for line in lines[:-1])}
+    (process,) = answer["targets"]["g"]["run"]["processes"]
+    named = {int(i["address"], 16): g.get("class_name") for g in process["groups"]
+             for i in g["instances"]}
+    assert named and all(truth[a] == n for a, n in named.items()), (named, truth)
+    by_class = {line.split('class="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("refcntd_live_objects_by_class{")}
+    assert by_class == {"RcdWidget": 2, "RcdGadget": 2, "GObject": 1, "GCancellable": 1}
