@@ -74,6 +74,7 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
                   else f"read from [rsp+{site.caller_sp_offset}] at the probe")
         lines.append(f"         caller: {caller}")
     lines += render_existing(plan)
+    lines += render_classes(plan)
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"PROBLEM: {p}" for p in plan.problems]
     lines += [f"UNPLACED (draft): {u}" for u in plan.spec.unplaced]
@@ -100,6 +101,32 @@ def render_existing(plan: Plan) -> list[str]:
     return [f"may return an existing object: {', '.join(e.functions)}: "
             f"{e.may_return_existing.describe()}"
             for e in plan.spec.roles.get("init", ()) if e.may_return_existing]
+
+
+def render_classes(plan: Plan) -> list[str]:
+    """The spec's `class:` types, and whether GLib's layout was found where the traced
+    program would load it (reach/gtypes.py reads the copy each process maps)."""
+    from refcntd.binary.elf import ElfImage
+    from refcntd.binary.gtypelayout import gobject_layout, quark_layout
+    from refcntd.binary.libpaths import resolve_library
+    from refcntd.errors import BinaryError
+    from refcntd.reach import gtypes
+    sources = plan.spec.class_sources()
+    if not sources:
+        return []
+    lines = [f"class of {name} objects: {s.describe()}, read at the leak-kinds scan"
+             for name, s in sorted(sources.items())]
+    try:
+        image = ElfImage(plan.binary)
+        gobject = resolve_library(gtypes.GOBJECT_SONAME, image)
+        glib = resolve_library(gtypes.GLIB_SONAME, image)
+    except BinaryError as err:
+        return [*lines, f"note: classes: GLib not found from {plan.binary} ({err}); read "
+                        "from the copies a process maps, when it maps them"]
+    found = gobject_layout(gobject) is not None and quark_layout(glib) is not None
+    return [*lines, f"classes: GLib's type names {'found' if found else 'NOT found'} in "
+                    f"{gobject} and {glib}" + ("" if found else
+                                               ": objects keep the spec's type name")]
 
 
 def render_modes(plan: Plan) -> list[str]:
