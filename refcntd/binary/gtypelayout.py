@@ -23,17 +23,23 @@ keeps the spec's type name.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import capstone
 from capstone import x86
+from elftools.common.exceptions import ELFError
 
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
 
 T = TypeVar("T")
+# what a crafted ELF file or code can raise from pyelftools, struct or capstone
+UNREADABLE = (BinaryError, ELFError, OSError, ValueError, IndexError, KeyError, TypeError,
+              AttributeError, struct.error, capstone.CsError)
+MAX_FILE = 64 << 20  # GLib's libraries are ~1 MiB: a bigger file of that name is not read
 MAX_CODE = 256  # bytes of each function decoded (all three are under 128 here)
 MAX_OFFSET = 0x400  # a TypeNode field lies within this many bytes of the node
 
@@ -94,10 +100,15 @@ def _remembered(cache: dict[Identity, T | None], path: str,
     except OSError:
         return None
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if st.st_size > MAX_FILE:
+        return None
     if key not in cache:
         while len(cache) >= KEPT:
             cache.pop(next(iter(cache)))
-        cache[key] = decode(path)
+        try:
+            cache[key] = decode(path)
+        except UNREADABLE:  # a file named like GLib that is not (a hostile process maps it)
+            cache[key] = None
     return cache[key]
 
 

@@ -201,3 +201,30 @@ def test_reads_are_one_per_object_batch_and_a_few_per_class(glib) -> None:
     found = gtypes.read_class_names(mem, fake.maps(), objects, proc)
     assert len(found.names) == 2000
     assert mem.reads <= 2 + 1 + 3 * 4  # 2 gathers of <=1024, the quark table, 3 classes
+
+
+def test_a_file_named_like_glib_that_is_not_gives_no_layout(tmp_path) -> None:
+    """What a hostile process may map under GLib's name: garbage, a truncated copy,
+    another library; never an exception."""
+    raw = GOBJECT.resolve().read_bytes()
+    for name, data in [("garbage", b"\x7fELF" + os.urandom(5000)),
+                       ("truncated", raw[:len(raw) // 3]), ("zeros", bytes(70000))]:
+        path = tmp_path / f"libgobject-2.0.so.0.{name}"
+        path.write_bytes(data)
+        assert gobject_layout(str(path)) is None and quark_layout(str(path)) is None
+
+
+def test_random_memory_names_nothing_and_raises_nothing(glib) -> None:
+    """A heap of random words, with pointers into itself and into GLib's statics
+    sprinkled in: 2 000 objects read, none named, no exception."""
+    fake, proc = glib
+    rng = __import__("random").Random(54)
+    targets = [fake.heap.base, fake.gobject.base + fake.layout.fundamental_nodes,
+               fake.quark_array, 0, 2**64 - 8]
+    words = [rng.choice(targets) + rng.randrange(0, 4096, 4) if rng.random() < 0.5
+             else rng.getrandbits(64) for _ in range(6000)]
+    start = fake.heap.add(struct.pack(f"<{len(words)}Q", *(w % 2**64 for w in words)))
+    objects = {start + 8 * rng.randrange(len(words)): rng.choice([INSTANCE, FIELD0])
+               for _ in range(2000)}
+    found = names(fake, proc, objects)
+    assert found.names == {} and found.unread == len(objects)
