@@ -64,7 +64,9 @@ class _Globals:
 
 def read_classes(pid: int, objects: dict[int, ClassSource],
                  proc: Path = Path("/proc")) -> ClassNames:
-    """read_class_names on `pid` (stopped by the caller), timed."""
+    """read_class_names on `pid` (stopped by the caller at exit and for GET /leaks;
+    running for refcntd_live_objects_by_class: the checks make a torn read harmless),
+    timed."""
     began = time.monotonic()
     mem = ProcessMemory(pid, proc)
     try:
@@ -99,8 +101,8 @@ def note(found: ClassNames) -> list[str]:
 
 def read_class_names(mem: ProcessMemory, maps: list[Mapping], objects: dict[int, ClassSource],
                      proc: Path = Path("/proc")) -> ClassNames:
-    """The class of each object (address -> where its class is), read while the
-    process is stopped."""
+    """The class of each object (address -> where its class is): those that pass
+    every check."""
     out = ClassNames()
     found = _globals(mem.pid, maps, proc)
     if isinstance(found, str):
