@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from refcntd.analysis.model import LeakedObject, LeakGroup, Pointer
 from refcntd.binary.structs import StructNames
-from refcntd.reach.holders import Slot, pointers_to
+from refcntd.reach.holders import Slot, judged_unheld, pointers_to
 from refcntd.reach.scan import INDIRECTLY, LATE, REACHABLE, ObjectKind, ReachScan
 from refcntd.symbolize.symbolizer import Frame
 
@@ -58,7 +58,7 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
     kinds.update(late)
     with StructNames() as names:
         held = Holders(types, slots, {o.address: g.frames for g in groups
-                                      for o in objects[id(g)]}, names)
+                                      for o in objects[id(g)]}, names, scan.unseen_threads)
         return _split(groups, objects, kinds, held)
 
 
@@ -101,8 +101,10 @@ class Holders:
     block holding them, and the kind an unheld reference gives it."""
 
     def __init__(self, types: dict[int, str], slots: dict[int, list[Slot]] | None,
-                 frames: dict[int, tuple[Frame, ...]], names: StructNames) -> None:
+                 frames: dict[int, tuple[Frame, ...]], names: StructNames,
+                 unseen_threads: int = 0) -> None:
         self.types, self.slots, self.frames, self.names = types, slots, frames, names
+        self.unseen_threads = unseen_threads
         self.addresses = sorted(types)
 
     def apply(self, obj: LeakedObject, k: ObjectKind) -> LeakedObject:
@@ -110,7 +112,8 @@ class Holders:
             return replace(obj, kind=k.kind, root=_root(k, self.types))
         found = self.slots.get(obj.address, [])
         holders = sum(1 for s in found if s.counted)
-        kind = UNHELD if k.kind == REACHABLE and obj.count > holders else k.kind
+        unheld = judged_unheld(obj.count, holders, self.unseen_threads)
+        kind = UNHELD if k.kind == REACHABLE and unheld else k.kind
         pointers = tuple(self.pointer(s, obj.address) for s in found[:MAX_POINTERS])
         return replace(obj, kind=kind, root=_root(k, self.types), holders=holders,
                        pointers=pointers)

@@ -25,6 +25,7 @@ from refcntd.analysis.model import (
     owned_objects,
 )
 from refcntd.analysis.pathops import Culprit
+from refcntd.reach.scan import REACHABLE
 from refcntd.symbolize.symbolizer import Frame
 from refcntd.text import visible
 
@@ -184,10 +185,14 @@ def render_holders(obj: LeakedObject) -> list[str]:
     listed = ", ".join(counted[:HOLDERS_LISTED]) + \
         (f", ... {obj.holders - HOLDERS_LISTED} more" if obj.holders > HOLDERS_LISTED else "")
     lines = []
-    if obj.unheld:
+    held = f"{_plural(obj.holders, 'holder')} ({listed})" if obj.holders else "no holder"
+    if obj.unheld and obj.kind == REACHABLE:  # holders.judged_unheld said no
+        lines.append(f"    {_plural(obj.unheld, 'reference')} held by no slot seen: count "
+                     f"{obj.count}, {held}; not judged: other threads' registers are not "
+                     "read, and a reference kept only there looks so")
+    elif obj.unheld:
         lines.append(f"    {_plural(obj.unheld, 'reference')} held by nothing: count "
-                     f"{obj.count}, " + (f"{_plural(obj.holders, 'holder')} ({listed})"
-                                         if obj.holders else "no holder"))
+                     f"{obj.count}, {held}")
     elif obj.holders:
         lines.append(f"    held by {_plural(obj.holders, 'slot')}: {listed}")
     if obj.unheld:  # why a pointer left is no holder: only where a reference is missing

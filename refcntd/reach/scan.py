@@ -58,6 +58,8 @@ class ReachScan:
     taken_ns: int = 0  # CLOCK_MONOTONIC (the kernel's event clock) when reading began
     lost_blocks: int = 0  # every unreachable block, tracked or not
     words: graph.Words | None = None  # read, not yet made kinds (read_process, finish)
+    unseen_threads: int = 0  # threads whose callee-saved registers the scan cannot read
+    #                          (all but the one held at _exit, whose exit frames saved them)
     edges: graph.Edges | None = None  # made by finish, for the holders (holders.py); the
     #                                   kinds' reader drops them (drop_edges)
     direct_exit: bool = False  # held at `_exit` reached without exit() (exitframes.py)
@@ -149,6 +151,7 @@ def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False)
         out.complete = False
         out.words = None
         return
+    out.unseen_threads = sum(1 for t in threads if t.tid not in exiting)
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
     graph.read_words(mem, out.heap.span, out.roots, out.heap.regions, out.heap.covered,
