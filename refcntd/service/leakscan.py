@@ -28,12 +28,14 @@ from urllib.parse import parse_qs
 from refcntd.analysis.kinds import apply_kinds
 from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.kernel import features
 from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs.reportjson import run_json
+from refcntd.reach import livecopy
 from refcntd.reach.chunks import compiled
 from refcntd.reach.glibc import blocks_read, read_heap
 from refcntd.reach.memory import ProcessMemory, read_maps
-from refcntd.reach.scan import INDIRECTLY, ReachScan, finish, read_process
+from refcntd.reach.scan import INDIRECTLY, ReachScan, copy_process, finish, read_copy, read_process
 from refcntd.session.exitscan import wait_stopped
 from refcntd.session.lifecycle import read_cmdline
 from refcntd.session.tracer import Tracer
@@ -54,6 +56,7 @@ DEFAULT_BUDGET_S = 1.0
 SECONDS_PER_SCAN = 0.05
 SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.6, 0.025e-6
 SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
+COPY_SECONDS_PER_GIB = 0.6  # the copy (livecopy.py): TODO measured
 LOST = ("definitely lost", INDIRECTLY)
 
 
@@ -66,6 +69,10 @@ class LiveScan:
     skipped: str = ""
     scan: ReachScan | None = None
     objects: list[ObjectRecord] = field(default_factory=list)
+    how: str = ""  # "copy", "soft-dirty" (copied while it ran, then what changed), "stopped"
+    why: str = ""  # scanned while stopped: why not copied
+    copied_bytes: int = 0  # in the stop (soft-dirty: the copy while it ran too)
+    recopied_bytes: int = 0  # soft-dirty: in the stop
 
 
 def routes(views: Views, enabled: bool) -> dict[str, Route]:
@@ -104,7 +111,9 @@ def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
                 result.spec = tracer.plan.spec.name
                 for live in scan_tracer(tracer, budget_s, why):
                     stops.append({"pid": live.pid, "stopped_s": round(live.stopped_s, 6),
-                                  "skipped": live.skipped})
+                                  "skipped": live.skipped, "how": live.how,
+                                  "copied_bytes": live.copied_bytes,
+                                  "recopied_bytes": live.recopied_bytes, "why": live.why})
                     if live.scan is not None:
                         result.processes.append(tracer.worker.call(
                             partial(lost_report, tracer, live, views.show_cmdline)))
@@ -153,16 +162,79 @@ def expected_stop_s(writable_bytes: int, blocks: int) -> float:
 
 
 def scan_live(pid: int, budget_s: float,
-              objects: Callable[[], list[ObjectRecord]] = list) -> LiveScan:
-    """Stop `pid`, read its objects and its memory, continue it, then find the kinds
-    (of the stopped moment: only what was read is used): unless over the budget.
-    A process that was already stopped (by a hold, by its user) stays stopped."""
+              objects: Callable[[], list[ObjectRecord]] = list,
+              copy_limit: int = livecopy.LIMIT, pre_copy: bool | None = None) -> LiveScan:
+    """Stop `pid`, read its objects, copy its memory (livecopy.py; with soft-dirty pages
+    only what changed since a copy made while it ran), continue it, then scan the copy
+    and find the kinds (of the stopped moment): unless over the budget.  Over the
+    copy's bound (`copy_limit` bytes, 0: never copy) it is scanned while stopped, as
+    before.  A process that was already stopped (by a hold, by its user) stays
+    stopped.  `pre_copy`: with soft-dirty pages or not (None: where the kernel has them)."""
+    size = livecopy.copy_size(pid) if copy_limit else 0
+    expected = expected_copy_s(size)
+    if copy_limit and size <= livecopy.bound(copy_limit) and expected > budget_s:
+        return LiveScan(pid, skipped=f"scan not started: copying {size / 2**30:.2f} GiB of "
+                                     f"writable memory would stop it about {expected:.2f} s,"
+                                     f" over the budget of {budget_s:.3f} s")
+    pre_copy = soft_dirty() if pre_copy is None else pre_copy
+    prep = livecopy.prepare(pid, copy_limit, pre_copy) if copy_limit else \
+        "the copy is off (copy_mib=0)"
+    if isinstance(prep, str):
+        return _scan_stopped(pid, budget_s, objects, f"scanned while stopped: {prep}")
+    live = _stopped(pid, lambda: _copy(pid, prep, objects))
+    if live.scan is not None:
+        finish(live.scan)  # the graph of what was read: the process runs meanwhile
+    return live
+
+
+def _copy(pid: int, prep: livecopy.Prepared, objects: Callable[[], list[ObjectRecord]]
+          ) -> Callable[[], LiveScan]:
+    """In the stop: the objects and the copy; what to do once continued."""
+    live = LiveScan(pid, objects=objects(), how="soft-dirty" if prep.soft_dirty else "copy")
+    copied = copy_process(prep)
+
+    def after() -> LiveScan:
+        if isinstance(copied, str):
+            return LiveScan(pid, skipped=f"not scanned: {copied}")
+        live.scan = read_copy(copied)
+        live.copied_bytes, live.recopied_bytes = copied.out.bytes_read, prep.recopied
+        return live
+    return after
+
+
+def soft_dirty() -> bool:
+    """Whether the running kernel tells the pages written since a clear (the feature
+    table: kernel/features.py; REFCNTD_KERNEL_WITHOUT=soft_dirty rules it out)."""
+    return features.current().soft_dirty is True
+
+
+def expected_copy_s(size: int) -> float:
+    return SECONDS_PER_SCAN + size / 2**30 * COPY_SECONDS_PER_GIB
+
+
+def _scan_stopped(pid: int, budget_s: float, objects: Callable[[], list[ObjectRecord]],
+                  why: str) -> LiveScan:
+    """Today's scan (before the copy): read while stopped, the kinds made after."""
     expected, size, blocks = estimate_s(pid)
     if expected > budget_s:
         return LiveScan(pid, skipped=f"scan not started: {size / 2**30:.2f} GiB of writable "
                                      f"memory and {blocks:,} malloc blocks would stop it "
                                      f"about {expected:.2f} s, over the budget of "
-                                     f"{budget_s:.3f} s")
+                                     f"{budget_s:.3f} s ({why})")
+
+    def stopped() -> Callable[[], LiveScan]:
+        live = LiveScan(pid, objects=objects(), how="stopped", why=why)
+        live.scan = read_process(pid)
+        return lambda: live
+    live = _stopped(pid, stopped)
+    if live.scan is not None:
+        finish(live.scan)
+    return live
+
+
+def _stopped(pid: int, work: Callable[[], Callable[[], LiveScan]]) -> LiveScan:
+    """`work` with `pid` stopped (unless it was already), timed; what it returns with
+    the process continued."""
     was_stopped = wait_stopped(pid, timeout_s=0)
     began = time.monotonic()
     marker = None if was_stopped else mark_held(pid)
@@ -170,15 +242,15 @@ def scan_live(pid: int, budget_s: float,
         if not was_stopped:
             os.kill(pid, signal.SIGSTOP)
             wait_stopped(pid)
-        live = LiveScan(pid, objects=objects())
-        live.scan = read_process(pid)
+        after = work()
     except ProcessLookupError:
         return LiveScan(pid, skipped="gone")
     finally:
         if not was_stopped:
             _continue(pid, marker)
-    live.stopped_s = time.monotonic() - began
-    finish(live.scan)  # the graph of what was read: the process runs meanwhile
+    stopped_s = time.monotonic() - began
+    live = after()
+    live.stopped_s = stopped_s if live.scan is not None else 0.0
     return live
 
 
@@ -200,7 +272,20 @@ def lost_report(tracer: Tracer, live: LiveScan, show_cmdline: bool) -> ProcessRe
     command = read_cmdline(live.pid)
     session = tracker.sessions.get(live.pid)
     comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")
-    notes = list(live.scan.notes) + [f"stopped {live.stopped_s:.3f} s for a scan of "
-                                     f"{live.scan.bytes_read / 2**20:.1f} MiB"]
+    notes = list(live.scan.notes) + [stop_note(live)]
     return ProcessReport(live.pid, comm, command if show_cmdline else [], "live",
                          groups=groups, notes=notes)
+
+
+def stop_note(live: LiveScan) -> str:
+    """What the stop was: a copy, the pages written since a copy, or the scan itself."""
+    assert live.scan is not None
+    mib = live.scan.bytes_read / 2**20
+    if live.how == "copy":
+        return f"stopped {live.stopped_s:.3f} s to copy {mib:.1f} MiB, scanned once continued"
+    if live.how == "soft-dirty":
+        return (f"stopped {live.stopped_s:.3f} s to copy {live.recopied_bytes / 2**20:.1f} MiB "
+                f"written since a copy of {mib - live.recopied_bytes / 2**20:.1f} MiB made "
+                "while it ran (soft-dirty "
+                "pages), scanned once continued")
+    return f"stopped {live.stopped_s:.3f} s for a scan of {mib:.1f} MiB ({live.why})"
