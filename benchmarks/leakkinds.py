@@ -105,16 +105,23 @@ def _anon_huge_kib(pid: int) -> int:
 
 
 def heap_rows(exe: Path, heaps: list[tuple[int, int]], runs: int, soft_dirty: bool,
-              dirty: float) -> list[dict[str, object]]:
+              dirty: float, only: list[str]) -> list[dict[str, object]]:
     """Each heap each way, the ways alternated (the load drifts), `runs` times; with
     soft-dirty pages, that way too, heapfill writing `dirty` % of its pages, with and
-    without transparent huge pages."""
+    without transparent huge pages.  `only`: those ways (each row printed as it ends:
+    farm-bench pairs keep it in a file)."""
     ways = [(how, 0.0, False) for how in WAYS]
     if soft_dirty:
         ways += [("copy", dirty, False), ("soft-dirty", dirty, False),
                  ("soft-dirty", dirty, True)]
-    return [stop_time(exe, mib, block, how, d, thp) for mib, block in heaps
-            for _ in range(runs) for how, d, thp in ways]
+    rows = []
+    for mib, block in heaps:
+        for _ in range(runs):
+            for how, d, thp in ways:
+                if not only or how in only:
+                    rows.append(stop_time(exe, mib, block, how, d, thp))
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def traced(argv: list[str], kinds: bool, out: Path) -> tuple[float, dict[str, object]]:
@@ -198,6 +205,8 @@ def main() -> int:
     parser.add_argument("--heap", action="append", default=[], metavar="MIBxBYTES",
                         help="heaps to stop (default: 64, 256, 1024 MiB x 64, 1024, 4096)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each heap and way")
+    parser.add_argument("--way", action="append", default=[], choices=[*WAYS, "soft-dirty"],
+                        help="only these ways (default: each, soft-dirty where the kernel has it)")
     parser.add_argument("--dirty", type=float, default=5.0,
                         help="with soft-dirty pages: the %% of pages written during the scan")
     args = parser.parse_args()
@@ -209,7 +218,8 @@ def main() -> int:
                        check=True)
         chosen = [tuple(int(n) for n in h.split("x")) for h in args.heap] or HEAPS
         heaps = [] if args.only == "programs" else heap_rows(
-            exe, [(16, 64)] if args.smoke else chosen, args.runs, soft_dirty(), args.dirty)
+            exe, [(16, 64)] if args.smoke else chosen, args.runs, soft_dirty(), args.dirty,
+            args.way)
         programs = [(t, glib_test_argv(t)) for t in GLIB_TESTS[:1 if args.smoke else None]]
         programs += [] if args.smoke else [(" ".join(a), a) for a in GIO_TOOLS]
         programs = [] if args.only == "heaps" else programs

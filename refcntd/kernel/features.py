@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel import bpfsys, perf_uprobe, setup
+from refcntd.kernel import bpfsys, pagemap, perf_uprobe, setup
 from refcntd.kernel.btf import VMLINUX_BTF
 from refcntd.paths import CACHE_DIR, write_cache_json
 
-FORMAT = 2  # 2: soft_dirty
+FORMAT = 2  # 2: soft_dirty, pagemap_scan
 _INSN = struct.Struct("<BBhi")
 _RETURN_0 = _INSN.pack(0xB7, 0, 0, 0) + _INSN.pack(0x95, 0, 0, 0)  # r0 = 0; exit
 _CALL = 0x85
@@ -51,6 +51,7 @@ class Features:
     uprobe_multi: bool | None  # BPF_TRACE_UPROBE_MULTI links
     soft_dirty: bool | None = None  # pages written since /proc/PID/clear_refs 4 are told
     #                                 (pagemap bit 55: CONFIG_MEM_SOFT_DIRTY)
+    pagemap_scan: bool | None = None  # the PAGEMAP_SCAN ioctl with PAGE_IS_SOFT_DIRTY
 
 
 WITHOUT = "REFCNTD_KERNEL_WITHOUT"  # features taken as missing: the fallbacks, on any kernel
@@ -98,7 +99,7 @@ def probe(tracefs: Path | None = None) -> Features:
                                                            "group_dead"),
                     VMLINUX_BTF.is_file(), (perf_uprobe.UPROBE_PMU / "type").is_file(),
                     _ringbuf(), _helper(FUNC_GET_ATTACH_COOKIE), _uprobe_multi(),
-                    _soft_dirty())
+                    _soft_dirty(), pagemap.scan_works())
 
 
 def _tracepoint_field(tracefs: Path | None, category: str, event: str, field: str

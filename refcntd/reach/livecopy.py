@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from refcntd.kernel import pagemap
 from refcntd.reach.memory import IOV_MAX, Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import RED_ZONE, SKIPPED, Thread, read_threads, stack_mappings
 
@@ -40,7 +41,6 @@ LIMIT = 4 << 30  # the copy's bound unless the caller gives one (bytes)
 AVAILABLE_SHARE = 0.5  # ... and at most this share of MemAvailable
 PAGE = 4096
 SLACK = 1 / 64  # the buffer's room for memory mapped between `prepare` and the stop
-PM_SOFT_DIRTY, PM_SWAPPED, PM_PRESENT = 1 << 55, 1 << 62, 1 << 63
 
 Span = tuple[Mapping, int, int]  # (mapping, start, end): a part of it to copy
 
@@ -58,6 +58,7 @@ class Prepared:
     soft_dirty: bool = False
     notes: list[str] = field(default_factory=list)
     used: int = 0  # bytes of `buffer` the copy made while the process ran took
+    pagemap_scan: bool = False  # the stop asks pagemap with the ioctl (kernel/pagemap.py)
     recopied: int = 0  # bytes copied again (or first) in the stop: soft-dirty pages
 
 
@@ -104,9 +105,10 @@ def copy_size(pid: int, proc: Path = Path("/proc")) -> int:
 
 
 def prepare(pid: int, limit: int = LIMIT, soft_dirty: bool = False,
-            proc: Path = Path("/proc")) -> Prepared | str:
+            proc: Path = Path("/proc"), pagemap_scan: bool = False) -> Prepared | str:
     """Before the stop: the buffer for the process's writable memory, or why not (over
-    the bound).  `soft_dirty`: clear the process's bits and copy it while it runs."""
+    the bound).  `soft_dirty`: clear the process's bits and copy it while it runs;
+    `pagemap_scan`: the kernel has PAGEMAP_SCAN for the stop's question."""
     maps = read_maps(pid, proc)
     spans = copy_spans(maps, read_threads(pid, proc))
     size, most = sum(end - start for _, start, end in spans), bound(limit, proc)
@@ -117,21 +119,27 @@ def prepare(pid: int, limit: int = LIMIT, soft_dirty: bool = False,
                 f"{most / 2**30:.2f} GiB")
     buffer = np.empty(int(size * (1 + SLACK)) + IOV_MAX * PAGE, np.uint8)
     buffer[::PAGE] = 0  # faulted in now, not in the stop
-    out = Prepared(pid, proc, most, ProcessMemory(pid, proc), buffer)
-    if soft_dirty and _clear_soft_dirty(pid, proc):
+    out = Prepared(pid, proc, most, ProcessMemory(pid, proc), buffer,
+                   pagemap_scan=pagemap_scan)
+    why = _clear_soft_dirty(pid, proc) if soft_dirty else None
+    if soft_dirty and why is None:
         out.soft_dirty = True
         out.mem.copy([(start, end) for _, start, end in spans], buffer)
         out.used = size
+    elif why:
+        out.notes.append(f"soft-dirty pages not cleared ({why}): the memory copied in the stop")
     return out
 
 
-def _clear_soft_dirty(pid: int, proc: Path) -> bool:
+def _clear_soft_dirty(pid: int, proc: Path) -> str | None:
+    """None once cleared, else why not (the shipped unit has no CAP_DAC_OVERRIDE: the
+    file is its owner's to write)."""
     try:
         with open(f"{proc}/{pid}/clear_refs", "w") as f:
             f.write("4")
-    except OSError:
-        return False
-    return True
+    except OSError as err:
+        return f"{proc}/{pid}/clear_refs: {err.strerror}"
+    return None
 
 
 def take(prep: Prepared, maps: list[Mapping], threads: list[Thread]) -> str | None:
@@ -154,13 +162,16 @@ def _recopy(prep: Prepared, spans: list[Span]) -> None:
     `spans` that copy does not have (mapped since, a stack grown down)."""
     fresh: list[tuple[int, int]] = []
     again: list[tuple[int, int]] = []
-    with open(f"{prep.proc}/{prep.pid}/pagemap", "rb", buffering=0) as pagemap:
+    fd = os.open(f"{prep.proc}/{prep.pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    try:
         for m, start, end in spans:
             for a, b, inside in _against(prep.mem.copied(), start, end):
                 if not inside:
                     fresh.append((a, b))
                     continue
-                again += _changed(prep, pagemap, m, a, b)
+                again += _changed(prep, fd, m, a, b)
+    finally:
+        os.close(fd)
     prep.recopied = sum(b - a for a, b in fresh + again)
     prep.mem.recopy(again)
     prep.mem.copy(fresh, prep.buffer[prep.used:])
@@ -182,27 +193,16 @@ def _against(copied: list[tuple[int, int]], start: int, end: int
     return out
 
 
-def _changed(prep: Prepared, pagemap: object, m: Mapping, start: int, end: int
+def _changed(prep: Prepared, fd: int, m: Mapping, start: int, end: int
              ) -> list[tuple[int, int]]:
     """The runs of pages of [start, end) to copy again: soft-dirty ones, and in a file's
     mapping those no longer present; those of an anonymous mapping no longer present
-    (nor swapped) are zeroed in the copy instead."""
-    raw = os.pread(pagemap.fileno(), (end - start) // PAGE * 8,  # type: ignore[attr-defined]
-                   start // PAGE * 8)
-    entries = np.frombuffer(raw, np.uint64)
-    gone = (entries & np.uint64(PM_PRESENT | PM_SWAPPED)) == 0
-    again = (entries & np.uint64(PM_SOFT_DIRTY)) != 0
+    (nor swapped: never soft-dirty) are zeroed in the copy instead."""
+    dirty, gone = pagemap.changed(fd, start, end, prep.pagemap_scan)
     if m.path and not m.path.startswith("["):
-        again |= gone
-    else:
-        view = prep.mem.copied_view(start, end)
-        for a, b in _runs(gone & ~again):
-            if view is not None:
-                view[a * PAGE: b * PAGE] = 0
-    return [(start + a * PAGE, start + b * PAGE) for a, b in _runs(again)]
-
-
-def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
-    """[a, b) index runs where `flags` is true."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.astype(np.int8), [0]))))
-    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+        return sorted(dirty + gone)
+    view = prep.mem.copied_view(start, end)
+    for a, b in gone:
+        if view is not None:
+            view[a - start: b - start] = 0
+    return dirty

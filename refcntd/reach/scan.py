@@ -156,6 +156,7 @@ def read_copy(copied: Copied) -> ReachScan:
     process runs on.  `finish` then as after read_process."""
     began, out, mem = time.monotonic(), copied.out, copied.prep.mem
     mem.detached = True
+    out.notes += copied.prep.notes
     try:
         if copied.maps:
             _read_from(mem, out, copied.maps, copied.threads, {})

@@ -82,10 +82,12 @@ def routes(views: Views, enabled: bool) -> dict[str, Route]:
                     b"web.enable_checkpoint (serve) or --web-enable-checkpoint (attach)\n")
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain", b"GET only\n"
-        budget = _budget(query)
+        budget, copy_limit = _budget(query), _copy_limit(query)
         if budget is None:
             return "400 Bad Request", "text/plain", b"budget_ms: a number of milliseconds\n"
-        body = json.dumps(leaks_json(views, budget), indent=2).encode()
+        if copy_limit is None:
+            return "400 Bad Request", "text/plain", b"copy_mib: a number of MiB, 0 or more\n"
+        body = json.dumps(leaks_json(views, budget, copy_limit), indent=2).encode()
         return "200 OK", "application/json", body
     return {"/leaks": answer}
 
@@ -99,7 +101,18 @@ def _budget(query: str) -> float | None:
     return value if value > 0 else None
 
 
-def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
+def _copy_limit(query: str) -> int | None:
+    """?copy_mib=: the copy's bound (livecopy.py), 0: scan while stopped."""
+    raw = parse_qs(query).get("copy_mib", [str(livecopy.LIMIT >> 20)])[-1]
+    try:
+        value = int(float(raw) * 2**20)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def leaks_json(views: Views, budget_s: float, copy_limit: int = livecopy.LIMIT
+               ) -> dict[str, object]:
     """Per target, a run of the processes scanned: their lost objects only, plus each
     process's stop time and the processes not scanned."""
     why = continue_blocker()
@@ -109,7 +122,7 @@ def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
             result, stops = RunResult("live", "", name), list[dict[str, object]]()
             for tracer in tracers:
                 result.spec = tracer.plan.spec.name
-                for live in scan_tracer(tracer, budget_s, why):
+                for live in scan_tracer(tracer, budget_s, why, copy_limit):
                     stops.append({"pid": live.pid, "stopped_s": round(live.stopped_s, 6),
                                   "skipped": live.skipped, "how": live.how,
                                   "copied_bytes": live.copied_bytes,
@@ -118,10 +131,11 @@ def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
                         result.processes.append(tracer.worker.call(
                             partial(lost_report, tracer, live, views.show_cmdline)))
             targets[name] = {"run": run_json(result), "scans": stops}
-    return {"budget_s": budget_s, "targets": targets}
+    return {"budget_s": budget_s, "copy_limit_bytes": copy_limit, "targets": targets}
 
 
-def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None) -> list[LiveScan]:
+def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None,
+                copy_limit: int = livecopy.LIMIT) -> list[LiveScan]:
     """Every process of the tracer with live objects, scanned in turn."""
     by_pid: dict[int, list[ObjectRecord]] = {}
     for rec in tracer.kernel.objects.live_objects():
@@ -131,7 +145,7 @@ def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None) -> list[Li
         if blocker and os.geteuid() != 0:
             out.append(LiveScan(pid, skipped=f"not stopped: {blocker}"))
             continue
-        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid)))
+        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid), copy_limit))
     return out
 
 
@@ -177,8 +191,9 @@ def scan_live(pid: int, budget_s: float,
                                      f"writable memory would stop it about {expected:.2f} s,"
                                      f" over the budget of {budget_s:.3f} s")
     pre_copy = soft_dirty() if pre_copy is None else pre_copy
-    prep = livecopy.prepare(pid, copy_limit, pre_copy) if copy_limit else \
-        "the copy is off (copy_mib=0)"
+    scan_ioctl = pre_copy and features.current().pagemap_scan is True
+    prep = livecopy.prepare(pid, copy_limit, pre_copy, pagemap_scan=scan_ioctl) \
+        if copy_limit else "the copy is off (copy_mib=0)"
     if isinstance(prep, str):
         return _scan_stopped(pid, budget_s, objects, f"scanned while stopped: {prep}")
     live = _stopped(pid, lambda: _copy(pid, prep, objects))

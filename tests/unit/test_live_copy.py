@@ -12,6 +12,7 @@ import os
 import struct
 from pathlib import Path
 
+from refcntd.kernel import pagemap
 from refcntd.reach import livecopy
 from refcntd.reach.scan import copy_process
 
@@ -93,3 +94,24 @@ def test_over_the_bound_there_is_no_copy(tmp_path: Path) -> None:
     (tmp_path / "meminfo").write_text("MemAvailable:   4 kB\n")  # half of it: 2 KiB
     assert livecopy.bound(1 << 30, tmp_path) == 2048
     heap.close()
+
+
+def test_the_ioctl_and_the_entries_tell_the_same_pages() -> None:
+    """kernel/pagemap.py: PAGEMAP_SCAN (where the kernel has it) and pagemap's entries
+    give the same runs on this process: the released pages, and the soft-dirty ones
+    (none on a kernel without them)."""
+    area, base = pages(8, 0x41)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.madvise(ctypes.c_void_p(base + 2 * PAGE), 2 * PAGE, 4) == 0  # DONTNEED
+    assert libc.madvise(ctypes.c_void_p(base + 6 * PAGE), PAGE, 4) == 0
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        by_entries = pagemap.changed(fd, base, base + 8 * PAGE, use_scan=False)
+        by_ioctl = pagemap.changed(fd, base, base + 8 * PAGE, use_scan=True)
+        works = pagemap.scan(fd, base, base + PAGE, anyof=pagemap.PAGE_IS_SOFT_DIRTY)
+    finally:
+        os.close(fd)
+    assert by_entries[1] == [(base + 2 * PAGE, base + 4 * PAGE), (base + 6 * PAGE, base + 7 * PAGE)]
+    if works is not None:  # 6.8+
+        assert by_ioctl == by_entries
+    area.close()
