@@ -11,8 +11,11 @@ there (neither present nor swapped: released with MADV_DONTNEED, zero if anonymo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import gc
+import mmap
 import os
 from functools import cache
 from typing import Any
@@ -20,8 +23,10 @@ from typing import Any
 import numpy as np
 
 PAGE = 4096
-PM_SOFT_DIRTY, PM_SWAPPED, PM_PRESENT = 1 << 55, 1 << 62, 1 << 63
-PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_SOFT_DIRTY = 1 << 3, 1 << 4, 1 << 7
+PM_SOFT_DIRTY, PM_FILE, PM_SWAPPED, PM_PRESENT = 1 << 55, 1 << 61, 1 << 62, 1 << 63
+PM_PFN = (1 << 55) - 1
+PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED = 1 << 2, 1 << 3, 1 << 4
+PAGE_IS_PFNZERO, PAGE_IS_SOFT_DIRTY = 1 << 5, 1 << 7
 REGIONS = 4096  # page_region entries an ioctl fills; the walk goes on from walk_end
 
 
@@ -44,20 +49,55 @@ def _ioctl() -> Any:
 Runs = list[tuple[int, int]]
 
 
-def changed(fd: int, start: int, end: int, use_scan: bool) -> tuple[Runs, Runs]:
-    """(soft-dirty runs, runs neither present nor swapped) of [start, end): by the
-    ioctl where `use_scan` and the kernel takes it, else from the entries."""
+def changed(fd: int, start: int, end: int, use_scan: bool, file: bool
+            ) -> tuple[Runs, Runs] | None:
+    """Of [start, end) since the soft-dirty bits were cleared: (runs to copy again, runs
+    that read as zeros).  Written pages (soft-dirty) are copied again.  A page released
+    (MADV_DONTNEED) is no write: it is neither present nor swapped, or, read since, the
+    zero page; in an anonymous mapping both read as zeros.  In a file's mapping such a
+    page reads as the file again, as may any page of the file: those are copied again.
+    By the ioctl where `use_scan` and the kernel takes it, else from the entries; None
+    when the entries hide the frame numbers (no CAP_SYS_ADMIN), which tell the zero
+    page."""
     if use_scan:
-        dirty = scan(fd, start, end, anyof=PAGE_IS_SOFT_DIRTY)
-        gone = scan(fd, start, end, mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-                    inverted=PAGE_IS_PRESENT | PAGE_IS_SWAPPED)
-        if dirty is not None and gone is not None:
-            return dirty, gone
+        found = [scan(fd, start, end, anyof=PAGE_IS_SOFT_DIRTY),
+                 scan(fd, start, end, mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+                      inverted=PAGE_IS_PRESENT | PAGE_IS_SWAPPED),
+                 scan(fd, start, end, anyof=PAGE_IS_FILE if file else PAGE_IS_PFNZERO)]
+        if all(f is not None for f in found):
+            dirty, gone, other = (f or [] for f in found)
+            return (sorted(dirty + gone + other), []) if file else (dirty, sorted(gone + other))
+    zero = zero_pfn()
+    if zero is None:
+        return None
     entries = np.frombuffer(os.pread(fd, (end - start) // PAGE * 8, start // PAGE * 8),
                             np.uint64)
-    dirty_at = (entries & np.uint64(PM_SOFT_DIRTY)) != 0
-    gone_at = (entries & np.uint64(PM_PRESENT | PM_SWAPPED)) == 0
-    return _runs(start, dirty_at), _runs(start, gone_at)
+    dirty = (entries & np.uint64(PM_SOFT_DIRTY)) != 0
+    gone = (entries & np.uint64(PM_PRESENT | PM_SWAPPED)) == 0
+    if file:
+        return _runs(start, dirty | gone | ((entries & np.uint64(PM_FILE)) != 0)), []
+    zeros = gone | (((entries & np.uint64(PM_PRESENT)) != 0)
+                    & ((entries & np.uint64(PM_PFN)) == np.uint64(zero)))
+    return _runs(start, dirty), _runs(start, zeros & ~dirty)
+
+
+@cache
+def zero_pfn() -> int | None:
+    """The zero page's frame number, as this process's pagemap shows a page only read
+    (None where frame numbers are hidden: 0 without CAP_SYS_ADMIN)."""
+    area = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        area[0]  # a read fault maps the zero page
+        address = ctypes.addressof(ctypes.c_char.from_buffer(area))
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(address // PAGE * 8)
+            entry = int.from_bytes(f.read(8), "little")
+    finally:
+        gc.collect()  # the from_buffer export must go before close
+        with contextlib.suppress(BufferError):
+            area.close()
+    pfn = entry & PM_PFN
+    return pfn if entry & PM_PRESENT and pfn else None
 
 
 def scan(fd: int, start: int, end: int, mask: int = 0, inverted: int = 0, anyof: int = 0

@@ -122,6 +122,9 @@ def prepare(pid: int, limit: int = LIMIT, soft_dirty: bool = False,
     out = Prepared(pid, proc, most, ProcessMemory(pid, proc), buffer,
                    pagemap_scan=pagemap_scan)
     why = _clear_soft_dirty(pid, proc) if soft_dirty else None
+    if soft_dirty and why is None and not pagemap_scan and pagemap.zero_pfn() is None:
+        why = ("without PAGEMAP_SCAN a page released and read since is told by the zero "
+               "page's frame number, which pagemap hides without CAP_SYS_ADMIN")
     if soft_dirty and why is None:
         out.soft_dirty = True
         out.mem.copy([(start, end) for _, start, end in spans], buffer)
@@ -195,14 +198,15 @@ def _against(copied: list[tuple[int, int]], start: int, end: int
 
 def _changed(prep: Prepared, fd: int, m: Mapping, start: int, end: int
              ) -> list[tuple[int, int]]:
-    """The runs of pages of [start, end) to copy again: soft-dirty ones, and in a file's
-    mapping those no longer present; those of an anonymous mapping no longer present
-    (nor swapped: never soft-dirty) are zeroed in the copy instead."""
-    dirty, gone = pagemap.changed(fd, start, end, prep.pagemap_scan)
-    if m.path and not m.path.startswith("["):
-        return sorted(dirty + gone)
+    """The runs of pages of [start, end) to copy again (kernel/pagemap.py), those that
+    read as zeros zeroed in the copy."""
+    found = pagemap.changed(fd, start, end, prep.pagemap_scan,
+                            bool(m.path) and not m.path.startswith("["))
+    if found is None:  # the zero page cannot be told: all of it again
+        return [(start, end)]
+    again, zeros = found
     view = prep.mem.copied_view(start, end)
-    for a, b in gone:
+    for a, b in zeros:
         if view is not None:
             view[a - start: b - start] = 0
-    return dirty
+    return again
