@@ -78,7 +78,7 @@ def changed(fd: int, start: int, end: int, use_scan: bool, file: bool
         return _runs(start, dirty | gone | ((entries & np.uint64(PM_FILE)) != 0)), []
     zeros = gone | (((entries & np.uint64(PM_PRESENT)) != 0)
                     & ((entries & np.uint64(PM_PFN)) == np.uint64(zero)))
-    return _runs(start, dirty), _runs(start, zeros & ~dirty)
+    return _runs(start, dirty), _runs(start, zeros)  # zeroed, then those written copied
 
 
 @cache

@@ -105,7 +105,9 @@ def test_over_the_bound_there_is_no_copy(tmp_path: Path) -> None:
 def test_the_ioctl_and_the_entries_tell_the_same_pages() -> None:
     """kernel/pagemap.py: PAGEMAP_SCAN (where the kernel has it) and pagemap's entries
     give the same runs on this process: the released pages, one of them read since (the
-    zero page), and the soft-dirty ones (none on a kernel without them)."""
+    zero page), and the soft-dirty ones (none on a kernel without them; all of them
+    where it has them: the bits of this process were never cleared, so its new
+    mapping is soft-dirty whole)."""
     if pagemap.zero_pfn() is None:
         pytest.skip("pagemap hides frame numbers without CAP_SYS_ADMIN")
     area, base = pages(8, 0x41)
