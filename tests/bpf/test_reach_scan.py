@@ -17,6 +17,7 @@ from reachtruth import fixture_objects, lsan_kind, private_loader, valgrind_kind
 
 from refcntd.reach import chunks, livecopy, memory
 from refcntd.reach.scan import ReachScan, copy_process, finish, read_copy, scan_process
+from refcntd.session.exitscan import wait_stopped as every_thread_stopped
 
 OBJECTS = 14
 
@@ -201,6 +202,7 @@ def test_the_copy_scans_what_the_stopped_scan_does(programs, monkeypatch, walker
     objects = fixture_objects("".join(lines))
     try:
         wait_stopped(proc.pid)
+        assert every_thread_stopped(proc.pid)  # else a thread's stack pointer may differ
         stopped = scan_process(proc.pid)
         copied = copy_scan(proc.pid)
     finally:
