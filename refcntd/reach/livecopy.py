@@ -18,8 +18,9 @@ process_vm_readv, the process is continued, and the scan reads the copy
   process's soft-dirty bits (/proc/PID/clear_refs, 4) and copies while it runs; in the
   stop `take` reads pagemap and copies again only the pages written since (bit 55), the
   pages of mappings new since (the kernel marks a new or grown mapping soft-dirty
-  whole), and none of the rest.  A page that is no longer present and not swapped
-  (MADV_DONTNEED) is zero in an anonymous mapping and copied again in a file's.  A
+  whole), and none of the rest.  A page released since (MADV_DONTNEED: no write) that
+  is neither present nor swapped, or maps the zero page (read since), is zero in an
+  anonymous mapping and copied again in a file's (kernel/pagemap.py).  A
   written 4 KiB of a transparent huge page counts its 2 MiB.  The clear makes the
   process's next write to each page a minor fault (write-protection), and another
   soft-dirty user (CRIU) on the same process would lose its own bits.
