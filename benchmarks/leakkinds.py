@@ -37,39 +37,91 @@ sys.path.insert(0, str(ROOT))
 from corpus import machine  # noqa: E402
 from corpus_programs import glib_test_argv  # noqa: E402
 
-from refcntd.service.leakscan import estimate_s, scan_live  # noqa: E402
+from refcntd.reach import livecopy  # noqa: E402
+from refcntd.service.leakscan import (  # noqa: E402
+    estimate_s,
+    expected_copy_s,
+    scan_live,
+    soft_dirty,
+)
 
 REFCNTD = [sys.executable, "-m", "refcntd"]
 GLIB_TESTS = ["cancellable", "defaultiface", "dynamictests", "dynamictype", "testing", "task"]
 GIO_TOOLS = [["gio", "mime", "text/plain"], ["gio", "list", "/usr/share"]]
 HEAPS = [(mib, block) for mib in (64, 256, 1024) for block in (64, 1024, 4096)]
-GOALS = {"exit_scan_overhead": 0.20, "stop_s_per_gib": 1.0}
+GOALS = {"exit_scan_overhead": 0.20, "stop_s_per_gib": 0.15,
+         "soft_dirty_stop_s_per_gib_5_percent": 0.020}
 RECORD = re.compile(r"==\d+== ([\d,]+) (?:\([\d,]+ direct, [\d,]+ indirect\) )?bytes in (\d+) "
                     r"blocks are (still reachable|definitely lost|indirectly lost|possibly lost)"
                     r" in loss record[^\n]*\n((?:==\d+==    [^\n]*\n)*)")
 
 
-def stop_time(exe: Path, mib: int, block: int) -> dict[str, object]:
-    proc = subprocess.Popen([str(exe), str(mib), str(block)], stdout=subprocess.PIPE, text=True)
+WAYS = ("copy", "stopped")  # GET /leaks: copied in the stop, or scanned while stopped
+COPY_GOAL_S_PER_GIB, SOFT_DIRTY_GOAL_S = 0.15, 0.020  # issue 57
+
+
+def stop_time(exe: Path, mib: int, block: int, how: str = "copy", dirty: float = 0.0,
+              thp: bool = False) -> dict[str, object]:
+    """One live scan of heapfill, `how`: "copy" (the stop copies the memory), "stopped"
+    (scanned while stopped, as before issue 57) or "soft-dirty" (copied while it runs,
+    then the pages written since); `dirty`: the share of pages heapfill keeps writing;
+    `thp`: its heap in transparent huge pages (glibc.malloc.hugetlb=1)."""
+    env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=1") if thp else None
+    proc = subprocess.Popen([str(exe), str(mib), str(block), *([str(dirty)] if dirty else [])],
+                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         blocks = int(proc.stdout.readline().split()[1])
+        huge_kib = _anon_huge_kib(proc.pid)
         began = time.monotonic()
-        estimate = estimate_s(proc.pid)[0]
+        estimate = estimate_s(proc.pid)[0] if how == "stopped" else \
+            expected_copy_s(livecopy.copy_size(proc.pid))
         estimated_in = time.monotonic() - began
         cpu, began = time.process_time(), time.monotonic()
-        live = scan_live(proc.pid, budget_s=1e9)
+        live = scan_live(proc.pid, budget_s=1e9,
+                         copy_limit=0 if how == "stopped" else livecopy.LIMIT,
+                         pre_copy=how == "soft-dirty")
         cpu, took = time.process_time() - cpu, time.monotonic() - began
     finally:
         proc.kill()
         proc.wait()
     assert live.scan is not None and live.scan.complete, live.skipped
+    assert live.how == how, (live.how, live.why)
     heap = live.scan.heap_bytes
-    return {"mib": mib, "block": block, "blocks": blocks, "scanned_blocks": live.scan.blocks,
+    return {"mib": mib, "block": block, "how": how, "dirty_percent": dirty, "thp": thp,
+            "anon_huge_kib": huge_kib, "blocks": blocks, "scanned_blocks": live.scan.blocks,
             "lost_blocks": live.scan.lost_blocks, "heap_gib": heap / 2**30,
-            "bytes_read": live.scan.bytes_read, "stopped_s": live.stopped_s,
+            "bytes_read": live.scan.bytes_read, "recopied_bytes": live.recopied_bytes,
+            "stopped_s": live.stopped_s,
             "estimate_s": estimate, "load_average": os.getloadavg()[0], "cpu_s": cpu,
             "after_s": max(took - live.stopped_s - estimated_in, 0.0),
             "s_per_gib": live.stopped_s / (heap / 2**30)}
+
+
+def _anon_huge_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def heap_rows(exe: Path, heaps: list[tuple[int, int]], runs: int, soft_dirty: bool,
+              dirty: float, only: list[str]) -> list[dict[str, object]]:
+    """Each heap each way, the ways alternated (the load drifts), `runs` times; with
+    soft-dirty pages, that way too, heapfill writing `dirty` % of its pages, with and
+    without transparent huge pages.  `only`: those ways (each row printed as it ends:
+    farm-bench pairs keep it in a file)."""
+    ways = [(how, 0.0, False) for how in WAYS]
+    if soft_dirty:
+        ways += [("copy", dirty, False), ("soft-dirty", dirty, False),
+                 ("soft-dirty", dirty, True)]
+    rows = []
+    for mib, block in heaps:
+        for _ in range(runs):
+            for how, d, thp in ways:
+                if not only or how in only:
+                    rows.append(stop_time(exe, mib, block, how, d, thp))
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def traced(argv: list[str], kinds: bool, out: Path) -> tuple[float, dict[str, object]]:
@@ -150,14 +202,24 @@ def main() -> int:
                              "before; the exit scan's cost alone)")
     parser.add_argument("--revalgrind", action="store_true",
                         help="only valgrind's side again, on the rows of OUT/leak-kinds.json")
+    parser.add_argument("--heap", action="append", default=[], metavar="MIBxBYTES",
+                        help="heaps to stop (default: 64, 256, 1024 MiB x 64, 1024, 4096)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each heap and way")
+    parser.add_argument("--way", action="append", default=[], choices=[*WAYS, "soft-dirty"],
+                        help="only these ways (default: each, soft-dirty where the kernel has it)")
+    parser.add_argument("--dirty", type=float, default=5.0,
+                        help="with soft-dirty pages: the %% of pages written during the scan")
     args = parser.parse_args()
     if args.revalgrind:
         return revalgrind(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "heapfill"
-        subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "heapfill.c")], check=True)
-        heaps = [stop_time(exe, *h) for h in ([(16, 64)] if args.smoke else HEAPS)
-                 if args.only != "programs"]
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe), str(HERE / "heapfill.c")],
+                       check=True)
+        chosen = [tuple(int(n) for n in h.split("x")) for h in args.heap] or HEAPS
+        heaps = [] if args.only == "programs" else heap_rows(
+            exe, [(16, 64)] if args.smoke else chosen, args.runs, soft_dirty(), args.dirty,
+            args.way)
         programs = [(t, glib_test_argv(t)) for t in GLIB_TESTS[:1 if args.smoke else None]]
         programs += [] if args.smoke else [(" ".join(a), a) for a in GIO_TOOLS]
         programs = [] if args.only == "heaps" else programs
@@ -193,13 +255,25 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
              f"{os.getloadavg()[0]:.1f} on 2 CPUs (other sessions ran beside it)", "",
              "`benchmarks/leakkinds.py`.", "",
              "## Stop time of a live scan (GET /leaks) per GiB of heap", "",
-             "| heap MiB | block bytes | blocks | lost blocks | bytes read MiB | stopped s "
-             "| s per GiB of heap | estimated s | refcntd's CPU s (estimate and scan) "
-             "| graph after the stop s | load average |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {h['mib']} | {h['block']} | {h['scanned_blocks']:,} | {h['lost_blocks']:,} | "
-              f"{int(h['bytes_read']) / 2**20:.0f} | {h['stopped_s']:.2f} | "  # type: ignore[call-overload]
-              f"{h['s_per_gib']:.2f} | {h['estimate_s']:.2f} | "
+             f"Commit {_commit()}. Way: `copy` (issue 57: the stop copies the writable "
+             "memory, the scan reads the copy once the process runs), `stopped` (scanned "
+             "while stopped, as before), `soft-dirty` (copied while it runs, then in the "
+             "stop only the pages written since; heapfill writing `dirty %` of its pages, "
+             "THP: its heap in transparent huge pages). Goals: "
+             f"{GOALS['stop_s_per_gib']} s per GiB; {GOALS['soft_dirty_stop_s_per_gib_5_percent']}"
+             " s for 1 GiB with soft-dirty pages and < 5 % of pages written.", "",
+             "| heap MiB | block bytes | way | dirty % | THP (AnonHugePages MiB) | blocks "
+             "| lost blocks | copied MiB | of it in the stop MiB | stopped s "
+             "| s per GiB of heap | estimated s | refcntd's CPU s | graph after the stop s "
+             "| load average |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {h['mib']} | {h['block']} | {h.get('how', 'stopped')} | "
+              f"{h.get('dirty_percent', 0):g} | "
+              f"{'yes' if h.get('thp') else 'no'} ({int(h.get('anon_huge_kib', 0)) // 1024}) | "  # type: ignore[call-overload]
+              f"{h['scanned_blocks']:,} | {h['lost_blocks']:,} | "
+              f"{int(h['bytes_read']) / 2**20:.0f} | "  # type: ignore[call-overload]
+              f"{_in_stop(h) / 2**20:.1f} | {h['stopped_s']:.3f} | "
+              f"{h['s_per_gib']:.3f} | {h['estimate_s']:.2f} | "
               f"{h.get('cpu_s', float('nan')):.2f} | {h.get('after_s', float('nan')):.2f} | "
               f"{h.get('load_average', float('nan')):.1f} |" for h in heaps]
     lines += ["", "## GLib tests and gio tools: cost of the exit scan, kinds against valgrind",
@@ -224,6 +298,20 @@ def write(out: Path, heaps: list[dict[str, object]], rows: list[dict[str, object
     md = out / "leak-kinds.md"
     by_hand = md.read_text().partition("\n## Reading")[2] if md.exists() else ""
     md.write_text("\n".join(lines) + "\n" + (f"\n## Reading{by_hand}" if by_hand else ""))
+
+
+def _in_stop(row: dict[str, object]) -> int:
+    """Bytes copied (or read) while the process was stopped."""
+    return int(row["recopied_bytes"] if row.get("how") == "soft-dirty"  # type: ignore[call-overload]
+               else row["bytes_read"])
+
+
+def _commit() -> str:
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "refcntd"],
+                           capture_output=True, text=True).stdout.strip()
+    return rev + ("+" if dirty else "")
 
 
 def _kinds(counts: object) -> str:

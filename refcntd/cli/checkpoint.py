@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-ms", type=float, default=1000.0, metavar="MS",
                         help="with --scan: the longest stop; a process whose scan would take "
                              "longer is not stopped (default 1000)")
+    parser.add_argument("--copy-mib", type=float, default=4096.0, metavar="MIB",
+                        help="with --scan: the most memory copied per process so that it is "
+                             "continued before its scan; over it, or 0, it stays stopped "
+                             "while scanned (default 4096, and at most half of MemAvailable)")
 
 
 def listen_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +70,8 @@ def _scan(args: argparse.Namespace) -> int:
     """GET /leaks, printed as the text report of each target's lost objects."""
     from refcntd.outputs.report import render_process
     from refcntd.outputs.runjson import run_from_json
-    answer = json.loads(call(f"{serve_url(args)}/leaks?budget_ms={args.budget_ms:g}"))
+    answer = json.loads(call(f"{serve_url(args)}/leaks?budget_ms={args.budget_ms:g}"
+                             f"&copy_mib={args.copy_mib:g}"))
     lost = 0
     for name, target in sorted(answer["targets"].items()):
         for scan in target["scans"]:

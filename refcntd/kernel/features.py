@@ -19,15 +19,17 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from refcntd.errors import EnvironmentProblem
-from refcntd.kernel import bpfsys, perf_uprobe, setup
+from refcntd.kernel import bpfsys, pagemap, perf_uprobe, setup
 from refcntd.kernel.btf import VMLINUX_BTF
 from refcntd.paths import CACHE_DIR, write_cache_json
 
-FORMAT = 1
+FORMAT = 2  # 2: soft_dirty, pagemap_scan
 _INSN = struct.Struct("<BBhi")
 _RETURN_0 = _INSN.pack(0xB7, 0, 0, 0) + _INSN.pack(0x95, 0, 0, 0)  # r0 = 0; exit
 _CALL = 0x85
@@ -47,6 +49,9 @@ class Features:
     ringbuf: bool | None  # BPF_MAP_TYPE_RINGBUF
     attach_cookie: bool | None  # the bpf_get_attach_cookie helper
     uprobe_multi: bool | None  # BPF_TRACE_UPROBE_MULTI links
+    soft_dirty: bool | None = None  # pages written since /proc/PID/clear_refs 4 are told
+    #                                 (pagemap bit 55: CONFIG_MEM_SOFT_DIRTY)
+    pagemap_scan: bool | None = None  # the PAGEMAP_SCAN ioctl with PAGE_IS_SOFT_DIRTY
 
 
 WITHOUT = "REFCNTD_KERNEL_WITHOUT"  # features taken as missing: the fallbacks, on any kernel
@@ -93,7 +98,8 @@ def probe(tracefs: Path | None = None) -> Features:
     return Features(os.uname().release, _tracepoint_field(tracefs, "sched", "sched_process_exit",
                                                            "group_dead"),
                     VMLINUX_BTF.is_file(), (perf_uprobe.UPROBE_PMU / "type").is_file(),
-                    _ringbuf(), _helper(FUNC_GET_ATTACH_COOKIE), _uprobe_multi())
+                    _ringbuf(), _helper(FUNC_GET_ATTACH_COOKIE), _uprobe_multi(),
+                    _soft_dirty(), pagemap.scan_works())
 
 
 def _tracepoint_field(tracefs: Path | None, category: str, event: str, field: str
@@ -151,3 +157,33 @@ def _uprobe_multi() -> bool | None:
         return err.errno in (errno.EBADF, errno.ENOENT) or _privileged(err)
     finally:
         os.close(prog)
+
+
+# Run in a child (clear_refs is per address space: this process's pages would all be
+# write-protected): a page written after clear_refs 4 must read soft-dirty in pagemap,
+# and not before.  A kernel without CONFIG_MEM_SOFT_DIRTY accepts the 4 and never sets
+# the bit (Linux 6.18 here), so only the written page tells.
+_SOFT_DIRTY_TEST = """
+import ctypes, mmap, struct
+area = mmap.mmap(-1, mmap.PAGESIZE)
+area[0] = 1
+page = ctypes.addressof(ctypes.c_char.from_buffer(area)) // mmap.PAGESIZE
+def dirty():
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(page * 8)
+        return struct.unpack("<Q", f.read(8))[0] >> 55 & 1
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("4")
+clean = dirty()
+area[0] = 2
+print(int(clean == 0 and dirty() == 1))
+"""
+
+
+def _soft_dirty() -> bool | None:
+    try:
+        answer = subprocess.run([sys.executable, "-I", "-S", "-c", _SOFT_DIRTY_TEST],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return answer.stdout.strip() == "1"

@@ -100,6 +100,12 @@ FEATURES = (
      "a process ends when task->signal->live reaches 0 (read at BTF offsets)"),
     ("btf", "kernel BTF (/sys/kernel/btf/vmlinux)", "5.2 with CONFIG_DEBUG_INFO_BTF",
      "no exit codes, frame-pointer stacks only; needed where group_dead is missing"),
+    ("soft_dirty", "soft-dirty pages (clear_refs 4, pagemap bit 55)",
+     "3.11 with CONFIG_MEM_SOFT_DIRTY", "GET /leaks copies the memory while the process "
+     "is stopped, instead of only the pages written since a copy made while it ran"),
+    ("pagemap_scan", "the PAGEMAP_SCAN ioctl with PAGE_IS_SOFT_DIRTY", "6.8",
+     "with soft-dirty pages, pagemap read 8 bytes a page in the stop (24-40 ms per GiB "
+     "here, 0.8 ms with the ioctl)"),
 )
 
 

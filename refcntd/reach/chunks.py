@@ -103,7 +103,7 @@ def follow_fastbins(mem: ProcessMemory, heads: list[int], per_list: int
     the compiled walker.  A link a step in Python cost ~1 us, 10^5 of them in perf's
     exit scan."""
     lib = compiled()
-    if lib is None:
+    if lib is None or mem.detached:  # it reads the process: a copy is read in Python
         return None
     if not any(heads):  # a small process's usual case: no buffers to map for it
         return [], []

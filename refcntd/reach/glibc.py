@@ -163,11 +163,14 @@ def _in_use(runs: list[Chunks]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _heap_mappings(mem: ProcessMemory, maps: list[Mapping]
                    ) -> Iterator[tuple[Mapping, int, int, int]]:
     """(mapping, first chunk, end of its chunks, arena address or 0 for the main one)
-    of [heap] and of each 64 MiB-aligned mapping that starts with a heap_info."""
+    of [heap] and of each 64 MiB-aligned mapping that starts with a heap_info.  [heap]
+    may be several mappings end to end (glibc.malloc.hugetlb=1 madvises parts of it
+    for huge pages, which splits it): one heap."""
+    brk = _joined_heap(maps)
+    if brk is not None:
+        yield brk, brk.start, brk.end, 0
     for m in maps:
-        if m.path == "[heap]":
-            yield m, m.start, m.end, 0
-        elif not m.path and m.writable and m.start % HEAP_MAX == 0:
+        if not m.path and m.writable and m.start % HEAP_MAX == 0:
             info = mem.words(m.start, 4)
             if info is None:
                 continue
@@ -178,6 +181,15 @@ def _heap_mappings(mem: ProcessMemory, maps: list[Mapping]
             if ar_ptr == first:  # the arena's first heap: its malloc_state comes first
                 first = (ar_ptr + ARENA_SIZE + 15) & ~15
             yield m, first, m.start + size, ar_ptr
+
+
+def _joined_heap(maps: list[Mapping]) -> Mapping | None:
+    """The [heap] mappings as one, from the first to the end of those that follow it."""
+    heap = next((m for m in maps if m.path == "[heap]"), None)
+    for m in maps:
+        if heap is not None and m.path == "[heap]" and m.start == heap.end:
+            heap = heap._replace(end=m.end)
+    return heap
 
 
 def _arena_runs(mem: ProcessMemory, heaps: list[tuple[Mapping, int, int, int]], heap: Heap,

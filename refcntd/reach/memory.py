@@ -79,9 +79,9 @@ class ProcessMemory:
         self._mem_path = proc / str(pid) / "mem"
         self._mem: int | None = None
         self._window = np.empty(0, np.uint64)
-        self._snap = np.empty(0, np.uint64)  # `snapshot`'s words, and where they were:
-        self._snap_at: list[tuple[int, int, int]] = []  # (start, end, offset in _snap)
-        self._snap_starts: list[int] = []
+        self._copied: list[tuple[int, int, np.ndarray]] = []  # (start, end, its bytes)
+        self._copied_starts: list[int] = []
+        self.detached = False  # only the copy is read: the process runs again
 
     def snapshot(self, maps: list[Mapping]) -> None:
         """Read the small writable mappings (up to SNAP_MAPPING each, SNAP_TOTAL in all)
@@ -95,35 +95,124 @@ class ProcessMemory:
                 total += m.size
         if self._vm_readv is None or not ranges:
             return
-        self._snap = np.empty(total // 8, np.uint64)
-        got = _readv_many(self._vm_readv, self.pid, self._snap, ranges[:IOV_MAX])
+        into = np.empty(total, np.uint8)
+        got = _readv_many(self._vm_readv, self.pid, into, ranges[:IOV_MAX])
         self.reads += 1
         self.bytes_read += max(got, 0)
         offset = 0
         for start, end in ranges[:IOV_MAX]:
             kept = min(end - start, max(got - offset, 0)) & ~7
-            last = self._snap_at[-1] if self._snap_at else (-1, -1, 0)
-            if kept and last[1] == start and last[2] + last[1] - last[0] == offset:
-                self._snap_at[-1] = (last[0], start + kept, last[2])  # one span: reads across
-            elif kept:
-                self._snap_at.append((start, start + kept, offset))
+            if kept:
+                self.keep(start, into[offset:offset + kept])
             offset += end - start
-        self._snap_starts = [start for start, _, _ in self._snap_at]
+
+    def copy(self, ranges: list[tuple[int, int]], into: np.ndarray | None = None
+             ) -> list[tuple[int, int]]:
+        """Copy [start, end) ranges (in address order, page-aligned) into `into` (bytes,
+        at least their total; prepared by the caller, its pages faulted in before the
+        process was stopped) or a new array, IOV_MAX ranges a call.  Returns the ranges
+        (or their tails) that could not be read (a VM_IO mapping, gone): not kept."""
+        total = sum(end - start for start, end in ranges)
+        if self._vm_readv is None:
+            return list(ranges)
+        if into is not None and len(into) < total:  # what fits there, the rest in a new one
+            fit, room = 0, len(into)
+            while fit < len(ranges) and ranges[fit][1] - ranges[fit][0] <= room:
+                room -= ranges[fit][1] - ranges[fit][0]
+                fit += 1
+            return self.copy(ranges[:fit], into) + self.copy(ranges[fit:])
+        into = np.empty(total, np.uint8) if into is None else into
+        missed: list[tuple[int, int]] = []
+        offset, todo = 0, list(ranges)
+        while todo:
+            part = todo[:IOV_MAX]
+            size = sum(end - start for start, end in part)
+            got = _readv_many(self._vm_readv, self.pid, into[offset:offset + size], part)
+            self.reads += 1
+            self.bytes_read += max(got, 0)
+            done = self._kept_of(part, into[offset:], max(got, 0), missed)
+            offset += sum(end - start for start, end in part[:done])
+            todo = todo[done:]
+        return missed
+
+    def _kept_of(self, part: list[tuple[int, int]], into: np.ndarray, got: int,
+                 missed: list[tuple[int, int]]) -> int:
+        """Keep what one call read of `part`; the range it stopped in is given up from
+        there (in `missed`).  Returns how many ranges are done."""
+        offset = 0
+        for i, (start, end) in enumerate(part):
+            kept = min(end - start, max(got - offset, 0))
+            if kept:
+                self.keep(start, into[offset:offset + kept])
+            if kept < end - start:
+                missed.append((start + kept, end))
+                return i + 1
+            offset += end - start
+        return len(part)
+
+    def recopy(self, ranges: list[tuple[int, int]]) -> None:
+        """Copy [start, end) ranges, each inside one span copied before, again into
+        their place there (the pages written since), IOV_MAX a call."""
+        pairs = [(a, b, view) for a, b in ranges if (view := self._cached(a, b - a)) is not None]
+        for i in range(0, len(pairs), IOV_MAX):
+            part = pairs[i:i + IOV_MAX]
+            local = (_IoVec * len(part))(*(_IoVec(v.ctypes.data, b - a) for a, b, v in part))
+            remote = (_IoVec * len(part))(*(_IoVec(a, b - a) for a, b, _ in part))
+            got = self._vm_readv(self.pid, local, len(part), remote, len(part), 0)
+            self.reads += 1
+            self.bytes_read += max(got, 0)
+
+    def keep(self, start: int, data: np.ndarray) -> None:
+        """Serve reads of [start, start + len(data)) from `data` (bytes), joined to the
+        span before it when it follows it in both the process and memory."""
+        end = start + (len(data) & ~7)
+        if end <= start:
+            return
+        data = data[: end - start]
+        if self._copied and self._copied[-1][1] == start and start > self._copied[-1][0]:
+            first, _, prev = self._copied[-1]
+            base = prev.base
+            if isinstance(base, np.ndarray) and data.base is base and \
+                    prev.ctypes.data + len(prev) == data.ctypes.data:
+                at = prev.ctypes.data - base.ctypes.data
+                self._copied[-1] = (first, end, base[at: at + end - first])
+                return
+        at = bisect_right(self._copied_starts, start)
+        self._copied.insert(at, (start, end, data))
+        self._copied_starts.insert(at, start)
+
+    def copied(self) -> list[tuple[int, int]]:
+        """The spans served from copies, in address order."""
+        return [(start, end) for start, end, _ in self._copied]
+
+    def copied_view(self, start: int, end: int) -> np.ndarray | None:
+        """The kept bytes of [start, end), writable (a pre-copy's pages written since are
+        copied again into them), None unless one span has them all."""
+        return self._cached(start, end - start)
 
     def _cached(self, address: int, size: int) -> np.ndarray | None:
-        """The bytes of [address, address + size) from the snapshot, when it has them all
+        """The bytes of [address, address + size) from the copies, when one has them all
         (a read across its end goes to the process: it may go on into a mapping the
         snapshot left out)."""
-        i = bisect_right(self._snap_starts, address) - 1
+        i = bisect_right(self._copied_starts, address) - 1
         if i < 0:
             return None
-        start, end, offset = self._snap_at[i]
+        start, end, data = self._copied[i]
         if address + size > end:
             return None
-        at = offset + address - start
-        return self._snap.view(np.uint8)[at: at + size]
+        return data[address - start: address - start + size]
+
+    def _from_copy(self, address: int, size: int) -> np.ndarray:
+        """Detached: what the copies have of the range from its start on (a read that
+        runs past a copied span ends there, as at the end of a mapping)."""
+        i = bisect_right(self._copied_starts, address) - 1
+        if i < 0 or address >= self._copied[i][1]:
+            return np.zeros(0, np.uint8)
+        start, end, data = self._copied[i]
+        return data[address - start: min(address + size, end) - start]
 
     def close(self) -> None:
+        self._copied, self._copied_starts = [], []
         if self._mem is not None:
             os.close(self._mem)
             self._mem = None
@@ -133,6 +222,8 @@ class ProcessMemory:
         (the process unmapped it since maps was read), b"" when nothing is readable."""
         if (cached := self._cached(address, size)) is not None:
             return cached.tobytes()
+        if self.detached:
+            return self._from_copy(address, size).tobytes()
         self.reads += 1
         data = self._readv(address, size)
         if data is None:
@@ -148,6 +239,10 @@ class ProcessMemory:
         be handed out."""
         if address % 8 == 0 and (cached := self._cached(address, size & ~7)) is not None:
             return cached.view(np.uint64)
+        if self.detached:
+            part = self._from_copy(address, size & ~7)
+            return part[: len(part) & ~7].view(np.uint64) if address % 8 == 0 else \
+                np.frombuffer(part[: len(part) & ~7].tobytes(), np.uint64)
         self.reads += 1
         if reuse and len(self._window) < size // 8:
             self._window = np.empty(size // 8, np.uint64)

@@ -93,7 +93,7 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
     `exiting`: per thread held in `_exit`, libc's exit frames (exitframes.py), of
     which only the registers they saved are scanned."""
     notes: list[str] = []
-    stacks = _stack_mappings(maps)
+    stacks = stack_mappings(maps)
     unknown_sp = [t for t in threads if t.sp is None]
     if unknown_sp:
         notes.append(f"{len(unknown_sp)} thread(s) without a stack pointer (running): "
@@ -136,7 +136,7 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
     return roots, notes
 
 
-def _stack_mappings(maps: list[Mapping]) -> set[int]:
+def stack_mappings(maps: list[Mapping]) -> set[int]:
     """Anonymous writable mappings right above an inaccessible one: glibc's thread
     stacks with their guard page (cached ones too)."""
     out = set()

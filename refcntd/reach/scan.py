@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from refcntd.reach import glibc, graph
+from refcntd.reach import glibc, graph, livecopy
 from refcntd.reach.exitframes import ExitPath, walk_exit
 from refcntd.reach.memory import Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import Root, Thread, describe, find_roots, read_threads
@@ -135,15 +135,69 @@ def read_process(pid: int, proc: Path = Path("/proc"), at_exit: bool = False) ->
     return out
 
 
+@dataclass
+class Copied:
+    """What `copy_process` took while the process was stopped; `read_copy` reads it."""
+
+    out: ReachScan
+    prep: livecopy.Prepared
+    maps: list[Mapping]
+    threads: list[Thread]
+
+
+def copy_process(prep: livecopy.Prepared) -> Copied | str:
+    """While the process is stopped: its maps, threads and a copy of the memory a scan
+    reads (livecopy.py), or why not (over the copy's bound: the caller then scans it
+    stopped, read_process).  The caller may continue it once this returns."""
+    began = time.monotonic()
+    out = ReachScan(prep.pid, taken_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+    maps = read_maps(prep.pid, prep.proc)
+    threads = read_threads(prep.pid, prep.proc) if maps else []
+    why = livecopy.take(prep, maps, threads) if maps else None
+    if why is not None:
+        prep.mem.close()
+        return why
+    out.seconds = time.monotonic() - began
+    return Copied(out, prep, maps, threads)
+
+
+def read_copy(copied: Copied) -> ReachScan:
+    """The reads of `read_process`, from the copy: the same blocks and words, while the
+    process runs on.  `finish` then as after read_process."""
+    began, out, mem = time.monotonic(), copied.out, copied.prep.mem
+    mem.detached = True
+    out.notes += copied.prep.notes
+    try:
+        if copied.maps:
+            _read_from(mem, out, copied.maps, copied.threads, {})
+        else:
+            _gone(out)
+    finally:
+        mem.close()
+        copied.prep.buffer = np.zeros(0, np.uint8)  # the copy's memory goes now
+    out.bytes_read, out.reads = mem.bytes_read, mem.reads
+    out.seconds += time.monotonic() - began
+    return out
+
+
+def _gone(out: ReachScan) -> None:
+    out.complete = False
+    out.notes.append(f"process {out.pid} gone before its memory was scanned")
+
+
 def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False) -> None:
     maps = read_maps(out.pid, proc)
     if not maps:
-        out.complete = False
-        out.notes.append(f"process {out.pid} gone before its memory was scanned")
+        _gone(out)
         return
     mem.snapshot(maps)
     threads = read_threads(out.pid, proc)
     exiting = _exit_frames(mem, maps, threads, out) if at_exit else {}
+    _read_from(mem, out, maps, threads, exiting)
+
+
+def _read_from(mem: ProcessMemory, out: ReachScan, maps: list[Mapping],
+               threads: list[Thread], exiting: dict[int, ExitPath]) -> None:
     out.words = graph.Words()
     out.heap = glibc.read_heap(mem, maps, out.words)
     out.notes += out.heap.notes

@@ -30,13 +30,15 @@ from refcntd.analysis.kinds import UNHELD, apply_kinds
 from refcntd.analysis.leaks import ProcessModules, group_leaks
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.inputs.spec import ClassSource
+from refcntd.kernel import features
 from refcntd.kernel.records import ObjectRecord
 from refcntd.outputs.reportjson import run_json
+from refcntd.reach import livecopy
 from refcntd.reach.chunks import compiled
 from refcntd.reach.glibc import blocks_read, read_heap
 from refcntd.reach.gtypes import note, prepare_for, read_classes
 from refcntd.reach.memory import ProcessMemory, read_maps
-from refcntd.reach.scan import INDIRECTLY, ReachScan, finish, read_process
+from refcntd.reach.scan import INDIRECTLY, ReachScan, copy_process, finish, read_copy, read_process
 from refcntd.session.exitscan import wait_stopped
 from refcntd.session.lifecycle import read_cmdline
 from refcntd.session.tracer import Tracer
@@ -57,6 +59,10 @@ DEFAULT_BUDGET_S = 1.0
 SECONDS_PER_SCAN = 0.05
 SECONDS_PER_GIB, SECONDS_PER_BLOCK = 0.6, 0.025e-6
 SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
+# the copy (livecopy.py) is the read above without the walk: the same rate, so that the
+# same processes are scanned as before.  On the VM of 2026-12-03 process_vm_readv alone
+# ran at 0.8-1.3 s per GiB (load 6-16): stops there exceed it (leak-kinds.md)
+COPY_SECONDS_PER_GIB = SECONDS_PER_GIB
 LOST = ("definitely lost", INDIRECTLY, UNHELD)  # UNHELD: a reference nobody holds
 
 
@@ -69,6 +75,12 @@ class LiveScan:
     skipped: str = ""
     scan: ReachScan | None = None
     objects: list[ObjectRecord] = field(default_factory=list)
+    classes: dict[int, str] = field(default_factory=dict)  # read in the stop (gtypes.py)
+    class_notes: list[str] = field(default_factory=list)
+    how: str = ""  # "copy", "soft-dirty" (copied while it ran, then what changed), "stopped"
+    why: str = ""  # scanned while stopped: why not copied
+    copied_bytes: int = 0  # in the stop (soft-dirty: the copy while it ran too)
+    recopied_bytes: int = 0  # soft-dirty: in the stop
 
 
 def routes(views: Views, enabled: bool) -> dict[str, Route]:
@@ -78,10 +90,12 @@ def routes(views: Views, enabled: bool) -> dict[str, Route]:
                     b"web.enable_checkpoint (serve) or --web-enable-checkpoint (attach)\n")
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain", b"GET only\n"
-        budget = _budget(query)
+        budget, copy_limit = _budget(query), _copy_limit(query)
         if budget is None:
             return "400 Bad Request", "text/plain", b"budget_ms: a number of milliseconds\n"
-        body = json.dumps(leaks_json(views, budget), indent=2).encode()
+        if copy_limit is None:
+            return "400 Bad Request", "text/plain", b"copy_mib: a number of MiB, 0 or more\n"
+        body = json.dumps(leaks_json(views, budget, copy_limit), indent=2).encode()
         return "200 OK", "application/json", body
     return {"/leaks": answer}
 
@@ -95,7 +109,18 @@ def _budget(query: str) -> float | None:
     return value if value > 0 else None
 
 
-def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
+def _copy_limit(query: str) -> int | None:
+    """?copy_mib=: the copy's bound (livecopy.py), 0: scan while stopped."""
+    raw = parse_qs(query).get("copy_mib", [str(livecopy.LIMIT >> 20)])[-1]
+    try:
+        value = int(float(raw) * 2**20)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def leaks_json(views: Views, budget_s: float, copy_limit: int = livecopy.LIMIT
+               ) -> dict[str, object]:
     """Per target, a run of the processes scanned: their lost objects only, plus each
     process's stop time and the processes not scanned."""
     why = continue_blocker()
@@ -105,17 +130,20 @@ def leaks_json(views: Views, budget_s: float) -> dict[str, object]:
             result, stops = RunResult("live", "", name), list[dict[str, object]]()
             for tracer in tracers:
                 result.spec = tracer.plan.spec.name
-                for live in scan_tracer(tracer, budget_s, why):
+                for live in scan_tracer(tracer, budget_s, why, copy_limit):
                     stops.append({"pid": live.pid, "stopped_s": round(live.stopped_s, 6),
-                                  "skipped": live.skipped})
+                                  "skipped": live.skipped, "how": live.how,
+                                  "copied_bytes": live.copied_bytes,
+                                  "recopied_bytes": live.recopied_bytes, "why": live.why})
                     if live.scan is not None:
                         result.processes.append(tracer.worker.call(
                             partial(lost_report, tracer, live, views.show_cmdline)))
             targets[name] = {"run": run_json(result), "scans": stops}
-    return {"budget_s": budget_s, "targets": targets}
+    return {"budget_s": budget_s, "copy_limit_bytes": copy_limit, "targets": targets}
 
 
-def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None) -> list[LiveScan]:
+def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None,
+                copy_limit: int = livecopy.LIMIT) -> list[LiveScan]:
     """Every process of the tracer with live objects, scanned in turn."""
     by_pid: dict[int, list[ObjectRecord]] = {}
     for rec in tracer.kernel.objects.live_objects():
@@ -125,8 +153,8 @@ def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None) -> list[Li
         if blocker and os.geteuid() != 0:
             out.append(LiveScan(pid, skipped=f"not stopped: {blocker}"))
             continue
-        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid),
-                             tracer.plan.spec.class_sources()))
+        out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid), copy_limit,
+                             classes=tracer.plan.spec.class_sources()))
     return out
 
 
@@ -158,19 +186,104 @@ def expected_stop_s(writable_bytes: int, blocks: int) -> float:
 
 def scan_live(pid: int, budget_s: float,
               objects: Callable[[], list[ObjectRecord]] = list,
+              copy_limit: int = livecopy.LIMIT, pre_copy: bool | None = None,
               classes: dict[str, ClassSource] | None = None) -> LiveScan:
-    """Stop `pid`, read its objects and its memory (and the class of its objects of
-    `classes`' types), continue it, then find the kinds (of the stopped moment: only
-    what was read is used): unless over the budget.
-    A process that was already stopped (by a hold, by its user) stays stopped."""
+    """Stop `pid`, read its objects, copy its memory (livecopy.py; with soft-dirty pages
+    only what changed since a copy made while it ran), continue it, then scan the copy
+    and find the kinds (of the stopped moment): unless over the budget.  Over the
+    copy's bound (`copy_limit` bytes, 0: never copy) it is scanned while stopped, as
+    before.  A process that was already stopped (by a hold, by its user) stays
+    stopped.  `pre_copy`: with soft-dirty pages or not (None: where the kernel has them).
+    `classes`: the types whose objects' class is read in the stop (gtypes.py)."""
+    if classes:
+        prepare_for(pid)  # GLib's layouts decoded before the stop, not during it
+    size = livecopy.copy_size(pid) if copy_limit else 0
+    expected = expected_copy_s(size)
+    if copy_limit and size <= livecopy.bound(copy_limit) and expected > budget_s:
+        return LiveScan(pid, skipped=f"scan not started: copying {size / 2**30:.2f} GiB of "
+                                     f"writable memory would stop it about {expected:.2f} s,"
+                                     f" over the budget of {budget_s:.3f} s")
+    pre_copy = soft_dirty() if pre_copy is None else pre_copy
+    scan_ioctl = pre_copy and features.current().pagemap_scan is True
+    prep = livecopy.prepare(pid, copy_limit, pre_copy, pagemap_scan=scan_ioctl) \
+        if copy_limit else "the copy is off (copy_mib=0)"
+    if isinstance(prep, str):
+        return _scan_stopped(pid, budget_s, objects, f"scanned while stopped: {prep}",
+                             classes or {})
+    live = _stopped(pid, lambda: _copy(pid, prep, objects, classes or {}))
+    if live.scan is not None:
+        finish(live.scan)  # the graph of what was read: the process runs meanwhile
+    return live
+
+
+def _copy(pid: int, prep: livecopy.Prepared, objects: Callable[[], list[ObjectRecord]],
+          classes: dict[str, ClassSource]) -> Callable[[], LiveScan]:
+    """In the stop: the objects, their classes and the copy; what to do once continued."""
+    live = LiveScan(pid, objects=objects(), how="soft-dirty" if prep.soft_dirty else "copy")
+    _read_classes(live, classes)
+    copied = copy_process(prep)
+
+    def after() -> LiveScan:
+        if isinstance(copied, str):
+            return LiveScan(pid, skipped=f"not scanned: {copied}")
+        live.scan = read_copy(copied)
+        _keep_classes(live)
+        live.copied_bytes, live.recopied_bytes = copied.out.bytes_read, prep.recopied
+        return live
+    return after
+
+
+def soft_dirty() -> bool:
+    """Whether the running kernel tells the pages written since a clear (the feature
+    table: kernel/features.py; REFCNTD_KERNEL_WITHOUT=soft_dirty rules it out)."""
+    return features.current().soft_dirty is True
+
+
+def expected_copy_s(size: int) -> float:
+    return SECONDS_PER_SCAN + size / 2**30 * COPY_SECONDS_PER_GIB
+
+
+def _scan_stopped(pid: int, budget_s: float, objects: Callable[[], list[ObjectRecord]],
+                  why: str, classes: dict[str, ClassSource]) -> LiveScan:
+    """Today's scan (before the copy): read while stopped, the kinds made after."""
     expected, size, blocks = estimate_s(pid)
     if expected > budget_s:
         return LiveScan(pid, skipped=f"scan not started: {size / 2**30:.2f} GiB of writable "
                                      f"memory and {blocks:,} malloc blocks would stop it "
                                      f"about {expected:.2f} s, over the budget of "
-                                     f"{budget_s:.3f} s")
-    if classes:
-        prepare_for(pid)  # GLib's layouts decoded before the stop, not during it
+                                     f"{budget_s:.3f} s ({why})")
+
+    def stopped() -> Callable[[], LiveScan]:
+        live = LiveScan(pid, objects=objects(), how="stopped", why=why)
+        live.scan = read_process(pid)
+        _read_classes(live, classes)
+        _keep_classes(live)
+        return lambda: live
+    live = _stopped(pid, stopped)
+    if live.scan is not None:
+        finish(live.scan)
+    return live
+
+
+def _read_classes(live: LiveScan, classes: dict[str, ClassSource]) -> None:
+    """While stopped: the class of each of its objects whose type the spec reads."""
+    wanted = {o.addr: classes[o.type_name] for o in live.objects
+              if o.type_name in classes}
+    if wanted:
+        found = read_classes(live.pid, wanted)
+        live.classes, live.class_notes = found.names, note(found)
+
+
+def _keep_classes(live: LiveScan) -> None:
+    """The classes read in the stop, on the scan the report takes."""
+    assert live.scan is not None
+    live.scan.classes = live.classes
+    live.scan.notes += live.class_notes
+
+
+def _stopped(pid: int, work: Callable[[], Callable[[], LiveScan]]) -> LiveScan:
+    """`work` with `pid` stopped (unless it was already), timed; what it returns with
+    the process continued."""
     was_stopped = wait_stopped(pid, timeout_s=0)
     began = time.monotonic()
     marker = None if was_stopped else mark_held(pid)
@@ -178,28 +291,16 @@ def scan_live(pid: int, budget_s: float,
         if not was_stopped:
             os.kill(pid, signal.SIGSTOP)
             wait_stopped(pid)
-        live = LiveScan(pid, objects=objects())
-        live.scan = read_process(pid)
-        _name_classes(live, classes or {})
+        after = work()
     except ProcessLookupError:
         return LiveScan(pid, skipped="gone")
     finally:
         if not was_stopped:
             _continue(pid, marker)
-    live.stopped_s = time.monotonic() - began
-    finish(live.scan)  # the graph of what was read: the process runs meanwhile
+    stopped_s = time.monotonic() - began
+    live = after()
+    live.stopped_s = stopped_s if live.scan is not None else 0.0
     return live
-
-
-def _name_classes(live: LiveScan, classes: dict[str, ClassSource]) -> None:
-    """While stopped: the class of each of its objects whose type the spec reads."""
-    assert live.scan is not None
-    wanted = {o.addr: classes[o.type_name] for o in live.objects
-              if o.type_name in classes}
-    if wanted:
-        found = read_classes(live.pid, wanted)
-        live.scan.classes = found.names
-        live.scan.notes += note(found)
 
 
 def _continue(pid: int, marker: Path | None) -> None:
@@ -221,7 +322,20 @@ def lost_report(tracer: Tracer, live: LiveScan, show_cmdline: bool) -> ProcessRe
     command = read_cmdline(live.pid)
     session = tracker.sessions.get(live.pid)
     comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")
-    notes = list(live.scan.notes) + [f"stopped {live.stopped_s:.3f} s for a scan of "
-                                     f"{live.scan.bytes_read / 2**20:.1f} MiB"]
+    notes = list(live.scan.notes) + [stop_note(live)]
     return ProcessReport(live.pid, comm, command if show_cmdline else [], "live",
                          groups=groups, notes=notes)
+
+
+def stop_note(live: LiveScan) -> str:
+    """What the stop was: a copy, the pages written since a copy, or the scan itself."""
+    assert live.scan is not None
+    mib = live.scan.bytes_read / 2**20
+    if live.how == "copy":
+        return f"stopped {live.stopped_s:.3f} s to copy {mib:.1f} MiB, scanned once continued"
+    if live.how == "soft-dirty":
+        return (f"stopped {live.stopped_s:.3f} s to copy {live.recopied_bytes / 2**20:.1f} MiB "
+                f"written since a copy of {mib - live.recopied_bytes / 2**20:.1f} MiB made "
+                "while it ran (soft-dirty "
+                "pages), scanned once continued")
+    return f"stopped {live.stopped_s:.3f} s for a scan of {mib:.1f} MiB ({live.why})"

@@ -14,6 +14,8 @@ from conftest import EXAMPLES, FIXTURES, cc, refcntd
 from reachtruth import fixture_objects
 from test_serve import Serve, target_yaml
 
+from refcntd.service.leakscan import soft_dirty
+
 LOST = {"arena_lost", "big_lost", "cycle_a", "cycle_b", "lost_owner", "owned", "plain_lost",
         "stale_lost"}
 
@@ -53,6 +55,10 @@ def test_leaks_lists_what_is_lost_now(bpf, tmp_path):
     target = answer["targets"]["svc"]
     (scan,) = target["scans"]
     assert scan["pid"] == proc.pid and not scan["skipped"] and scan["stopped_s"] < 5
+    # issue 57: copied in the stop, scanned once continued (soft-dirty: the pages written
+    # since a copy made while it ran)
+    assert scan["how"] == ("soft-dirty" if soft_dirty() else "copy"), scan
+    assert scan["copied_bytes"] > 0 and not scan["why"]
     (process,) = target["run"]["processes"]
     found = {int(i["address"], 16): (g["kind"], i) for g in process["groups"]
              for i in g["instances"]}
