@@ -68,7 +68,7 @@ class Targets:
 
     def add(self, target: Target) -> None:
         runtime = TargetRuntime(target, TargetStats(target.name, target.age_threshold_s,
-                                                    target.max_type_labels))
+                                                    target.max_type_labels, target.warm_up_s))
         paths = sorted(glob.glob(target.path)) or [target.path]
         for path in paths:
             self._attach_binary(runtime, path)
@@ -90,6 +90,7 @@ class Targets:
         runtime.target = target
         runtime.stats.age_threshold_s = target.age_threshold_s
         runtime.stats.max_type_labels = target.max_type_labels
+        runtime.stats.warm_up_s = target.warm_up_s
 
     def follow(self, runtime: TargetRuntime) -> None:
         """Attach binaries that appeared, re-attach replaced ones (package upgrades:

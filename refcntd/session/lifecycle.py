@@ -106,6 +106,11 @@ class SessionTracker:
     def add_root(self, tgid: int, gen: int, command: list[str]) -> None:
         self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:COMM_MAX], list(command))
 
+    def running_processes(self) -> int:
+        """Traced processes running: sessions of processes, not of their threads (the
+        BPF side follows a traced process's clones, threads too)."""
+        return sum(1 for tgid in list(self.sessions) if _tgid_of(tgid, self.proc_root) == tgid)
+
     def _on_execve(self, ev: LifecycleEvent) -> None:
         command = list(ev.argv) or [ev.path]
         session = self.sessions.get(ev.tgid)
@@ -269,6 +274,18 @@ class ReportJob:
 
 def _given(records: Records) -> Callable[[], Records]:
     return lambda: records
+
+
+def _tgid_of(tid: int, proc_root: Path) -> int | None:
+    """The process of thread `tid` (itself for a process); None once it is gone."""
+    try:
+        status = (proc_root / str(tid) / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Tgid:"):
+            return int(line.split()[1])
+    return None
 
 
 def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
