@@ -249,6 +249,7 @@ class Tracer:
         """System-wide: processes already mapping a probed module get their mappings
         seeded (stacks) and the modules they map scanned (exported call-site mode)."""
         for tgid in _processes_mapping(self.plan.modules, self.programs):
+            self.tracker.predating.add(tgid)
             self.unwind.seed_process(tgid)
             self.vetting.vet_process(tgid)
 
@@ -344,12 +345,13 @@ class Tracer:
         if own is None:
             lost.update(unprobed_copies(self.plan, hits, self.loaded))
         notes += self.kernel.notes() + self.kernel.probes.notes()
-        notes += self.vetting.notes()
         notes += self.exit_scans.notes() if self.exit_scans is not None else []
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
-        notes += [f"no unwind table for {f}" for f in self.unwind.failed]
-        notes += [f"unwind table not loaded (table space full): {p}"
-                  for p in self.kernel.unwind.not_loaded]
+        if own is None:  # other processes' stops and modules: not one process's report
+            notes += self.vetting.notes()
+            notes += [f"no unwind table for {f}" for f in self.unwind.failed]
+            notes += [f"unwind table not loaded (table space full): {p}"
+                      for p in self.kernel.unwind.not_loaded]
         scanner = self.exec_scanner
         if scanner is not None and own is None:
             notes += scanner.notes() + scanner.problems
