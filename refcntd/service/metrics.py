@@ -185,7 +185,11 @@ class ProcessStarts:
 
     def warming(self, tgid: int, made_ns: int, warm_up_s: float) -> bool:
         """Whether objects made from `made_ns` (the start of their creation-time bin)
-        were made in their process's first `warm_up_s` seconds."""
+        were made in their process's first `warm_up_s` seconds: a bin that begins
+        before then counts whole (a second, or two minutes for objects older than ten:
+        start-up objects never count as old, a few made just after may not either)."""
+        if warm_up_s <= 0:
+            return False
         if tgid not in self._starts:
             self._starts[tgid] = self._read(tgid)
         start = self._starts[tgid]
