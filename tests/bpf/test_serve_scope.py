@@ -5,12 +5,15 @@ is scanned once, reported once; the metrics, the log and the report say the same
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import FIXTURES
 from test_serve import Serve, metric
 
@@ -174,3 +177,58 @@ def test_a_process_older_than_serve_and_a_killed_one(bpf, build, tmp_path):
     assert "orcexec" not in text and "not an ELF file" not in text
     killed_notes = reports_of(serve, killed.pid)[0]["tracing"]["notes"]
     assert not [n for n in killed_notes if "never seen initialised" in n], killed_notes
+
+
+def gst_launch() -> str:
+    """Debian's gst-launch-1.0: a failure where BPF tests must run, else a skip."""
+    found = shutil.which("gst-launch-1.0")
+    if found is None:
+        if os.environ.get("REFCNTD_REQUIRE_BPF") == "1":
+            pytest.fail("gst-launch-1.0 (gstreamer1.0-tools) is required")
+        pytest.skip("gst-launch-1.0 (gstreamer1.0-tools) not installed")
+    return found
+
+
+def test_two_gstreamer_pipelines_under_two_targets(bpf, tmp_path):
+    """The issue's setting: the bundled gstreamer spec probes libgstreamer and
+    libgobject, which both programs map; two copies of gst-launch-1.0 (two programs:
+    a target on /usr/bin would also count other users' pipelines on this host)."""
+    progs = {}
+    for name in ("gsta", "gstb"):
+        progs[name] = tmp_path / name
+        shutil.copy(gst_launch(), progs[name])
+    config = "".join(f"  - name: {n}\n    path: {p}\n    spec: gstreamer\n"
+                     "    age_threshold: 5s\n" for n, p in progs.items())
+    pipeline = ["audiotestsrc", "is-live=true", "!", "fakesink"]
+    with Serve(tmp_path, config) as serve:
+        runs = {n: subprocess.Popen([str(p), "-e", *pipeline], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL) for n, p in progs.items()}
+        try:
+            time.sleep(17)  # past warm_up (10 s) and age_threshold (5 s)
+            m = serve.scrape()
+            scans = leaks(serve)["targets"]
+            for proc in runs.values():
+                proc.send_signal(signal.SIGINT)  # -e: an EOS, then a clean exit
+                assert proc.wait(timeout=30) == 0
+            for n, proc in runs.items():
+                serve.wait_log(f"target={n} pid={proc.pid} ")
+            after = serve.scrape()
+        finally:
+            for proc in runs.values():
+                proc.kill()
+                proc.wait()
+        assert serve.stop() == 0
+    for n, proc in runs.items():
+        assert metric(m, "refcntd_traced_processes", target=n, binary=str(progs[n])) == 1
+        assert [s["pid"] for s in scans[n]["scans"]] == [proc.pid]
+        assert [r["target"] for r in reports_of(serve, proc.pid)] == [str(progs[n])]
+        assert serve.log.count(f"pid={proc.pid} ") == 1
+        # a healthy pipeline: its start-up objects (the registry) are no alert
+        assert set(series(m, "refcntd_live_objects_older_than_threshold", n).values()) \
+            == {0}, series(m, "refcntd_live_objects_older_than_threshold", n)
+    # each target counts its own process's objects only: the same pipeline, the same
+    # GObjects (a target counting both processes would show twice as many)
+    live = [series(m, "refcntd_live_objects", n)["GObject"] for n in progs]
+    assert live[0] == live[1] > 0, live
+    assert series(after, "refcntd_leaked_objects_total", "gsta") == \
+        series(after, "refcntd_leaked_objects_total", "gstb")
