@@ -15,12 +15,6 @@ BPF_ARRAY(gen_counter, __u64, 1);
  * operation on an object it inherited finds the parent's (obj_inherit). */
 BPF_TABLE("lru_hash", __u32, __u32, fork_parent, MAX_PROCS);
 
-/* Whether this process counts: run and --pid trace only the registered ones. */
-static __always_inline int proc_tracked(__u32 tgid)
-{
-	return !KNOB(filtered) || procs.lookup(&tgid);
-}
-
 static __always_inline __u64 proc_kread(__u64 addr)
 {
 	__u64 value = 0;
@@ -43,6 +37,20 @@ static __always_inline int proc_exe_allowed(struct refcntd_config *c)
 	key.ino = proc_kread(inode + c->off_inode_ino);
 	key.dev = (__u32)proc_kread(proc_kread(inode + c->off_inode_sb) + c->off_sb_dev);
 	return exe_allow.lookup(&key) != 0;
+}
+
+/* Whether this process counts: run and --pid trace only the registered ones;
+ * system-wide with a program filter, those not ignored (not registered yet: those
+ * running the program).  `tgid` is the current process. */
+static __always_inline int proc_tracked(__u32 tgid)
+{
+	if (!KNOB(filtered) && !KNOB(filter_exe))
+		return 1;
+	struct proc_val *p = procs.lookup(&tgid);
+	if (KNOB(filtered) || p)
+		return p && !(p->flags & PROC_IGNORED);
+	struct refcntd_config *c = knobs();
+	return c && proc_exe_allowed(c);
 }
 
 /* Whether a process found system-wide passes the target's program, comm and cgroup

@@ -504,12 +504,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_execve)
 	__u32 tgid = id >> 32;
 	fork_parent.delete(&tgid);  /* a new image: nothing inherited any more */
 	struct proc_val *p = procs.lookup(&tgid);
-	if (p && (p->flags & PROC_IGNORED)) {
-		/* the filters (program, comm) judge the new image again at its first init */
-		procs.delete(&tgid);
-		return 0;
-	}
-	if (!proc_tracked(tgid))
+	if (p && (p->flags & PROC_IGNORED))
+		procs.delete(&tgid);  /* the filters (program, comm) judge the new image again */
+	/* system-wide, every exec: the program filter cannot judge the image to come, and
+	 * user space keeps the arguments of a process its first init will announce */
+	if (KNOB(filtered) && !proc_tracked(tgid))
 		return 0;
 	struct event *ev = event_new(EV_EXECVE, tgid, (__u32)id, 0);
 	if (!ev)
