@@ -54,8 +54,8 @@ static __always_inline __u32 anomaly_missing(struct probe_cfg *cfg, struct obj_k
 	if (may_leak.lookup(key))
 		return 0;
 	struct proc_val *proc = procs.lookup(&key->tgid);
-	if ((KNOB(filtered) && !proc) || (proc && (proc->flags & PROC_IGNORED)))
-		return 0;
+	if (proc ? (proc->flags & PROC_IGNORED) : (KNOB(filtered) || !proc_allowed()))
+		return 0;  /* not this tracer's process (system-wide: registered at its init) */
 	stat_count(unknown_stat);
 	__u32 one = 1;
 	if ((cfg->flags & PF_QUIET_UNKNOWN) || unknown_seen.lookup(key))

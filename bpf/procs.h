@@ -8,23 +8,60 @@
 
 BPF_HASH(procs, __u32, struct proc_val, MAX_PROCS);
 BPF_HASH(comm_allow, struct comm_key, __u32, 64);
+/* serve: the (dev, inode) of the programs a target's path names (knob filter_exe) */
+BPF_HASH(exe_allow, struct file_key, __u32, 64);
 BPF_ARRAY(gen_counter, __u64, 1);
 /* fork without exec: a traced child's parent, so that the child's first
  * operation on an object it inherited finds the parent's (obj_inherit). */
 BPF_TABLE("lru_hash", __u32, __u32, fork_parent, MAX_PROCS);
 
-/* Whether this process counts: run and --pid trace only the registered ones. */
-static __always_inline int proc_tracked(__u32 tgid)
+static __always_inline __u64 proc_kread(__u64 addr)
 {
-	return !KNOB(filtered) || procs.lookup(&tgid);
+	__u64 value = 0;
+	if (addr)
+		bpf_probe_read_kernel(&value, sizeof(value), (void *)addr);
+	return value;
 }
 
-/* Whether a process found system-wide passes the target's comm / cgroup filters. */
+/* Whether the current process runs one of the programs in exe_allow: a library
+ * every process maps (libgstreamer) is probed for all of them, and a target whose
+ * path is a program traces only the processes running it. */
+static __always_inline int proc_exe_allowed(struct refcntd_config *c)
+{
+	__u64 mm = proc_kread(bpf_get_current_task() + c->off_task_mm);
+	__u64 file = mm ? proc_kread(mm + c->off_mm_exe_file) : 0;
+	__u64 inode = file ? proc_kread(file + c->off_file_inode) : 0;
+	if (!inode)
+		return 0;
+	struct file_key key = {};
+	key.ino = proc_kread(inode + c->off_inode_ino);
+	key.dev = (__u32)proc_kread(proc_kread(inode + c->off_inode_sb) + c->off_sb_dev);
+	return exe_allow.lookup(&key) != 0;
+}
+
+/* Whether this process counts: run and --pid trace only the registered ones;
+ * system-wide with a program filter, those not ignored (not registered yet: those
+ * running the program).  `tgid` is the current process. */
+static __always_inline int proc_tracked(__u32 tgid)
+{
+	if (!KNOB(filtered) && !KNOB(filter_exe))
+		return 1;
+	struct proc_val *p = procs.lookup(&tgid);
+	if (KNOB(filtered) || p)
+		return p && !(p->flags & PROC_IGNORED);
+	struct refcntd_config *c = knobs();
+	return c && proc_exe_allowed(c);
+}
+
+/* Whether a process found system-wide passes the target's program, comm and cgroup
+ * filters. */
 static __always_inline int proc_allowed(void)
 {
 	struct refcntd_config *c = knobs();
 	if (!c)
 		return 1;
+	if (c->filter_exe && !proc_exe_allowed(c))
+		return 0;
 	if (c->cgroup_id && bpf_get_current_cgroup_id() != c->cgroup_id)
 		return 0;
 	if (c->filter_comm) {

@@ -487,7 +487,9 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 {
 	__u32 parent = bpf_get_current_pid_tgid() >> 32;
 	maps_fork(parent, args->child_pid);
-	if (!procs.lookup(&parent))
+	struct proc_val *pp = procs.lookup(&parent);
+	/* an ignored process's child is judged by the filters at its own first init */
+	if (!pp || (pp->flags & PROC_IGNORED))
 		return 0;
 	/* Threads pass here too: their entry is dropped again in sched_process_exit. */
 	proc_register(args->child_pid, EV_FORK, parent);
@@ -501,7 +503,12 @@ TRACEPOINT_PROBE(syscalls, sys_enter_execve)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
 	fork_parent.delete(&tgid);  /* a new image: nothing inherited any more */
-	if (!proc_tracked(tgid))
+	struct proc_val *p = procs.lookup(&tgid);
+	if (p && (p->flags & PROC_IGNORED))
+		procs.delete(&tgid);  /* the filters (program, comm) judge the new image again */
+	/* system-wide, every exec: the program filter cannot judge the image to come, and
+	 * user space keeps the arguments of a process its first init will announce */
+	if (KNOB(filtered) && !proc_tracked(tgid))
 		return 0;
 	struct event *ev = event_new(EV_EXECVE, tgid, (__u32)id, 0);
 	if (!ev)

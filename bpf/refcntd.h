@@ -452,7 +452,8 @@ struct refcntd_config {
 				 * (run: programs with their own copy of the functions); needs hold */
 	__u8 absorbs_put;       /* a put role absorbs its inner put (PF_ABSORBS_PUT): every put
 				 * first looks for one due (objects.h); 0: only after a delete */
-	__u8 pad[1];
+	__u8 filter_exe;        /* system-wide: only processes whose executable (mm->exe_file) is
+				 * in exe_allow (procs.h: serve's target path); needs unwind's off_* */
 	__u32 off_task_utask;   /* pending uretprobes (unwind.h), all 0 when BTF lacks them */
 	__u32 off_utask_ri;
 	__u32 off_ri_stack;

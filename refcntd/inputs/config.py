@@ -36,6 +36,7 @@ class Target:
     history: tuple[str, ...] | None = None
     age_threshold_s: float = 300.0  # live objects older than this are counted apart
     max_type_labels: int = 100  # distinct `type` label values per target; the rest fold
+    warm_up_s: float = 10.0  # objects a process made in its first seconds are not "older"
     # (file, line, key) of `cgroup:`, for the error when serve finds no such cgroup
     cgroup_at: tuple[str, int, str] = ("", 0, "cgroup")
 
@@ -122,7 +123,7 @@ def _size(node: YNode) -> int:
 
 def _target(node: YNode) -> Target:
     fields = node.mapping({"name", "path", "spec", "comm", "cgroup", "history", "age_threshold",
-                           "max_type_labels"}, {"name", "path"})
+                           "max_type_labels", "warm_up"}, {"name", "path"})
     name = fields["name"].string()
     if not _NAME.match(name):
         raise fields["name"].fail(f"'{name}' is not a name (letters, digits, _ . -)")
@@ -139,7 +140,8 @@ def _target(node: YNode) -> Target:
     history = _history(fields["history"]) if "history" in fields else None
     age = _duration(fields["age_threshold"]) if "age_threshold" in fields else 300.0
     cap = fields["max_type_labels"].integer(1, 10000) if "max_type_labels" in fields else 100
-    return Target(name, path, spec, comm, cgroup, history, age, cap, cgroup_at)
+    warm = _duration(fields["warm_up"]) if "warm_up" in fields else Target.warm_up_s
+    return Target(name, path, spec, comm, cgroup, history, age, cap, warm, cgroup_at)
 
 
 def _spec(node: YNode) -> Spec:

@@ -39,7 +39,8 @@ def config(opts: KernelOptions, live: tuple[int, int] | None = None) -> abi.Refc
     unwind = opts.unwind_offsets is not None
     cfg = abi.RefcntdConfig(
         filtered=opts.filtered, has_delete=opts.has_delete, absorbs_put=opts.absorbs_put,
-        filter_comm=bool(opts.comm_filter), unwind=unwind, hold=opts.hold and unwind,
+        filter_comm=bool(opts.comm_filter), filter_exe=opts.exe_filter and unwind,
+        unwind=unwind, hold=opts.hold and unwind,
         hold_tables=opts.hold and opts.hold_tables and unwind,
         hold_execs=opts.hold and opts.hold_execs and unwind,
         sites=opts.sites, history=opts.history is not None,

@@ -148,6 +148,18 @@ class Kernel:
         for name in names:
             table[table.Key(name.encode()[:COMM_MAX])] = ctypes.c_uint32(1)
 
+    def set_exe_filter(self, paths: tuple[str, ...]) -> list[str]:
+        """Trace only processes running one of `paths` (knob exe_filter); returns the
+        paths that name no file (left out)."""
+        table, missing = self.bpf["exe_allow"], []
+        for path in paths:
+            key = decode.file_key(path)
+            if key is None:
+                missing.append(path)
+            else:
+                table[key] = ctypes.c_uint32(1)
+        return missing
+
     def set_history_types(self, type_ids: list[int]) -> None:
         table = self.bpf["history_types"]
         for type_id in type_ids:

@@ -48,6 +48,7 @@ class KernelOptions:
     max_sites: int = 16384
     max_paths: int = 262144  # (object, path) counts of objects with history
     comm_filter: tuple[str, ...] = ()  # system-wide: only these command names
+    exe_filter: bool = False  # system-wide: only processes running the programs given
     cgroup_id: int | None = None  # system-wide: only this cgroup v2
     unwind_offsets: dict[str, int] | None = None  # OFF_* for unwind.h; None: frame pointers only
     max_cfi_rows: int = 1 << 22

@@ -17,7 +17,12 @@ import signal
 import time
 from collections.abc import Iterator
 
-from refcntd.analysis.model import STATE_LIVE_AT_DETACH, ProcessReport, RunResult
+from refcntd.analysis.model import (
+    STATE_EXITED,
+    STATE_LIVE_AT_DETACH,
+    ProcessReport,
+    RunResult,
+)
 from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
@@ -253,6 +258,10 @@ class Daemon:
     # ---- reports ----------------------------------------------------------------
     def _on_report(self, runtime: TargetRuntime, binary: str, p: ProcessReport) -> None:
         """On the tracer's report worker: the counts (under their own lock), the files."""
+        if _not_judged(p) and p.groups:
+            p.notes.append(f"{p.exit_status}: its {p.leaked_objects} live objects are "
+                           "reported, not judged (as `run` does: no leak check runs in a "
+                           "killed process), nor counted in refcntd_leaked_objects_total")
         with runtime.stats.lock:
             self._count(runtime.stats, p)
         self._write_report(runtime, binary, p)
@@ -261,7 +270,7 @@ class Daemon:
     def _count(stats: TargetStats, p: ProcessReport) -> None:
         if p.state != STATE_LIVE_AT_DETACH:
             stats.processes_reported += 1
-            for group in p.groups:
+            for group in [] if _not_judged(p) else p.groups:
                 stats.add(stats.leaked, group.type_name, len(group.objects))
             for finding in p.misuse:
                 stats.add(stats.anomalies, finding.kind, finding.occurrences)
@@ -280,9 +289,10 @@ class Daemon:
             log.error("target=%s pid=%d report not written to %s: %s", runtime.target.name,
                       p.pid, self.store.dir, err.strerror)
             return
-        level = logging.WARNING if p.groups or p.misuse else logging.INFO
-        log.log(level, "target=%s pid=%d %s: %d leaked objects, %d anomalies; report %s",
-                runtime.target.name, p.pid, p.state, p.leaked_objects,
+        judged = p.state != STATE_LIVE_AT_DETACH and not _not_judged(p)
+        level = logging.WARNING if (p.groups and judged) or p.misuse else logging.INFO
+        log.log(level, "target=%s pid=%d %s: %s, %d anomalies; report %s",
+                runtime.target.name, p.pid, _state(p), _objects(p, judged),
                 sum(a.occurrences for a in p.misuse), path.name)
 
     # ---- metrics ----------------------------------------------------------------
@@ -296,6 +306,25 @@ class Daemon:
 
     def collector(self) -> RefcntdCollector:
         return RefcntdCollector(self.view, lambda: self.store.stats)
+
+
+def _not_judged(p: ProcessReport) -> bool:
+    """A process killed by a signal: its leaks are reported, not judged, in every mode
+    (run's policy, outputs/policy.py: LeakSanitizer checks nothing in such a process)."""
+    return p.state == STATE_EXITED and p.exit_status.startswith("killed")
+
+
+def _state(p: ProcessReport) -> str:
+    return f"{p.state}, {p.exit_status}" if p.exit_status else p.state
+
+
+def _objects(p: ProcessReport, judged: bool) -> str:
+    """The log line's count, in the words of the report."""
+    if p.state == STATE_LIVE_AT_DETACH:
+        return f"{p.leaked_objects} objects still live at detach (not counted as leaks)"
+    if not judged:
+        return f"{p.leaked_objects} objects live at its end, not judged (killed)"
+    return f"{p.leaked_objects} leaked objects"
 
 
 def _with_since(runtime: TargetRuntime) -> dict[str, tuple[Tracer, float]]:

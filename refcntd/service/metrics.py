@@ -10,12 +10,14 @@ of a spec's `class:` type once in its life (label `class`, bounded per type).
 
 from __future__ import annotations
 
+import os
 import platform
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TypedDict, TypeVar, cast
 
 from prometheus_client.core import (
@@ -46,6 +48,7 @@ class TargetStats:
     name: str
     age_threshold_s: float
     max_type_labels: int = 100
+    warm_up_s: float = 10.0  # objects a process made in its first seconds: not "older"
     tracers: list[Tracer] = field(default_factory=list)
     probes_failed: int = 0
     attach_errors: int = 0
@@ -96,8 +99,12 @@ class RefcntdCollector:
             f["by_class"].add_metric([t, type_name, cls], n)
         ops: dict[tuple[str, str], int] = {}
         live: dict[str, list[Aged]] = {}
+        # live objects older than the threshold, but not those their process made while
+        # it warmed up (a registry loaded at start lives as long as the process)
+        older: dict[str, int] = {}
         kernel_stats: dict[Stat, int] = {}
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        started = ProcessStarts()
         for tracer in s.tracers:
             k = tracer.kernel
             # serve's kernel side counts every operation as it happens (SITES), and
@@ -114,13 +121,17 @@ class RefcntdCollector:
                 name = b.type_name or self._live_type(b.tgid, b.name_ptr)
                 age = max(0.0, (now - (b.start_ns + b.end_ns) / 2) / 1e9)
                 live.setdefault(name, []).append((age, b.count))
+                if age > s.age_threshold_s and \
+                        not started.warming(b.tgid, b.start_ns, s.warm_up_s):
+                    older[name] = older.get(name, 0) + b.count
             for stat, n in k.stats().items():  # summed over the target's binaries
                 kernel_stats[stat] = kernel_stats.get(stat, 0) + n
             for m, (used, cap) in k.map_fill().items():
                 f["map_entries"].add_metric([t, m], used)
                 f["map_capacity"].add_metric([t, m], cap)
-            f["processes"].add_metric([t, tracer.plan.sites[0].module if tracer.plan.sites
-                                       else ""], len(tracer.tracker.sessions))
+            # the program's path, as refcntd_binary_attached_since_seconds says it
+            f["processes"].add_metric([t, tracer.plan.binary],
+                                      tracer.tracker.running_processes())
         for stat, n in sorted(kernel_stats.items()):
             if stat in LOST_REASONS:
                 f["dropped"].add_metric([t, stat.name.lower()], n)
@@ -143,12 +154,13 @@ class RefcntdCollector:
         f["folded"].add_metric([t], len(set(live) | {n for n, _ in ops} | set(s.leaked))
                                - len(keep))
         live, ops = _fold(live, keep), _fold_ops(ops, keep)
+        older = _fold_counts(older, keep)
         leaked = _fold_counts(s.leaked, keep)
         for (name, op), n in sorted(ops.items()):
             f["operations"].add_metric([t, name, op], n)
         for name, ages in sorted(live.items()):
             f["live"].add_metric([t, name], sum(n for _, n in ages))
-            f["older"].add_metric([t, name], sum(n for a, n in ages if a > s.age_threshold_s))
+            f["older"].add_metric([t, name], older.get(name, 0))
             f["age"].add_metric([t, name], _buckets(ages), sum(a * n for a, n in ages))
         for name, n in sorted(leaked.items()):
             f["leaked"].add_metric([t, name], n)
@@ -166,6 +178,37 @@ class RefcntdCollector:
             if len(self._type_cache) > 65536:
                 self._type_cache.clear()
         return self._type_cache[key]
+
+
+class ProcessStarts:
+    """When each process started, on the clock of the kernel's times (CLOCK_MONOTONIC),
+    read once per scrape from /proc/PID/stat (clock ticks since boot)."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc_root = proc_root
+        self._boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - \
+            time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        self._starts: dict[int, int | None] = {}
+
+    def warming(self, tgid: int, made_ns: int, warm_up_s: float) -> bool:
+        """Whether objects made from `made_ns` (the start of their creation-time bin)
+        were made in their process's first `warm_up_s` seconds: a bin that begins
+        before then counts whole (a second, or two minutes for objects older than ten:
+        start-up objects never count as old, a few made just after may not either)."""
+        if warm_up_s <= 0:
+            return False
+        if tgid not in self._starts:
+            self._starts[tgid] = self._read(tgid)
+        start = self._starts[tgid]
+        return start is not None and made_ns < start + warm_up_s * 1e9
+
+    def _read(self, tgid: int) -> int | None:
+        try:
+            stat = (self.proc_root / str(tgid) / "stat").read_text()
+        except OSError:
+            return None  # gone: its objects are reported at its exit
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK") - self._boot_ns
 
 
 def _kept_types(live: dict[str, list[Aged]], ops: dict[tuple[str, str], int],

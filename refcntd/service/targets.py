@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refcntd.analysis.model import ProcessReport, RunResult
+from refcntd.binary.elf import ElfImage
 from refcntd.binary.plan import build_plan
 from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import ConfigError, RefcntdError
@@ -67,7 +68,7 @@ class Targets:
 
     def add(self, target: Target) -> None:
         runtime = TargetRuntime(target, TargetStats(target.name, target.age_threshold_s,
-                                                    target.max_type_labels))
+                                                    target.max_type_labels, target.warm_up_s))
         paths = sorted(glob.glob(target.path)) or [target.path]
         for path in paths:
             self._attach_binary(runtime, path)
@@ -89,6 +90,7 @@ class Targets:
         runtime.target = target
         runtime.stats.age_threshold_s = target.age_threshold_s
         runtime.stats.max_type_labels = target.max_type_labels
+        runtime.stats.warm_up_s = target.warm_up_s
 
     def follow(self, runtime: TargetRuntime) -> None:
         """Attach binaries that appeared, re-attach replaced ones (package upgrades:
@@ -184,7 +186,7 @@ class Targets:
         """A tracer attached to the binary at `path`, reporting with its own status."""
         target = runtime.target
         opts = TraceOptions(history=target.history, comm_filter=target.comm,
-                            cgroup_id=_cgroup_id(target), sites=True)
+                            programs=_program(path), cgroup_id=_cgroup_id(target), sites=True)
         # REFCNTD_PROBE_MODE, as for check/attach/run (serve has no --probe-mode)
         plan = build_plan(target.spec, path, parse_modes(os.environ.get("REFCNTD_PROBE_MODE")))
         plan.require_complete()
@@ -203,6 +205,13 @@ class Targets:
             tracer.close()  # never a probe (or a stopped process) without its owner
             raise
         return tracer
+
+
+def _program(path: str) -> tuple[str, ...]:
+    """A target whose path is a program traces the processes running it, and no
+    other, also when its spec probes a library every process maps (libgstreamer);
+    one whose path is a library, every process that maps it."""
+    return () if ElfImage(Path(path)).is_shared_library else (path,)
 
 
 def _cgroup_id(target: Target) -> int | None:

@@ -42,6 +42,7 @@ def attach(plan: Plan, pid: int | None, opts: TraceOptions,
                 for tgid in _process_tree(pid) if pid is not None else []:
                     gen = tracer.kernel.register_process(tgid)
                     tracer.tracker.add_root(tgid, gen, read_cmdline(tgid) or [str(tgid)])
+                    tracer.tracker.predating.add(tgid)  # as system-wide (adopt_running)
                     tracer.index.add_process_maps(f"/proc/{tgid}/maps")
                     tracer.unwind.seed_process(tgid)
                     tracer.vetting.vet_process(tgid)

@@ -33,7 +33,7 @@ from refcntd.analysis.model import (
     ProcessReport,
 )
 from refcntd.inputs.config import COMM_MAX
-from refcntd.kernel.abi import EventKind
+from refcntd.kernel.abi import AnomalyKind, EventKind
 from refcntd.kernel.columns import ObjectColumns
 from refcntd.kernel.parts import Objects, SiteMaps
 from refcntd.kernel.records import (
@@ -51,6 +51,7 @@ from refcntd.symbolize.turn import SYMBOLIZE
 
 REPORTED_KEEP = 4096  # far more than the reports one ring-buffer read can bring
 PENDING_ARGV_LIMIT = 4096
+UNKNOWN_OBJECT = (AnomalyKind.UNKNOWN_GET, AnomalyKind.UNKNOWN_PUT, AnomalyKind.UNKNOWN_DELETE)
 PRUNE_STATS_EVERY = 64  # reports between sweeps of counters no report will take
 Records = list[ObjectRecord] | ObjectColumns  # a process's objects: columns without history
 
@@ -89,12 +90,16 @@ class SessionTracker:
         self.stub_names: frozenset[str] | None = None  # set when history is on
         # --leak-kinds: the scan made when the process was held at _exit (exitscan.py)
         self.take_scan: Callable[[int], ReachScan | None] | None = None
+        # processes running before the probes were attached: their gets and puts on
+        # objects made before are counted by the kernel (one note), not each reported
+        self.predating: set[int] = set()
         self._built = 0  # reports built (on the worker)
 
     # ---- events ------------------------------------------------------------
     def handle(self, ev: LifecycleEvent | AnomalyRecord) -> None:
         if isinstance(ev, AnomalyRecord):
-            self._anomalies.setdefault(ev.tgid, []).append(ev)
+            if ev.tgid not in self.predating or ev.anomaly not in UNKNOWN_OBJECT:
+                self._anomalies.setdefault(ev.tgid, []).append(ev)
         elif ev.kind == EventKind.EXECVE:
             self._on_execve(ev)
         elif ev.kind in (EventKind.PROC, EventKind.FORK):
@@ -107,11 +112,17 @@ class SessionTracker:
     def add_root(self, tgid: int, gen: int, command: list[str]) -> None:
         self.sessions[tgid] = Session(tgid, gen, Path(command[0]).name[:COMM_MAX], list(command))
 
+    def running_processes(self) -> int:
+        """Traced processes running: sessions of processes, not of their threads (the
+        BPF side follows a traced process's clones, threads too)."""
+        return sum(1 for tgid in list(self.sessions) if _tgid_of(tgid, self.proc_root) == tgid)
+
     def _on_execve(self, ev: LifecycleEvent) -> None:
         command = list(ev.argv) or [ev.path]
         session = self.sessions.get(ev.tgid)
         if session is not None:
             session.command = command
+            session.comm = Path(ev.path).name[:COMM_MAX] or session.comm  # as exec sets it
             return
         self._argv[ev.tgid] = command
         while len(self._argv) > PENDING_ARGV_LIMIT:
@@ -124,7 +135,9 @@ class SessionTracker:
             self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command, ev.pid)
             return
         command = self._argv.pop(ev.tgid, []) or self._read_cmdline(ev.tgid)
-        self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command or [ev.comm])
+        # the process's name, not that of the thread whose init found it (audiotestsrc0:s)
+        comm = read_comm(ev.tgid, self.proc_root) or ev.comm
+        self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, comm, command or [comm])
 
     def _read_cmdline(self, tgid: int) -> list[str]:
         return read_cmdline(tgid, self.proc_root)
@@ -133,7 +146,9 @@ class SessionTracker:
         session = self.sessions.pop(ev.tgid, None)
         if session is None or session.gen != ev.gen or (ev.tgid, ev.gen) in self.reported:
             return
-        session.comm = ev.comm or session.comm
+        self.predating.discard(ev.tgid)
+        # the exit event comes from the last thread, whose name may be its own
+        session.comm = session.comm or ev.comm
         waited = self.exit_codes.get(ev.tgid)
         if ev.exit_code < 0 and waited is None:
             waited = self.wait_status(ev.tgid)
@@ -156,18 +171,22 @@ class SessionTracker:
     def finish(self) -> None:
         """At detach: live processes' objects as live, orphans as 'exit not seen'."""
         now = self.clock_ns()
+        at_detach = set()
         for session in list(self.sessions.values()):
             alive = (self.proc_root / str(session.tgid)).exists()
             records = self._drain(session.tgid, session.gen)
             state = STATE_LIVE_AT_DETACH if alive else STATE_EXIT_NOT_SEEN
             if records or session.tgid in self._anomalies:
                 self._report(session, state, _given(records), now, "", None)
+                at_detach.add(session.tgid)
         self.sessions.clear()
-        self.submit(lambda: self._orphans(now))
+        self.submit(lambda: self._orphans(now, at_detach))
 
-    def _orphans(self, now: int) -> None:
+    def _orphans(self, now: int, reported: set[int]) -> None:
         """On the worker, after every queued report has drained its process: objects
-        left in the kernel belong to processes without a session."""
+        left in the kernel belong to processes without a session.  A running process
+        reported at this detach has its report: what it made while the probes were
+        still attached after its drain goes with them, not into a second report."""
         orphans: dict[int, list[ObjectRecord]] = {}
         for rec in self.objects.live_objects():
             orphans.setdefault(rec.tgid, []).append(rec)
@@ -175,6 +194,9 @@ class SessionTracker:
             orphans.setdefault(tgid, [])
         for tgid, records in orphans.items():
             self.objects.drain(tgid, None)
+            if tgid in reported:
+                self._anomalies.pop(tgid, None)
+                continue
             alive = (self.proc_root / str(tgid)).exists()
             gen = records[0].gen if records else 0
             session = Session(tgid, gen, "", self._read_cmdline(tgid) if alive else [])
@@ -270,6 +292,26 @@ class ReportJob:
 
 def _given(records: Records) -> Callable[[], Records]:
     return lambda: records
+
+
+def read_comm(pid: int, proc_root: Path = Path("/proc")) -> str:
+    """A live process's name (its main thread's); empty once it is gone."""
+    try:
+        return (proc_root / str(pid) / "comm").read_text(errors="replace").rstrip("\n")
+    except OSError:
+        return ""
+
+
+def _tgid_of(tid: int, proc_root: Path) -> int | None:
+    """The process of thread `tid` (itself for a process); None once it is gone."""
+    try:
+        status = (proc_root / str(tid) / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Tgid:"):
+            return int(line.split()[1])
+    return None
 
 
 def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:

@@ -31,6 +31,7 @@ class TraceOptions:
     history: tuple[str, ...] | None = None  # type names, ("all",), or None
     history_depth: int = 16
     comm_filter: tuple[str, ...] = ()
+    programs: tuple[str, ...] = ()  # system-wide: only processes running these (serve)
     cgroup_id: int | None = None
     sites: bool = False  # per-site live counts in the kernel (serve: scrapes and diffs)
     run_as: Credentials | None = None  # run --user
@@ -46,7 +47,8 @@ def kernel_options(spec: Spec, has_ldso: bool, filtered: bool, opts: TraceOption
                          max_objects=opts.max_objects, max_stacks=opts.max_stacks,
                          exit_code_offset=btf.member_offset("task_struct", "exit_code"),
                          history=opts.history, history_depth=opts.history_depth,
-                         comm_filter=opts.comm_filter, cgroup_id=opts.cgroup_id,
+                         comm_filter=opts.comm_filter, exe_filter=bool(opts.programs),
+                         cgroup_id=opts.cgroup_id,
                          sites=opts.sites, max_alloc_sites=_env_int(
                              "REFCNTD_MAX_ALLOC_SITES", 65536, 1 << 22),
                          unwind_offsets=None if os.environ.get("REFCNTD_UNWIND") == "fp"

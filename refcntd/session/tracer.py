@@ -159,11 +159,27 @@ class Tracer:
         self.exit_scans = self._exit_scans(opts.leak_kinds)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
+        self.programs = self._scope(opts.programs)
         if opts.history is not None:
             self.tracker.stub_names = frozenset(
                 f for role in plan.spec.entries for f in role.functions)
             if opts.history != ("all",):
                 self.kernel.set_history_types([type_id(n) for n in opts.history])
+
+    def _scope(self, programs: tuple[str, ...]) -> frozenset[tuple[int, int]] | None:
+        """System-wide, only the processes running `programs` (serve: a target whose
+        path is a program, on a spec probing a library every process maps); the
+        programs' (dev, inode), or None when every process mapping the probes counts."""
+        if not programs:
+            return None
+        if not self.kernel.opts.exe_filter or self.kernel.opts.unwind_offsets is None:
+            self.plan.notes.append("every process mapping a probed module is traced, not "
+                                   f"only {', '.join(programs)}: the kernel's BTF lacks "
+                                   "the offsets that read a process's executable")
+            return None
+        for path in self.kernel.set_exe_filter(programs):
+            self.plan.notes.append(f"{path}: no such file when the probes were attached")
+        return frozenset((k.dev, k.ino) for k in map(file_key, programs) if k is not None)
 
     def _exit_scans(self, wanted: bool) -> ExitScans | None:
         """--leak-kinds: processes held at _exit (run and --pid only: system-wide it
@@ -246,7 +262,8 @@ class Tracer:
     def adopt_running(self) -> None:
         """System-wide: processes already mapping a probed module get their mappings
         seeded (stacks) and the modules they map scanned (exported call-site mode)."""
-        for tgid in _processes_mapping(self.plan.modules):
+        for tgid in _processes_mapping(self.plan.modules, self.programs):
+            self.tracker.predating.add(tgid)
             self.unwind.seed_process(tgid)
             self.vetting.vet_process(tgid)
 
@@ -342,12 +359,13 @@ class Tracer:
         if own is None:
             lost.update(unprobed_copies(self.plan, hits, self.loaded))
         notes += self.kernel.notes() + self.kernel.probes.notes()
-        notes += self.vetting.notes()
         notes += self.exit_scans.notes() if self.exit_scans is not None else []
         notes += self.tracker.sym.notes()  # debug files and debuginfod refused for the run
-        notes += [f"no unwind table for {f}" for f in self.unwind.failed]
-        notes += [f"unwind table not loaded (table space full): {p}"
-                  for p in self.kernel.unwind.not_loaded]
+        if own is None:  # other processes' stops and modules: not one process's report
+            notes += self.vetting.notes()
+            notes += [f"no unwind table for {f}" for f in self.unwind.failed]
+            notes += [f"unwind table not loaded (table space full): {p}"
+                      for p in self.kernel.unwind.not_loaded]
         scanner = self.exec_scanner
         if scanner is not None and own is None:
             notes += scanner.notes() + scanner.problems
@@ -362,11 +380,20 @@ class Tracer:
         return TracingStatus(probes, lost, notes + list(self.plan.notes), cut)
 
 
-def _processes_mapping(modules: Iterable[str]) -> list[int]:
-    """Running processes that map one of `modules` (their stacks need seeded mappings)."""
+def _processes_mapping(modules: Iterable[str],
+                       programs: frozenset[tuple[int, int]] | None = None) -> list[int]:
+    """Running processes that map one of `modules` (their stacks need seeded mappings),
+    and run one of `programs` ((dev, inode)) when given."""
     names = {str(Path(m).resolve()) for m in modules}
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")}:
+        if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")} \
+                and (programs is None or _runs(entry, programs)):
             found.append(int(entry.name))
     return found
+
+
+def _runs(proc: Path, programs: frozenset[tuple[int, int]]) -> bool:
+    """Whether the process at /proc/PID runs one of `programs`."""
+    key = file_key(str(proc / "exe"))
+    return key is not None and (key.dev, key.ino) in programs

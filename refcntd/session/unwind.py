@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class UnwindTables:
         if identity in self._done:
             return
         self._done.add(identity)
+        if not _is_elf(path):  # JIT code in a file (ORC's orcexec.*): no table to have
+            self.kernel.mark_without_table(path)
+            return
         try:
             ready = self._ready.tables.pop(path, None)
             if isinstance(ready, Exception):
@@ -79,16 +83,38 @@ class UnwindTables:
             return
         for path, start, end, _off, dev, ino in exec_mappings(Path(f"/proc/{tgid}/maps")):
             same = names_file(path, dev, ino)
-            self.add([path if same else f"/proc/{tgid}/map_files/{start:x}-{end:x}"],
-                     with_deps=same)
+            self.add([path if same else _map_file(tgid, start, end)], with_deps=same)
 
     def seed_process(self, tgid: int) -> None:
         """A process running before tracing began: its mappings and their tables."""
         if not self.kernel.enabled:
             return
         maps = exec_mappings(Path(f"/proc/{tgid}/maps"))
-        self.add({m[0] for m in maps}, with_deps=False)
+        self.add({path if names_file(path, dev, ino) else _map_file(tgid, start, end)
+                  for path, start, end, _off, dev, ino in maps}, with_deps=False)
         self.kernel.seed_exec_maps(tgid, [m[1:] for m in maps])
+
+
+def _map_file(tgid: int, start: int, end: int) -> str:
+    """A mapping's file through the process: deleted since (`PATH (deleted)`), or of
+    another mount namespace."""
+    return f"/proc/{tgid}/map_files/{start:x}-{end:x}"
+
+
+def _is_elf(path: str) -> bool:
+    """Whether `path` starts as an ELF file does; True when it cannot be read (the
+    load then says why).  Code a JIT wrote into a file and mapped (GStreamer's ORC:
+    `/tmp/orcexec.* (deleted)`) is not one, and no user can give it a table."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there never waits
+    except OSError:
+        return True
+    try:
+        return not stat.S_ISREG(os.fstat(fd).st_mode) or os.read(fd, 4) == b"\x7fELF"
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _identity(path: str) -> object:
