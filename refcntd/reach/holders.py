@@ -15,7 +15,9 @@ What counts as a holder, and why (the one place that says it):
   own block: a list or tree node pointing back into its own object, as
   INIT_LIST_HEAD and RB_CLEAR_NODE leave them): an object does not keep itself alive
   through its own links.  A pointer from its own block to its start is counted (an
-  object may hold a reference to itself on purpose: a pending task);
+  object may hold a reference to itself on purpose: a pending task), unless it is the
+  word at that start itself (perf 6.1's `struct map` begins with its rb_node, which
+  RB_CLEAR_NODE points at itself: found by the gdb oracle, benchmarks/holders_oracle.py);
 - except a pointer to a node that is cleared: the word it points at holds its own
   address (RB_CLEAR_NODE sets a node's parent to itself; INIT_LIST_HEAD and
   list_del_init set next and prev to it).  A node unlinked that way belongs to no
@@ -108,7 +110,9 @@ def _slot(scan: ReachScan, src: int, where: int, value: int, address: int, block
           cleared: set[int]) -> Slot:
     heap = scan.heap
     why = ""
-    if value != address:
+    if where == value:  # a node at the object's start, cleared: it points to itself
+        why = LINK_CLEARED
+    elif value != address:
         if src == block:
             why = LINK_OWN
         elif value in cleared:

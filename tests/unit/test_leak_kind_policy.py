@@ -148,3 +148,25 @@ def test_a_reference_held_by_nothing_fails_apart_from_reachable_objects():
     assert "(reference held by nothing)" in case_name(unheld)
     baseline = Policy(lsan=True, baseline={by_status[REACHABLE].key: (3, 3)})
     assert sorted(statuses(baseline, result)) == [FAILING, "in baseline"]
+
+
+def test_a_word_pointing_at_itself_holds_nothing():
+    """A cleared node at an object's start (perf 6.1's struct map begins with its
+    rb_node; RB_CLEAR_NODE points it at itself) is no holder; a pointer to its start
+    from elsewhere in its block is (a reference to itself), and from another block too."""
+    import numpy as np
+
+    from refcntd.reach import glibc, graph
+    from refcntd.reach.holders import LINK_CLEARED, pointers_to
+    from refcntd.reach.scan import ReachScan
+
+    u64 = np.uint64
+    scan = ReachScan(1, heap=glibc.Heap(np.array([0x1000, 0x2000], u64),
+                                       np.array([0x1040, 0x2040], u64)))
+    scan.edges = graph.Edges(np.array([0, 0, 1], np.int64), np.array([0, 0, 0], np.int64),
+                             np.zeros(3, bool), np.array([0x1000, 0x1020, 0x2008], u64),
+                             np.array([0x1000, 0x1000, 0x1000], u64))
+    slots = pointers_to(scan, {0x1000})
+    assert slots is not None
+    assert [(s.where, s.counted, s.not_counted) for s in slots[0x1000]] == [
+        (0x1020, True, ""), (0x2008, True, ""), (0x1000, False, LINK_CLEARED)]
