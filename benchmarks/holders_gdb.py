@@ -12,7 +12,8 @@ are waited out the same way.  Without a hold at `_exit` (no refcntd), it dumps a
 directory), read by gdb through ptrace:
 
 - every writable mapping's bytes (regions/N.bin) with /proc/PID/maps' line;
-- each thread's registers (the general ones, rip, rsp) and its `tcache` pointer;
+- each thread's registers (the general ones, rip, rsp), its frames (function, pc,
+  rsp: gdb's unwind) and its `tcache` pointer;
 - glibc's malloc state from libc6-dbg's symbols: `mp_.sbrk_base`, each arena's
   address, `top`, `fastbinsY`, and the sizes of `heap_info` and `struct malloc_state`;
 - the structs named in $HOLDERS_ORACLE_CONFIG, flattened (offset, size, path, type)
@@ -149,6 +150,16 @@ def dump(inf: gdb.Inferior, where: str, holds: int) -> None:
         t.switch()
         th = {"tid": t.ptid[1], "name": t.name,
               "regs": {r: int(ev(f"${r}")) & (2**64 - 1) for r in regs}}
+        frames = []
+        try:
+            f = gdb.newest_frame()
+            while f is not None and len(frames) < 200:
+                frames.append([f.name() or "", int(f.pc()),
+                               int(f.read_register("rsp")) & (2**64 - 1)])
+                f = f.older()
+        except gdb.error as e:
+            th["frames_error"] = str(e)
+        th["frames"] = frames
         try:
             th["tcache"] = int(ev("(unsigned long)tcache"))
         except gdb.error as e:

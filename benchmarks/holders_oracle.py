@@ -72,7 +72,8 @@ PERF_TYPES["map"]["describe"] = {"dso": (".dso", "ptr"), "start": (".start", "u6
 PERF_TYPES["thread"]["describe"] = {"tid": (".tid", "i32")}
 PERF_TYPES["nsinfo"]["describe"] = {"pid": (".pid", "i32")}
 # GObject: no DWARF for GLib here (no -dbgsym): GObject.ref_count is the guint at +8
-GOBJECT_TYPES = {"GObject": {"struct": "", "count": 8, "describe": {}}}
+# (GstMiniObject's refcount is there too; libvirt's objects, typed by class, are GObjects)
+GOBJECT_TYPES = {"*": {"struct": "", "count": 8, "describe": {}}}
 
 
 @dataclass
@@ -89,7 +90,6 @@ class Program:
 
 def programs(work: Path) -> dict[str, Program]:
     perf61, data61 = work / "build" / "perf", work / "perf61.data"
-    glib = Path("/usr/libexec/installed-tests/glib")
     return {p.name: p for p in [
         Program("perf 6.1 report", [str(perf61), "report", "-i", str(work / "perf61-B.data"),
                                     "--stdio"],
@@ -99,6 +99,12 @@ def programs(work: Path) -> dict[str, Program]:
                 "node.  Recorded with -B (no build-ids): the kernel dso is then made by "
                 "machine__findnew_dso there, not found among the header's build-id dsos",
                 history=True, valgrind=True),
+        Program("perf 6.1 report, -B without callchains",
+                [str(perf61), "report", "-i", str(work / "perf61-Bnog.data"), "--stdio"],
+                "perf-stubs", PERF_TYPES, "the kernel dso's unput get alone: no callchain "
+                "cursor keeps the kernel map, so nothing holds the dso (definitely lost); "
+                "--history names machine__process_kernel_mmap_event",
+                history=True),
         Program("perf 6.1 report, build-ids", [str(perf61), "report", "-i", str(data61),
                                                "--stdio"],
                 "perf-stubs", PERF_TYPES, "the header's build-ids list the kernel dso: "
@@ -107,12 +113,29 @@ def programs(work: Path) -> dict[str, Program]:
                                      str(PERF612 / "work.data"), "--stdio"],
                 "perf-stubs", PERF_TYPES, "80 objects alive at exit, all held (refcntd, "
                 "2026-12-03)"),
-        Program("glib signals", [str(glib / "signals")], "gobject", GOBJECT_TYPES,
-                "GLib's installed test: its objects held or lost as the test leaves them",
-                env=["G_SLICE=always-malloc", "G_DEBUG="]),
-        Program("glib object", [str(glib / "object")], "gobject", GOBJECT_TYPES,
-                "GLib's installed test (a constructor returning an existing object, "
-                "DESIGN 2026-11-25)", env=["G_SLICE=always-malloc"]),
+        Program("gio list /usr/share", ["gio", "list", "/usr/share"], "gobject", GOBJECT_TYPES,
+                "a GLocalFileEnumerator definitely lost and the GLocalFile it holds "
+                "(valgrind, corpus_programs.REAL_LEAKS); GIO's kept singletons held",
+                env=["G_SLICE=always-malloc"]),
+        Program("gio tree /usr/share/glib-2.0", ["gio", "tree", "/usr/share/glib-2.0"],
+                "gobject", GOBJECT_TYPES, "one GLocalFileEnumerator per directory definitely "
+                "lost and the GLocalFiles they hold (valgrind)", env=["G_SLICE=always-malloc"]),
+        Program("gio info /etc/passwd", ["gio", "info", "/etc/passwd"], "gobject",
+                GOBJECT_TYPES, "clean: GIO's kept singletons (DESIGN 2026-11-25)",
+                env=["G_SLICE=always-malloc"]),
+        # threads run at exit: each run differs, three are kept
+        *(Program(f"glib gdbus-close-pending #{i}",
+                  ["/usr/libexec/installed-tests/glib/gdbus-close-pending"], "gobject",
+                  GOBJECT_TYPES, "GIO objects alive at exit under its D-Bus worker thread "
+                  "(corpus: 7, still reachable)", env=["G_SLICE=always-malloc"])
+          for i in (1, 2, 3)),
+        Program("gst-launch queue pipeline", ["gst-launch-1.0", "-q", "fakesrc",
+                                              "num-buffers=200", "!", "queue", "!", "identity",
+                                              "!", "queue", "!", "fakesink"],
+                "gstreamer", GOBJECT_TYPES, "clean (DESIGN 2026-11-25); the registry's "
+                "objects held", env=["G_SLICE=always-malloc"]),
+        Program("virsh list", ["virsh", "-c", "test:///default", "list", "--all"], "libvirt",
+                GOBJECT_TYPES, "clean (DESIGN 2026-11-25)", env=["G_SLICE=always-malloc"]),
     ]}
 
 
@@ -145,13 +168,14 @@ def build_perf61(work: Path) -> dict:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         steps["build_s"] = round(time.monotonic() - t, 1)
     steps["build_command"] = " ".join(cmd)
-    for name, extra in (("perf61.data", []), ("perf61-B.data", ["-B"])):
+    for name, extra in (("perf61.data", ["-g"]), ("perf61-B.data", ["-B", "-g"]),
+                        ("perf61-Bnog.data", ["-B"])):
         data = work / name
         if not data.exists():
-            subprocess.run([str(build / "perf"), "record", "-q", *extra, "-g", "-F", "2000",
+            subprocess.run([str(build / "perf"), "record", "-q", *extra, "-F", "2000",
                             "-o", str(data), "--", "sh", "-c", PERF_RECORD], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        steps[name] = " ".join(["perf", "record", "-q", *extra, "-g", "-F", "2000", "--",
+        steps[name] = " ".join(["perf", "record", "-q", *extra, "-F", "2000", "--",
                                 "sh", "-c", repr(PERF_RECORD)])
     return steps
 
@@ -191,8 +215,11 @@ def instances(report: dict, pid: int) -> tuple[dict, list[dict]]:
     """The program's process (the one gdb dumped), its instances with their type."""
     for proc in report["processes"]:
         if proc["pid"] == pid:
-            return proc, [dict(i, type=g["type"]) for g in proc["groups"]
-                          for i in g["instances"]]
+            return proc, [dict(i, type=g["type"], alloc=" < ".join([
+                f.get("function") or "?" for f in g["stack"]
+                if not (f.get("function") or "").startswith(("g_object_new", "g_type_create"))
+            ][:4]))
+                for g in proc["groups"] for i in g["instances"]]
     raise RuntimeError(f"refcntd reports no process {pid}: "
                        f"{[(q['pid'], q['comm']) for q in report['processes']]}")
 
@@ -245,7 +272,10 @@ def chunks(mem: Memory, state: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray
                 return
             nxt = mem.word(p + sz + 8)
             inuse = nxt is not None and bool(nxt & 1)
-            rows.append((p + 16, p + sz + 8 if inuse else p + sz, inuse))
+            # the block ends at the next chunk's header: an in-use chunk may also use the
+            # next one's prev_size word, but a pointer there is far more often one at that
+            # chunk (as refcntd's blocks, and valgrind's, which end at the requested size)
+            rows.append((p + 16, p + sz, inuse))
             p += sz
 
     heaps: list[tuple[int, int]] = []
@@ -348,6 +378,14 @@ def oracle(state: dict, objs: list[dict], types: dict) -> dict:
         i = int(np.searchsorted(starts, addr, "right")) - 1
         return i if i >= 0 and addr < int(ends[i]) else -1
 
+    def source_chunk(addr: int) -> int:
+        """The chunk whose data holds the word at `addr`: an in-use chunk's data also
+        takes the next chunk's prev_size word."""
+        i = int(np.searchsorted(starts, addr, "right")) - 1
+        if i >= 0 and addr < int(ends[i]) + (8 if inuse[i] else 0):
+            return i
+        return -1
+
     blocks = {}
     for a in tracked:
         i = chunk_of(a)
@@ -358,6 +396,11 @@ def oracle(state: dict, objs: list[dict], types: dict) -> dict:
     hi_v = np.array([int(ends[blocks[int(a)]]) for a in lo_v], np.uint64)
     found: dict[int, list[OSlot]] = {int(a): [] for a in lo_v}
     prev: tuple | None = None
+    # malloc's own words (main_arena.top points at the top chunk's header, the last
+    # usable word of the block before it): the arenas' malloc_state, the tcaches
+    meta = [(a["address"], a["address"] + state["malloc"]["malloc_state_size"])
+            for a in state["arenas"]]
+    meta += [(th["tcache"], th["tcache"] + 0x280) for th in state["threads"] if th.get("tcache")]
     for lo, hi, r, words in mem.regions:
         kind, name = region_kind(lo, hi, r["name"], prev, starts, sps), r["name"]
         prev = (lo, hi, name, kind)
@@ -369,18 +412,23 @@ def oracle(state: dict, objs: list[dict], types: dict) -> dict:
         for k in hit.tolist():
             where, value = lo + 8 * k, int(words[k])
             obj = int(lo_v[j[k]])
-            if kind == "heap":
-                c = chunk_of(where)
+            if any(m0 <= where < m1 for m0, m1 in meta):
+                src, holder = "garbage", "malloc's own state (an arena's top or bins)"
+            elif kind == "heap":
+                c = source_chunk(where)
                 if c < 0 or not inuse[c]:
                     src, holder = "garbage", ("a free chunk" if c >= 0 else "malloc's header")
                 else:
                     src, holder = "heap", describe_block(int(starts[c]), int(ends[c]), where,
                                                          tracked, structs)
             elif kind == "stack":
-                if where < sp:
+                if sp - 128 <= where < sp:
+                    src, holder = "garbage", ("the red zone (128 bytes below %rsp: live only "
+                                              "while a leaf function uses it)")
+                elif where < sp:
                     src, holder = "garbage", "below the stack pointer"
                 else:
-                    src, holder = "stack", f"stack {name or 'of a thread'} sp+0x{where - sp:x}"
+                    src, holder = stack_slot(state, where, sp, name)
             elif kind.startswith("module "):
                 src, holder = "module", f"{kind[7:]}+0x{where - lo:x}"
             else:
@@ -411,7 +459,7 @@ def oracle(state: dict, objs: list[dict], types: dict) -> dict:
         for s in found.get(a, []):
             if not s.counted:
                 s.why = "garbage: " + s.holder
-            elif bs <= s.where < be:
+            elif bs <= s.where < be + 8:  # its own data (prev_size word included)
                 s.why = own_slot(st, s.where - a, s.value - a)
                 s.counted = not s.why
             else:
@@ -423,6 +471,28 @@ def oracle(state: dict, objs: list[dict], types: dict) -> dict:
     return {"objects": out, "malloc": summary}
 
 
+# libc's frames once main has returned (or exit was called): what they hold are their
+# own locals and words left over from earlier calls, no reference of the program's
+EXIT_PATH = ("_exit", "__GI__exit", "_Exit", "__run_exit_handlers", "exit", "__GI_exit",
+             "__libc_start_call_main", "__libc_start_main_impl", "__libc_start_main", "_start")
+
+
+def stack_slot(state: dict, where: int, sp: int, name: str) -> tuple[str, str]:
+    """A live stack word: the frame holding it (gdb's unwind); words of libc's exit path
+    frames are not the program's."""
+    for th in state["threads"]:
+        frames = th.get("frames") or []
+        if not frames or not frames[0][2] <= where or th["regs"]["rsp"] != sp:
+            continue
+        for i, (fn, _pc, fsp) in enumerate(frames):
+            upper = frames[i + 1][2] if i + 1 < len(frames) else 2**64
+            if fsp <= where < upper:
+                if fn in EXIT_PATH:
+                    return "garbage", f"a word of libc's exit path frame {fn} (thread {th['tid']})"
+                return "stack", f"stack frame {fn or '??'} (thread {th['tid']}) sp+0x{where - sp:x}"
+    return "stack", f"stack {name or 'of a thread'} sp+0x{where - sp:x}"
+
+
 def member_offset(struct: dict | None, path: str) -> int | None:
     for m in (struct or {}).get("members", []):
         if m[2] == path:
@@ -431,7 +501,7 @@ def member_offset(struct: dict | None, path: str) -> int | None:
 
 
 def read_count(mem: Memory, types: dict, structs: dict, typ: str, a: int) -> int | None:
-    spec = types.get(typ)
+    spec = types.get(typ) or types.get("*")
     if not spec:
         return None
     off = spec["count"] if isinstance(spec["count"], int) else \
@@ -444,7 +514,7 @@ def read_count(mem: Memory, types: dict, structs: dict, typ: str, a: int) -> int
 
 def describe(mem: Memory, types: dict, structs: dict, typ: str, a: int) -> dict:
     out: dict = {}
-    for label, (path, how) in types.get(typ, {}).get("describe", {}).items():
+    for label, (path, how) in (types.get(typ) or types.get("*", {}))["describe"].items():
         off = member_offset(structs.get(typ), path)
         if off is None:
             continue
@@ -531,7 +601,8 @@ def describe_block(bs: int, be: int, where: int, tracked: dict, structs: dict) -
         a = max((x for x in inside if x <= where), default=min(inside))
         t = tracked[a]["type"]
         m = member_name(structs.get(t), where - a) if where >= a else None
-        return f"{t} 0x{a:x} " + (f".{m.lstrip('.')}" if m else f"+0x{where - a:x}")
+        off = f"+0x{where - a:x}" if where >= a else f"-0x{a - where:x}"
+        return f"{t} 0x{a:x} " + (f".{m.lstrip('.')}" if m else off)
     return f"a {be - bs}-byte block 0x{bs:x}+0x{where - bs:x}"
 
 
@@ -588,14 +659,23 @@ def compare(objs: list[dict], orc: dict) -> dict:
                      "refcntd_holders": r_holders, "oracle_holders": o_holders,
                      "refcntd_unheld": o.get("unheld"), "oracle_unheld": o_unheld_n,
                      "slots_agree": ok_slots, "slots_disagree": bad_slots,
-                     "refcntd_pointers": ptrs, "oracle_slots": x["slots"],
-                     "describe": x.get("describe", {}),
+                     "refcntd_pointers": ptrs, "oracle_slots": kept_slots(x["slots"]),
+                     "oracle_garbage_slots": sum(1 for s in x["slots"]
+                                                 if s["source"] == "garbage"),
+                     "describe": x.get("describe", {}) or {"allocated at": o.get("alloc")},
                      "notes": notes})
     return {"objects": len(objs), "agree": agree, "disagree": disagree,
             "layout_mismatch": layout_bad, "unheld_refcntd": unheld_r,
             "unheld_oracle": sum(1 for r in rows if r["oracle_unheld"] > 0
                                  and r["kind"] in (UNHELD, "still reachable")),
             "rows": rows}
+
+
+def kept_slots(slots: list[dict], garbage: int = 8) -> list[dict]:
+    """Every live slot, and the first few garbage ones (perf keeps thousands of stale
+    pointers in free chunks): the JSON stays small; their number is kept beside."""
+    live = [s for s in slots if s["source"] != "garbage"]
+    return live + [s for s in slots if s["source"] == "garbage"][:garbage]
 
 
 # ---- valgrind (perf 6.1) ---------------------------------------------------
@@ -637,7 +717,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/holders-oracle"))
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--render", action="store_true", help="only rewrite holders.md from .json")
     args = ap.parse_args()
+    if args.render:
+        result = json.loads((args.out / "holders.json").read_text())
+        (args.out / "holders.md").write_text(markdown(result))
+        return
     progs = programs(args.work)
     chosen = [progs[n] for n in (args.only or progs)]
     result: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -670,6 +755,15 @@ def main() -> None:
               f" unheld refcntd {cmp['unheld_refcntd']} oracle {cmp['unheld_oracle']}",
               file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
+    previous = args.out / "holders.json"
+    if args.only and previous.exists():  # the other programs' results stay, with their date
+        old = json.loads(previous.read_text())
+        for name, entry in old["programs"].items():
+            if name not in result["programs"]:
+                entry.setdefault("date", old["date"])
+                entry.setdefault("commit", old["commit"])
+                result["programs"][name] = entry
+        result["programs"] = {n: result["programs"][n] for n in progs if n in result["programs"]}
     (args.out / "holders.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "holders.md").write_text(markdown(result))
 
@@ -679,12 +773,20 @@ def markdown(result: dict) -> str:
     lines = ["# Holders against gdb (benchmarks/holders_oracle.py)", "",
              f"{result['date']}, commit {result['commit']}, kernel {m['uname']}, "
              f"{m['cpus']} CPUs, load {m['load']:.1f} at the start.", "",
-             "| program | objects | holders agree | disagree | layout differs | "
-             "held by nothing (refcntd) | (oracle) | expected |",
+             "objects: alive at exit (refcntd's JSON); agree: the same holders, slot by slot "
+             "(beyond refcntd's 8 listed pointers, the number); count differs: refcntd's final "
+             "count is not the count in memory at the hold (threads ran on after it); count > "
+             "holders: objects with a reference no slot holds, refcntd's `unheld` and the "
+             "oracle's (count in memory minus its holders), any kind; kind: refcntd's "
+             "`reference held by nothing`.", "",
+             "| program | objects | holders agree | disagree | count differs | count > holders "
+             "(refcntd / oracle) | kind 'held by nothing' | expected |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, e in result["programs"].items():
+        r_any = sum(1 for r in e["rows"] if (r["refcntd_unheld"] or 0) > 0)
+        o_any = sum(1 for r in e["rows"] if r["oracle_unheld"] > 0 and r["oracle_holders"] >= 0)
         lines.append(f"| {name} | {e['objects']} | {e['agree']} | {e['disagree']} | "
-                     f"{e['layout_mismatch']} | {e['unheld_refcntd']} | {e['unheld_oracle']} "
+                     f"{e['layout_mismatch']} | {r_any} / {o_any} | {e['unheld_refcntd']} "
                      f"| {e['expected']} |")
     for name, e in result["programs"].items():
         lines += ["", f"## {name}", "", f"`{' '.join(e['command'])}` (spec {e['spec']}"
@@ -718,7 +820,7 @@ def markdown(result: dict) -> str:
             lines += ["", "valgrind memcheck (records with a dso/map/maps/thread allocation):"]
             for rec in e["valgrind"]["records"]:
                 lines.append(f"- {rec['bytes']} bytes in {rec['blocks']} blocks {rec['kind']}: "
-                             f"{' < '.join(rec['frames'][:6])}")
+                             f"{' < '.join(rec['frames'][:10])}")
     return "\n".join(lines) + "\n"
 
 
