@@ -88,7 +88,7 @@ class Program:
     valgrind: bool = False
 
 
-def programs(work: Path) -> dict[str, Program]:
+def programs(work: Path, repeat: int = 3) -> dict[str, Program]:
     perf61, data61 = work / "build" / "perf", work / "perf61.data"
     return {p.name: p for p in [
         Program("perf 6.1 report", [str(perf61), "report", "-i", str(work / "perf61-B.data"),
@@ -128,7 +128,7 @@ def programs(work: Path) -> dict[str, Program]:
                   ["/usr/libexec/installed-tests/glib/gdbus-close-pending"], "gobject",
                   GOBJECT_TYPES, "GIO objects alive at exit under its D-Bus worker thread "
                   "(corpus: 7, still reachable)", env=["G_SLICE=always-malloc"])
-          for i in (1, 2, 3)),
+          for i in range(1, repeat + 1)),
         Program("gst-launch queue pipeline", ["gst-launch-1.0", "-q", "fakesrc",
                                               "num-buffers=200", "!", "queue", "!", "identity",
                                               "!", "queue", "!", "fakesink"],
@@ -717,13 +717,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/holders-oracle"))
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the threaded GLib test")
     ap.add_argument("--render", action="store_true", help="only rewrite holders.md from .json")
     args = ap.parse_args()
     if args.render:
         result = json.loads((args.out / "holders.json").read_text())
         (args.out / "holders.md").write_text(markdown(result))
         return
-    progs = programs(args.work)
+    progs = programs(args.work, args.repeat)
     chosen = [progs[n] for n in (args.only or progs)]
     result: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                     "commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short",
