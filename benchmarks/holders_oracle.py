@@ -3,15 +3,16 @@ writes results/holders.md/.json.
 
     sudo .venv/bin/python benchmarks/holders_oracle.py [--out DIR] [--only NAME ...]
 
-Each program runs twice with ASLR off (`setarch -R`) and the same environment
-(`env -i`), so that a deterministic program lays out its memory the same way both
-times: once under `refcntd run` (its JSON: every object alive at exit, its count,
-holders, unheld references and pointers), once under gdb stopped at libc's `_exit`
-(benchmarks/holders_gdb.py: every writable mapping's bytes, the threads' registers,
-glibc's malloc state from libc6-dbg's symbols, and each object's count read from
-memory through the program's DWARF).  That the layouts are the same is checked, not
-assumed: every object refcntd lists must be, in gdb's process, a block of the same
-malloc chunk holding a count equal to refcntd's.
+Each program runs once, as `refcntd run [--history] -- gdb -x holders_gdb.py --args
+PROGRAM`: refcntd's JSON gives every object alive at exit, its count, holders, unheld
+references and pointers; gdb, the program's parent, sees the SIGSTOP of refcntd's exit
+hold at `_exit` and dumps that same stopped process (benchmarks/holders_gdb.py: every
+writable mapping's bytes, the threads' registers and frames, glibc's malloc state from
+libc6-dbg's symbols, the structs' DWARF), then lets it go once refcntd's SIGCONT is
+pending.  (Two separate runs with ASLR off do not do: perf 6.1's heap layout differs
+from run to run after its first 150 chunks.)  Each object's count in memory at the
+hold is read from the dump and set beside refcntd's final count: threads that run on
+after the hold make them differ.
 
 The oracle (this file, on gdb's bytes; no code of refcntd's): the malloc chunks from
 glibc's own structures (the main heap from `mp_.sbrk_base` to `top`, other arenas'
