@@ -45,16 +45,14 @@ def for_this_build(spec: Spec, images: dict[str, str | None], load: dict[str, El
 
 
 def _skipping(entry: RoleSpec, graph: CallGraph, notes: list[str]) -> RoleSpec:
-    keep = []
+    keep, skipped = [], []
     for fn in entry.functions:
-        calls = sorted(graph.targets(fn) & set(entry.skip_if_calls))
-        if calls:
-            notes.append(f"{entry.role}: {fn} not probed: it calls {calls[0]} in this build "
-                         "(skip_if_calls), which counts it")
-        else:
-            keep.append(fn)
-    if len(keep) == len(entry.functions):
+        (skipped if graph.targets(fn) & set(entry.skip_if_calls) else keep).append(fn)
+    if not skipped:
         return entry
+    notes.append(f"{entry.role}: {', '.join(skipped)} not probed: each calls "
+                 f"{' or '.join(entry.skip_if_calls)} in this build (skip_if_calls), "
+                 "which counts it")
     written = entry.written_at
     if len(written) == len(entry.functions):
         written = tuple(w for fn, w in zip(entry.functions, written, strict=True) if fn in keep)

@@ -62,7 +62,7 @@ def _spec(tmp_path: Path, lib: Path, skip: str = "[obj_new_general]") -> str:
 def test_a_constructor_is_probed_only_where_it_does_not_hand_over(tmp_path, hands_over):
     plan = build_plan(load_spec(_spec(tmp_path, _library(tmp_path, hands_over))), "/bin/true")
     inits = sorted({s.function for s in plan.sites if s.role == "init"})
-    note = ("init: obj_new_int not probed: it calls obj_new_general in this build "
+    note = ("init: obj_new_int not probed: each calls obj_new_general in this build "
             "(skip_if_calls), which counts it")
     assert plan.problems == []
     if hands_over:
