@@ -45,7 +45,8 @@ def for_this_build(spec: Spec, images: dict[str, str | None], load: dict[str, El
 
 
 def _skipping(entry: RoleSpec, graph: CallGraph, notes: list[str]) -> RoleSpec:
-    keep, skipped = [], []
+    keep: list[str] = []
+    skipped: list[str] = []
     for fn in entry.functions:
         (skipped if graph.targets(fn) & set(entry.skip_if_calls) else keep).append(fn)
     if not skipped:
