@@ -210,7 +210,7 @@ def write(results: list[dict[str, object]], meta: dict[str, object], out: Path) 
                     lines.append(f"* {r['name']}, {case}: failed {f}")
                 for n in c.get("notes", []) or []:
                     lines.append(f"* {r['name']}, {case}: note: {n}")
-        lines.append(f"* {r['name']}: packages (python3-bpfcc libc6 gcc libglib): "
+        lines.append(f"* {r['name']}: packages (gcc libc6 libglib python3-bpfcc): "
                      f"{r.get('packages', '?')}")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
