@@ -65,6 +65,10 @@ def bootstrap(root: Path, release: str) -> float:
 
 
 def mount(root: Path) -> None:
+    # the root a mount point of its own: `unshare -m` inside (tests/bpf/test_symbols.py)
+    # fails with "cannot change root filesystem propagation" otherwise
+    must(["mount", "--bind", str(root), str(root)])
+    must(["mount", "--make-private", str(root)])
     must(["mount", "-t", "proc", "proc", str(root / "proc")])
     for tree in ("sys", "dev"):  # rslave: unmounting them here never reaches the host
         must(["mount", "--rbind", f"/{tree}", str(root / tree)])
@@ -76,6 +80,8 @@ def unmount(root: Path) -> None:
         if sh(["mountpoint", "-q", str(root / tree)]).returncode == 0:
             if sh(["umount", "-R", str(root / tree)]).returncode != 0:
                 sh(["umount", "-R", "-l", str(root / tree)])
+    if sh(["mountpoint", "-q", str(root)]).returncode == 0:
+        sh(["umount", str(root)])
 
 
 def chroot(root: Path, script: str, timeout: float = 3600) -> tuple[int, str, float]:
@@ -165,7 +171,7 @@ def run_release(work: Path, release: str, cases: list[str], bpf_tests: list[str]
         unmount(root)
         if not keep and root.exists() and not any(
                 sh(["mountpoint", "-q", str(root / t)]).returncode == 0
-                for t in ("proc", "sys", "dev")):
+                for t in ("proc", "sys", "dev", ".")):
             shutil.rmtree(root, ignore_errors=True)
     return result
 
