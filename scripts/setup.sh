@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything refcntd needs on Debian 12, as root.  Idempotent: a
+# Install everything refcntd needs on Debian 12 or 13, as root.  Idempotent: a
 # second run installs nothing new.
 #   - Debian's bcc (python3-bpfcc, not on PyPI) and bpftool
 #   - kernel headers: the generic linux-headers-amd64; refcntd merges its
@@ -26,8 +26,9 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           libcairo2-dev
           # promtool and a real Prometheus for the rules tests (configs/prometheus)
           prometheus
-          # libdw: the DWARF scan for inlined copies and clones (binary/dwarfscan.py)
-          libdw1
+          # libdw: the DWARF scan for inlined copies and clones (binary/dwarfscan.py);
+          # "A|B": Debian 13's name (64-bit time_t), else Debian 12's
+          "libdw1t64|libdw1"
           # debuginfod: the separate-debug-file tests serve a directory on loopback
           debuginfod
           # Debian's own -O2 libc with its DWARF: the inlined-copy scan is tested on it
@@ -48,15 +49,33 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           librsvg2-bin poppler-utils
           # strace: whether a test script's processes load libglib at all (its truth)
           strace)
+installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+# The first of "A|B" this release's archive has (after apt-get update).
+candidate() {
+    local alt
+    for alt in ${1//|/ }; do
+        if apt-cache policy "$alt" 2>/dev/null | grep -q "Candidate: [^(]"; then
+            echo "$alt"; return
+        fi
+    done
+    echo "${1%%|*}"
+}
 missing=()
-for pkg in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$pkg")
+for entry in "${PACKAGES[@]}"; do
+    found=0
+    for pkg in ${entry//|/ }; do
+        if installed "$pkg"; then found=1; break; fi
+    done
+    [ "$found" = 1 ] || missing+=("$entry")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup.sh: installing ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    wanted=()
+    for entry in "${missing[@]}"; do wanted+=("$(candidate "$entry")"); done
+    echo "setup.sh: installing ${wanted[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${wanted[@]}" >/dev/null
 fi
 
 # A venv made with --system-site-packages (as setup.sh once did) let Debian's

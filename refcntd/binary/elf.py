@@ -291,8 +291,12 @@ class ElfImage:
 
 
 def _read_elf_bytes(path: Path) -> bytes:
-    if not path.exists():
-        raise BinaryError(f"{path}: no such file")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise BinaryError(f"{path}: no such file") from None
+    except OSError as err:  # /proc/1/root/... where PID 1 may not be ptraced: EACCES
+        raise BinaryError(f"{path}: {err.strerror}") from None
     if path.is_dir():
         raise BinaryError(f"{path}: is a directory, not an ELF binary")
     try:

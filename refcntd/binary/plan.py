@@ -100,6 +100,10 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     facts: dict[str, DwarfFacts] = {}
     libraries = {name: _traced_library(plan, name, main, images)
                  for name in dict.fromkeys(r.library for r in spec.entries if r.library)}
+    modules: dict[str, str | None] = {"": str(main.path.resolve()), **libraries}
+    spec, skipped = specchecks.for_this_build(spec, modules, images)
+    plan.spec = spec
+    plan.notes += skipped
     if execs_later and not any(defines(main, r.functions) for r in spec.entries
                                if not r.library and not r.usdt):
         plan.deferred = sorted({r.role for r in spec.entries if not r.library and not r.usdt})
@@ -125,7 +129,6 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     if plan.missing:  # every name at once, as a compiler reports its errors
         raise plan.missing[0] if len(plan.missing) == 1 else ConfigErrors(plan.missing)
     plan.dwarf_cached = {m: f.loaded for m, f in facts.items()}
-    modules: dict[str, str | None] = {"": str(main.path.resolve()), **libraries}
     plan.problems += specchecks.double_counts(spec, modules, images)
     plan.ldso = find_ldso_probe(main)
     if plan.ldso is None:

@@ -233,31 +233,43 @@ def frame_setup(code: bytes) -> tuple[bool, bool]:
     return framed, calls
 
 
-def call_sites(image: ElfImage, target: int) -> list[int]:
-    """Addresses of `call target` instructions, each confirmed to be an instruction
-    boundary by disassembling its function from the start (.eh_frame FDEs), since a
-    uprobe placed inside an instruction would corrupt the code."""
+def call_sites(image: ElfImage, target: int, tail_calls: bool = False) -> list[int]:
+    """Addresses of `call target` instructions (and, with `tail_calls`, of `jmp target`:
+    gcc turns a call in tail position into a jump, as glibc 2.41's ld.so does for
+    _dl_debug_state), each confirmed to be an instruction boundary by disassembling
+    its function from the start (.eh_frame FDEs), since a uprobe placed inside an
+    instruction would corrupt the code.  The kernel emulates both instructions."""
+    opcodes = (b"\xe8", b"\xe9") if tail_calls else (b"\xe8",)
     candidates = []
     for seg in image.segments:
         if not seg.executable:
             continue
         code = image.code_at(seg.vaddr, seg.filesz)
-        i = code.find(b"\xe8")
-        while 0 <= i <= len(code) - 5:
-            if seg.vaddr + i + 5 + int.from_bytes(code[i + 1:i + 5], "little",
-                                                  signed=True) == target:
-                candidates.append(seg.vaddr + i)
-            i = code.find(b"\xe8", i + 1)
+        for opcode in opcodes:
+            candidates += [seg.vaddr + i for i in _rel32_to(code, opcode, seg.vaddr, target)]
+    wanted = {X.X86_INS_CALL, X.X86_INS_JMP} if tail_calls else {X.X86_INS_CALL}
     functions = fde_ranges(image)
-    return [c for c in candidates if _starts_instruction(image, functions, c)]
+    return sorted(c for c in candidates if _starts_instruction(image, functions, c, wanted))
 
 
-def _starts_instruction(image: ElfImage, functions: list[tuple[int, int]], addr: int) -> bool:
+def _rel32_to(code: bytes, opcode: bytes, vaddr: int, target: int) -> list[int]:
+    """Offsets in `code` (at `vaddr`) of `opcode rel32` bytes that would reach `target`."""
+    found = []
+    i = code.find(opcode)
+    while 0 <= i <= len(code) - 5:
+        if vaddr + i + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True) == target:
+            found.append(i)
+        i = code.find(opcode, i + 1)
+    return found
+
+
+def _starts_instruction(image: ElfImage, functions: list[tuple[int, int]], addr: int,
+                        wanted: set[int]) -> bool:
     for start, size in functions:
         if start <= addr < start + size:
             for insn in _disassembler().disasm(image.code_at(start, size), start):
                 if insn.address >= addr:
-                    return bool(insn.address == addr and insn.id == X.X86_INS_CALL)
+                    return bool(insn.address == addr and insn.id in wanted)
             return False
     return False
 

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     args.web = _web_options(args)  # a bad web configuration file fails before any probe
     args.binary = os.path.abspath(args.binary)  # before bcc's compile changes cwd a moment
     setup.prepare()  # before the early compile: it needs the kernel headers
+    setup.require_host_pids()
     early = early_compile(spec, args.pid is not None, opts, args.binary)
     # the analysis and tracing modules load while the compile runs
     from refcntd.binary.sitemode import parse_modes

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
     spec = load_spec(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers
+    setup.require_host_pids()
     early = early_compile(spec, True, opts, exe)
     # the analysis and tracing modules load while the compile runs
     from refcntd.binary.sitemode import parse_modes

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         return _check(config, args.strict)
     setup.prepare()
+    setup.require_host_pids()
     setup_logging()
     daemon = Daemon(config, strict=args.strict)
     registry = CollectorRegistry()

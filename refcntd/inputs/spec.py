@@ -126,6 +126,9 @@ class RoleSpec:
     revives: bool = False  # get: the object this thread's last put released comes back
     may_return_existing: ExistingReturn | None = None  # init at return: see ExistingReturn
     class_source: ClassSource | None = None  # init: the object's class, read at the scan
+    # functions of this entry that call or jump to one of these in the traced build are
+    # not probed there (the object or reference is counted in the one they reach)
+    skip_if_calls: tuple[str, ...] = ()
     # (file, line, key) of each function name, so that a name the binary lacks is
     # reported where the user wrote it
     written_at: tuple[tuple[str, int, str], ...] = field(default=(), compare=False)
@@ -375,7 +378,8 @@ def _one_role_per_function(roles_node: dict[str, YNode], library: str | None) ->
 
 
 def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
-    allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects"}
+    allowed = {"functions", "usdt", "library", "object", "static_if", "unknown_objects",
+               "skip_if_calls"}
     extra = {"init": {"type", "initial_count", "may_return_existing", "class"},
              "get": {"may_be_leaked", "revives"},
              "put": {"frees_at_zero", "may_be_leaked", "absorbs_inner_put"},
@@ -417,7 +421,23 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     static_if=_static_if(fields.get("static_if")),
                     may_return_existing=_existing(fields.get("may_return_existing"), obj),
                     class_source=_class_source(fields.get("class"), type_name),
+                    skip_if_calls=_skip_if_calls(fields.get("skip_if_calls"), functions),
                     quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
+
+
+def _skip_if_calls(node: YNode | None, functions: tuple[str, ...]) -> tuple[str, ...]:
+    """Names whose callers among `functions` are not probed in a build where they call
+    them: one spec for releases where a function did or did not hand over."""
+    if node is None:
+        return ()
+    if not functions:
+        raise node.fail("only an entry with 'functions' can skip those calling others")
+    names = tuple(_symbol(item) for item in node.items())
+    if not names:
+        raise node.fail("needs at least one function name")
+    if both := sorted(set(names) & set(functions)):
+        raise node.fail(f"'{both[0]}' is one of this entry's functions: it cannot skip itself")
+    return names
 
 
 def _existing(node: YNode | None, obj: Source) -> ExistingReturn | None:

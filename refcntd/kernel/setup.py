@@ -65,6 +65,25 @@ def describe() -> TracingEnvironment:
                               chosen.exact, unreadable)
 
 
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial PID namespace's inode, fixed by the kernel
+
+
+def require_host_pids(ns: str = "/proc/self/ns/pid") -> None:
+    """BPF sees every process by its PID in the initial namespace; refcntd, in a
+    container of its own PID namespace, knows its children by others: it would trace
+    nothing and report a clean run (seen: `podman run` without --pid=host)."""
+    try:
+        inode = os.stat(ns).st_ino
+    except OSError:
+        return  # no /proc/self/ns: nothing to compare; the kernel is older than 3.8
+    if inode != PROC_PID_INIT_INO:
+        raise EnvironmentProblem(
+            "refcntd runs in a PID namespace of its own (a container): the kernel "
+            "reports the host's PIDs, so no process would be matched",
+            "run the container with the host's PID namespace (podman/docker --pid=host, "
+            "Kubernetes hostPID: true)")
+
+
 def prepare() -> TracingEnvironment:
     """Check privileges, mount tracefs if needed, refuse a kernel lacking a feature with
     no fallback, choose kernel headers and export them."""

@@ -29,7 +29,9 @@ def test_glib_supp_keeps_gios_one_time_tables(bpf, tmp_path):
     out = trace(tmp_path, str(spec_with_supp_only(tmp_path)), [str(exe)])
     (label,) = out.process["kept_by_library"]
     assert out.process["kept_by_library"][label] == 6, out.stderr
-    assert label.startswith("glib.supp (glib.supp: 4 of 96 entries used: "), label
+    leak_entries = [line.strip() for line in GLIB_SUPP.read_text().splitlines()].count(
+        "Memcheck:Leak")  # 96 in Debian 12's GLib 2.74, 104 in Debian 13's 2.84
+    assert label.startswith(f"glib.supp (glib.supp: 4 of {leak_entries} entries used: "), label
     for entry in ("g_dbus_error_quark x2", "g-get-language_names-with-category-malloc x2",
                   "g_io_extension_point_register x1",
                   "g_socket_connection_factory_register_type x1"):

@@ -82,7 +82,8 @@ def test_direct_calls_and_tail_jumps_are_sites(tmp_path):
 
 
 HOSTILE = ASM.replace("int main(void) { return 0; }", r"""
-FN(bnd_tail, "bnd jmp stub");
+/* bnd jmp stub, as bytes: binutils 2.44 (Debian 13) no longer assembles `bnd` */
+FN(bnd_tail, ".byte 0xf2, 0xe9\n .long stub - . - 4");
 FN(near_rel8, "test %rdi, %rdi\n je 1f\n jmp stub\n1: ret");
 FN(by_table, "push %rbx\n call stub\n pop %rbx\n jmp *(%rdi)");
 FN(garbage, ".byte 0x06\n call stub\n ret");

@@ -243,9 +243,13 @@ def test_parse_errors_name_file_and_line(text, line, key):
 
 @pytest.mark.skipif(not GLIB_SUPP.exists(), reason="libglib2.0-dev's glib.supp not installed")
 def test_glibs_own_file():
-    entries = parse_valgrind(GLIB_SUPP.read_text(), str(GLIB_SUPP))
-    assert len(entries) == 140
-    assert sum(e.is_leak for e in entries) == 96
+    """Every entry of the installed file, counted by its lines: 140 (96 leaks) in
+    Debian 12's GLib 2.74, 149 (104) in Debian 13's 2.84."""
+    text = GLIB_SUPP.read_text()
+    entries = parse_valgrind(text, str(GLIB_SUPP))
+    lines = [line.strip() for line in text.splitlines()]
+    assert len(entries) == lines.count("{") >= 140
+    assert sum(e.is_leak for e in entries) == lines.count("Memcheck:Leak") >= 96
 
 
 @pytest.mark.parametrize("path", sorted(Path("/usr/libexec/valgrind").glob("*.supp"))

@@ -3,13 +3,14 @@ what a `call X@plt` reaches, and when a frame is put back above its caller.
 
 The stubs' names are checked against objdump's `X@plt` labels (binutils reads
 the same JUMP_SLOT relocations its own way); /usr/bin/openssl is -z now with a
-`.plt` and a `.plt.got`, python3.11 lazy-bound, and a program built here has
-IBT's `.plt.sec`.  The stack cases use real call sites of /usr/bin/openssl
-into libcrypto and libc.
+`.plt` and a `.plt.got`, Debian's python3 (3.11 on 12, 3.13 on 13) lazy-bound,
+and a program built here has IBT's `.plt.sec`.  The stack cases use real call
+sites of /usr/bin/openssl into libcrypto and libc.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -26,9 +27,10 @@ from refcntd.symbolize.symbolizer import BuildIdIndex, Frame, Symbolizer
 OPENSSL = Path("/usr/bin/openssl")
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
 LIBCRYPTO, LIBC = LIBDIR / "libcrypto.so.3", LIBDIR / "libc.so.6"
+PYTHON = Path(os.path.realpath("/usr/bin/python3"))  # Debian's, not the venv's link
 pytestmark = pytest.mark.skipif(
-    not all(p.exists() for p in (OPENSSL, LIBCRYPTO, LIBC, Path("/usr/bin/python3.11")))
-    or shutil.which("objdump") is None, reason="Debian's openssl, python3.11 and binutils")
+    not all(p.exists() for p in (OPENSSL, LIBCRYPTO, LIBC, PYTHON))
+    or shutil.which("objdump") is None, reason="Debian's openssl, python3 and binutils")
 
 
 def objdump_stubs(path: Path, section: str) -> dict[int, str]:
@@ -54,7 +56,7 @@ def ibt_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("path, section", [
-    (OPENSSL, ".plt"), (Path("/usr/bin/python3.11"), ".plt"), (None, ".plt.sec")])
+    (OPENSSL, ".plt"), (PYTHON, ".plt"), (None, ".plt.sec")])
 def test_stub_names_are_objdumps(path: Path | None, section: str, ibt_program: Path) -> None:
     """Every `.plt`/`.plt.sec` stub objdump names, named the same (hundreds on the real
     binaries); `.plt`'s lazy-binding entries of an IBT layout are no stubs."""
