@@ -111,6 +111,9 @@ class SessionTracker:
         session = self.sessions.get(ev.tgid)
         if session is not None:
             session.command = command
+            # the kernel names an exec'd process after the file (a failed execve of a
+            # PATH search names the same file elsewhere)
+            session.comm = Path(ev.path).name[:COMM_MAX] or session.comm
             return
         self._argv[ev.tgid] = command
         while len(self._argv) > PENDING_ARGV_LIMIT:
@@ -123,7 +126,8 @@ class SessionTracker:
             self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command, ev.pid)
             return
         command = self._argv.pop(ev.tgid, []) or self._read_cmdline(ev.tgid)
-        self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, ev.comm, command or [ev.comm])
+        comm = read_comm(ev.tgid, self.proc_root) or ev.comm  # ev.comm: the first thread seen
+        self.sessions[ev.tgid] = Session(ev.tgid, ev.gen, comm, command or [comm])
 
     def _read_cmdline(self, tgid: int) -> list[str]:
         return read_cmdline(tgid, self.proc_root)
@@ -132,7 +136,8 @@ class SessionTracker:
         session = self.sessions.pop(ev.tgid, None)
         if session is None or session.gen != ev.gen or (ev.tgid, ev.gen) in self.reported:
             return
-        session.comm = ev.comm or session.comm
+        if ev.pid == ev.tgid:  # else the last thread's name (gmain, pool-0), not the program's
+            session.comm = ev.comm or session.comm
         waited = self.exit_codes.get(ev.tgid)
         if ev.exit_code < 0 and waited is None:
             waited = self.wait_status(ev.tgid)
@@ -278,6 +283,14 @@ def read_cmdline(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
     except OSError:
         return []
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def read_comm(pid: int, proc_root: Path = Path("/proc")) -> str:
+    """A live process's name (its main thread's); empty once it is gone."""
+    try:
+        return (proc_root / str(pid) / "comm").read_text(errors="replace").rstrip("\n")
+    except OSError:
+        return ""
 
 
 def _stack_refs(records: Records, anomalies: list[AnomalyRecord],

@@ -17,7 +17,8 @@ VERDICT = re.compile(r"^(SUMMARY: |refcntd: (\d+ failing|still reachable|not jud
 @pytest.fixture(scope="module")
 def exe(tmp_path_factory):
     out = tmp_path_factory.mktemp("verdicts")
-    return cc(out / "verdicts", [FIXTURES / "verdicts.c", EXAMPLES / "refcnt.c"], ["-O2"])
+    sources = [FIXTURES / "verdicts.c", EXAMPLES / "refcnt.c"]
+    return cc(out / "verdicts", sources, ["-O2", "-pthread"])
 
 
 def verdict_lines(text: str) -> list[str]:
@@ -55,3 +56,18 @@ def test_report_against_a_baseline_judges_as_run_did(bpf, exe, tmp_path):
     assert run.returncode == 0
     assert verdict_lines(run.stderr)[-1] == \
         "refcntd: 0 failing finding(s), 0 suppressed, 1 in baseline, 1 still reachable"
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_process_is_named_after_its_program_not_its_last_thread(bpf, exe, tmp_path,
+                                                                   wrapped):
+    """The main thread leaves first and a thread named pool-7 ends the process (GLib's
+    gmain and pool threads do): the report names the program, also when a shell's
+    child exec'd it."""
+    command = ["sh", "-c", f"{exe} lastthread; true"] if wrapped else [str(exe), "lastthread"]
+    run = refcntd(["run", "--", *command], tmp_path / "r.json")
+    assert run.returncode == 23, run.stderr
+    (process,) = [p for p in run.report["processes"] if p["groups"]]
+    assert process["comm"] == "verdicts", run.stderr
+    assert f"in process {process['pid']} (verdicts)" in run.stderr
+    assert "pool-7" not in run.stderr
