@@ -25,6 +25,7 @@ from refcntd.analysis.leaks import (
     operation_paths,
     unnamed_operations,
 )
+from refcntd.analysis.lostwith import name_leaders
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
     STATE_EXITED,
@@ -228,7 +229,7 @@ class SessionTracker:
             unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen),
                                          self.stacks, self.sym, mods)
         if job.scan is not None:
-            groups = apply_kinds(groups, job.scan, job.now)
+            groups = name_leaders(apply_kinds(groups, job.scan, job.now), job.scan)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "
