@@ -340,13 +340,19 @@ def _passing_lines(passing: list[Finding], probed: frozenset[str]) -> list[str]:
     """A line per finding that does not fail, naming its site; findings not judged for
     one reason (a killed process, objects made after the exit scan) folded into one."""
     lines, folded = [], dict[str, list[Finding]]()
+    reachable = [f for f in passing if f.status == REACHABLE]
+    if len(reachable) > FOLD_REACHABLE:  # each process's report lists their sites
+        lines.append(f"refcntd: {REACHABLE} at exit: {sum(f.objects for f in reachable)} "
+                     f"{_types(reachable)} object(s) at {len(reachable)} sites "
+                     "(--fail-on reachable fails them)")
     for f in passing:
         if f.status == NOT_JUDGED and f.kind == "leak":
             folded.setdefault(f.reason, []).append(f)
         elif f.status == REACHABLE:
-            lines.append(f"refcntd: {REACHABLE} at exit: {f.objects} {f.type_name} "
-                         f"object(s){_blame(f)} at {_chain(_site_frames(f, probed), 3)} "
-                         "(--fail-on reachable fails them)")
+            if len(reachable) <= FOLD_REACHABLE:
+                lines.append(f"refcntd: {REACHABLE} at exit: {f.objects} {f.type_name} "
+                             f"object(s){_blame(f)} at {_chain(_site_frames(f, probed), 3)} "
+                             "(--fail-on reachable fails them)")
         else:
             lines.append(f"refcntd: {f.status}: {title(f)} at "
                          f"{_chain(_site_frames(f, probed), 3)} ({f.reason})")
@@ -355,11 +361,17 @@ def _passing_lines(passing: list[Finding], probed: frozenset[str]) -> list[str]:
             lines.append(f"refcntd: {NOT_JUDGED}: {title(group[0])} at "
                          f"{_chain(_site_frames(group[0], probed), 3)} ({reason})")
             continue
-        types = sorted({f.type_name for f in group})
         lines.append(f"refcntd: {NOT_JUDGED}: {sum(f.objects for f in group)} "
-                     f"{'/'.join(types[:4])}{'/...' if len(types) > 4 else ''} object(s) "
-                     f"at {len(group)} sites ({reason})")
+                     f"{_types(group)} object(s) at {len(group)} sites ({reason})")
     return lines
+
+
+FOLD_REACHABLE = 3  # more still reachable findings than this: one line for them all
+
+
+def _types(findings: list[Finding]) -> str:
+    types = sorted({f.type_name for f in findings})
+    return "/".join(types[:4]) + ("/..." if len(types) > 4 else "")
 
 
 def _tally(verdict: Verdict) -> str:

@@ -103,3 +103,12 @@ def test_not_judged_findings_without_a_site_fold_into_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("refcntd: not judged: 13 A/B object(s) at "
                                                    "13 sites (created after the exit scan"), text
     assert text.splitlines()[-1].endswith(", 13 not judged")
+
+
+def test_many_still_reachable_findings_share_one_line(tmp_path):
+    groups = [group(REACHABLE, 2, site=f"f{i}", type_name="GObject") for i in range(5)]
+    result = load_run(str(saved(tmp_path, *groups)))
+    text = ciformats.verdict_text(result, Policy(lsan=True).evaluate(result))
+    assert text.splitlines() == [
+        "refcntd: still reachable at exit: 10 GObject object(s) at 5 sites (--fail-on "
+        "reachable fails them)", "refcntd: 0 failing finding(s), 0 suppressed, 5 still reachable"]
