@@ -32,6 +32,7 @@ from refcntd.analysis.model import (
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
+from refcntd.analysis.released import set_aside_released
 from refcntd.inputs.config import COMM_MAX
 from refcntd.kernel.abi import EventKind
 from refcntd.kernel.columns import ObjectColumns
@@ -228,6 +229,9 @@ class SessionTracker:
                 if history else {}
             unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen),
                                          self.stacks, self.sym, mods)
+        if job.state == STATE_EXITED:
+            groups, released = set_aside_released(groups)
+            notes += [released] if released else []
         if job.scan is not None:
             groups = name_leaders(apply_kinds(groups, job.scan, job.now), job.scan)
             notes += job.scan.notes

@@ -112,3 +112,15 @@ def test_many_still_reachable_findings_share_one_line(tmp_path):
     assert text.splitlines() == [
         "refcntd: still reachable at exit: 10 GObject object(s) at 5 sites (--fail-on "
         "reachable fails them)", "refcntd: 0 failing finding(s), 0 suppressed, 5 still reachable"]
+
+
+def test_objects_at_count_0_are_set_aside_with_a_note():
+    from refcntd.analysis.released import set_aside_released
+
+    finalizing = LeakGroup("GTask", (), [LeakedObject(0x10, 0, 1, 2, 0)])
+    mixed = LeakGroup("obj", (), [LeakedObject(0x20, 0, 0, 1, 0), LeakedObject(0x30, 2, 1, 0, 0)])
+    held = LeakGroup("obj", (), [LeakedObject(0x40, 1, 0, 0, 0)])
+    groups, note = set_aside_released([finalizing, mixed, held])
+    assert [[o.address for o in g.objects] for g in groups] == [[0x30], [0x40]]
+    assert groups[1] is held and note.startswith("2 object(s) at count 0 when the process")
+    assert set_aside_released([held]) == ([held], "")

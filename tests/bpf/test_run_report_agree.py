@@ -71,3 +71,20 @@ def test_a_process_is_named_after_its_program_not_its_last_thread(bpf, exe, tmp_
     assert process["comm"] == "verdicts", run.stderr
     assert f"in process {process['pid']} (verdicts)" in run.stderr
     assert "pool-7" not in run.stderr
+
+
+def test_an_object_mid_finalize_at_exit_is_not_a_finding(bpf, exe, tmp_path):
+    """A thread made the last put (count 0) and has not reached the delete when main
+    exits (a GObject finalized on a pool thread): no reference is held, so it is no
+    leak, not "still reachable ... final count 0", and no JUnit case of its own, which
+    would come and go with the timing."""
+    junit = tmp_path / "j.xml"
+    run = refcntd(["run", "--junit", str(junit), "--", str(exe), "finalizing"],
+                  tmp_path / "r.json")
+    assert run.returncode == 23, run.stderr
+    (process,) = run.report["processes"]
+    assert [i["count"] for g in process["groups"] for i in g["instances"]] == [1]
+    assert any(n.startswith("1 object(s) at count 0 when the process ended")
+               for n in process["notes"]), process["notes"]
+    assert "final count 0" not in run.stderr
+    assert junit.read_text().count("<testcase ") == 1
