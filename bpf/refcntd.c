@@ -374,8 +374,10 @@ static __always_inline int probe_body(struct pt_regs *ctx)
 		return 0;
 	if (cfg->cond && !arg_branch_taken(ctx, cfg->cond))
 		return 0;
+	/* hits of traced processes only: another program on the machine calling the probed
+	 * library (tests run in parallel) must not make a role of this run look used */
 	__u64 *hits = probe_hits.lookup(&index);
-	if (hits)
+	if (hits && proc_tracked(bpf_get_current_pid_tgid() >> 32))
 		*hits += 1;
 	switch (cfg->role) {
 	case ROLE_INIT: return do_init(ctx, cfg);

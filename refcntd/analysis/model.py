@@ -273,6 +273,9 @@ class RunResult:
     processes: list[ProcessReport] = field(default_factory=list)
     tracing: TracingStatus = field(default_factory=TracingStatus)
     command_status: int | None = None  # run: the command's own exit status
+    # LeakSanitizer's policy applies (run --leak-kinds, every process scanned at exit):
+    # saved, so that `refcntd report` judges the run as `run` did
+    leak_kinds: bool = False
 
     @property
     def leaked_objects(self) -> int:

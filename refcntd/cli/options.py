@@ -67,6 +67,11 @@ def leak_kind_arguments(p: argparse.ArgumentParser) -> None:
                         "reachable' as valgrind says; only lost ones fail, and a process "
                         "killed by a signal or ended by _exit without exit() is reported, "
                         "not judged (as LeakSanitizer)")
+    verdict_arguments(p)
+
+
+def verdict_arguments(p: argparse.ArgumentParser) -> None:
+    """What of a run with leak kinds fails: `run`'s options, which `report` takes too."""
     p.add_argument("--fail-on", action="append", default=[], choices=["reachable"],
                    help="still reachable objects fail the run too")
     p.add_argument("--judge-killed", action="store_true",

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from refcntd.cli import argtypes
-from refcntd.cli.options import ci_arguments
+from refcntd.cli.options import ci_arguments, verdict_arguments
 from refcntd.outputs.formats import LOCATED, RENDERERS
 
 HELP = "render a saved run (--json) again"
@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE", type=argtypes.output_path,
                         help="write there instead of stdout")
     ci_arguments(parser)
+    verdict_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from refcntd.outputs.runjson import load_run
     result = load_run(args.run_json)
     policy = Policy.build(args.suppressions, args.baseline, args.max_leaks)
+    policy.lsan = result.leak_kinds  # as `run` judged it
+    policy.fail_on_reachable = "reachable" in args.fail_on
+    policy.judge_killed = args.judge_killed
     judge_against_baseline(result, policy, sys.stderr)
     verdict = policy.evaluate(result)
     root = Path(args.source_root)

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                          early)
     judge_against_baseline(result, policy, sys.stderr, judge)
     policy.lsan &= not any(n.startswith(NOT_SCANNED) for n in result.tracing.notes)
+    result.leak_kinds = policy.lsan  # saved: `report` judges the run the same way
     verdict = policy.evaluate(result)
     finish_output(result, args, sys.stderr)
     if args.pprof:

@@ -13,7 +13,17 @@ from refcntd.analysis.model import ANOMALY_TEXT, RunResult
 from refcntd.analysis.pathops import MISSING_PUT, Culprit
 from refcntd.errors import UsageError
 from refcntd.inputs.outputfile import output_file
-from refcntd.outputs.policy import FAILING, SUPPRESSED, Finding, Verdict
+from refcntd.outputs.policy import (
+    BASELINE,
+    FAILING,
+    LATE,
+    NOT_JUDGED,
+    REACHABLE,
+    SUPPRESSED,
+    UNDER_THRESHOLD,
+    Finding,
+    Verdict,
+)
 from refcntd.outputs.report import named, short_path
 from refcntd.symbolize.symbolizer import Frame
 from refcntd.text import visible
@@ -27,7 +37,7 @@ LEAK_RULE = "refcount-leak"
 def title(f: Finding) -> str:
     if f.kind == "leak":
         unheld = ", a reference held by nothing" if f.unheld else ""
-        return f"{f.objects} leaked {f.type_name} object(s){_classes(f)}{unheld}{_blame(f)}"
+        return f"{f.objects} {_alive(f)} {f.type_name} object(s){_classes(f)}{unheld}{_blame(f)}"
     return f"{f.kind}: {ANOMALY_TEXT[f.kind]} ({f.type_name})"
 
 
@@ -43,6 +53,13 @@ def _classes(f: Finding) -> str:
     shown = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     more = f", {len(shown) - 4} more" if len(shown) > 4 else ""
     return f" (classes {', '.join(f'{c} {n}' for c, n in shown[:4])}{more})" if shown else ""
+
+
+def _alive(f: Finding) -> str:
+    """What a leak finding's objects are: "leaked", unless the exit scan found every one
+    of them still reachable (or made after it), which LeakSanitizer does not call a leak."""
+    kinds = {g.kind for g in f.groups}
+    return kinds.pop() if kinds in ({REACHABLE}, {LATE}) else "leaked"
 
 
 def _blame(f: Finding) -> str:
@@ -329,13 +346,60 @@ def verdict_text(result: RunResult, verdict: Verdict) -> str:
     probed = probed_functions(result)
     lines = [f"refcntd: grew since the baseline: {growth_line(f, probed)}{_blame(f)}"
              for f in verdict.grown()]
-    for f in verdict.findings:
-        if f.status != FAILING:
-            lines.append(f"refcntd: {f.status}: {title(f)} ({f.reason})")
+    lines += _passing_lines([f for f in verdict.findings if f.status != FAILING], probed)
     lines += [f"refcntd: unused suppression: {r} (line {r.line})" for r in verdict.unused_rules]
+    lines.append(f"refcntd: {_tally(verdict)}")
+    return "\n".join(visible(line) for line in lines) + "\n"
+
+
+def _passing_lines(passing: list[Finding], probed: frozenset[str]) -> list[str]:
+    """A line per finding that does not fail, naming its site; findings not judged for
+    one reason (a killed process, objects made after the exit scan) folded into one."""
+    lines, folded = [], dict[str, list[Finding]]()
+    reachable = [f for f in passing if f.status == REACHABLE]
+    if len(reachable) > FOLD_REACHABLE:  # each process's report lists their sites
+        lines.append(f"refcntd: {REACHABLE} at exit: {sum(f.objects for f in reachable)} "
+                     f"{_types(reachable)} object(s) at {len(reachable)} sites "
+                     "(--fail-on reachable fails them)")
+    for f in passing:
+        if f.status == NOT_JUDGED and f.kind == "leak":
+            folded.setdefault(f.reason, []).append(f)
+        elif f.status == REACHABLE:
+            if len(reachable) <= FOLD_REACHABLE:
+                lines.append(f"refcntd: {REACHABLE} at exit: {f.objects} {f.type_name} "
+                             f"object(s){_blame(f)} at {_chain(_site_frames(f, probed), 3)} "
+                             "(--fail-on reachable fails them)")
+        else:
+            lines.append(f"refcntd: {f.status}: {title(f)} at "
+                         f"{_chain(_site_frames(f, probed), 3)} ({f.reason})")
+    for reason, group in folded.items():
+        if len(group) == 1:
+            lines.append(f"refcntd: {NOT_JUDGED}: {title(group[0])} at "
+                         f"{_chain(_site_frames(group[0], probed), 3)} ({reason})")
+            continue
+        lines.append(f"refcntd: {NOT_JUDGED}: {sum(f.objects for f in group)} "
+                     f"{_types(group)} object(s) at {len(group)} sites ({reason})")
+    return lines
+
+
+FOLD_REACHABLE = 3  # more still reachable findings than this: one line for them all
+
+
+def _types(findings: list[Finding]) -> str:
+    types = sorted({f.type_name for f in findings})
+    return "/".join(types[:4]) + ("/..." if len(types) > 4 else "")
+
+
+def _tally(verdict: Verdict) -> str:
+    """`2 failing finding(s), 0 suppressed`, then the other outcomes the run's options
+    and findings have: in baseline (--baseline), under thresholds (--max-leaks), still
+    reachable, not judged (leak kinds)."""
     n = len(verdict.failing())
     grown = f" ({len(verdict.grown())} grown since the baseline)" if verdict.grown() else ""
-    lines.append(f"refcntd: {n} failing finding(s){grown}, {verdict.count(SUPPRESSED)} "
-                 f"suppressed, {len(verdict.findings) - n - verdict.count(SUPPRESSED)} in "
-                 "baseline or under thresholds")
-    return "\n".join(visible(line) for line in lines) + "\n"
+    parts = [f"{n} failing finding(s){grown}", f"{verdict.count(SUPPRESSED)} suppressed"]
+    given = {BASELINE: verdict.baseline, UNDER_THRESHOLD: verdict.thresholds}
+    for status, label in ((BASELINE, "in baseline"), (UNDER_THRESHOLD, "under thresholds"),
+                          (REACHABLE, REACHABLE), (NOT_JUDGED, NOT_JUDGED)):
+        if given.get(status) or verdict.count(status):
+            parts.append(f"{verdict.count(status)} {label}")
+    return ", ".join(parts)

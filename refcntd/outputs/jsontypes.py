@@ -188,6 +188,7 @@ class RunJson(TypedDict):
     spec: str
     target: str
     command_status: int | None
+    leak_kinds: NotRequired[bool]
     tracing: TracingJson
     leaked_objects: int
     anomalies: int

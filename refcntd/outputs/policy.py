@@ -121,6 +121,7 @@ class Verdict:
     findings: list[Finding]
     unused_rules: list[Rule]
     baseline: bool = False  # judged against --baseline runs
+    thresholds: bool = False  # judged with --max-leaks
 
 
     def failing(self) -> list[Finding]:
@@ -256,7 +257,7 @@ class Policy:
             if self.lsan and f.status == FAILING:
                 self._lsan(f, killed)
         self._apply_thresholds(findings)
-        return Verdict(findings, _unused(self.rules), bool(self.old))
+        return Verdict(findings, _unused(self.rules), bool(self.old), bool(self.thresholds))
 
     def _classify(self, f: Finding) -> None:
         for rule in self.rules:

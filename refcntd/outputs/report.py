@@ -312,8 +312,25 @@ def summary_line(p: ProcessReport) -> str:
     extra = f", {_plural(misuse, 'anomaly')}" if misuse else ""
     if not p.groups:
         return f"SUMMARY: refcntd: no leaks{extra} in process {p.pid} ({p.comm})"
+    kinds = _apart(p.groups)
+    alive = "alive at exit" if kinds else "leaked"
     return (f"SUMMARY: refcntd: {_plural(p.leaked_objects, 'object')} of "
-            f"{_plural(p.leaked_types, 'type')} leaked{extra} in process {p.pid} ({p.comm})")
+            f"{_plural(p.leaked_types, 'type')} {alive}{extra} in process {p.pid} ({p.comm})"
+            + (f": {kinds}" if kinds else ""))
+
+
+# leak kinds that LeakSanitizer does not call a leak (outputs/policy.py's REACHABLE, LATE)
+NOT_LEAKS = ("still reachable", "created after the scan")
+
+
+def _apart(groups: list[LeakGroup]) -> str:
+    """`1 leaked, 3 still reachable`: what the objects alive at exit are, when the exit
+    scan found some not leaked (else "", and they are all leaks)."""
+    counts = {kind: sum(len(g.objects) for g in groups if g.kind == kind) for kind in NOT_LEAKS}
+    if not any(counts.values()):
+        return ""
+    leaked = sum(len(g.objects) for g in groups) - sum(counts.values())
+    return ", ".join([f"{leaked} leaked", *(f"{n} {k}" for k, n in counts.items() if n)])
 
 
 def render_tracing(t: TracingStatus) -> str:
@@ -360,10 +377,12 @@ def render_run(result: RunResult) -> str:
     total = sum(p.leaked_objects for p in leaking)
     types = len({g.type_name for p in leaking for g in p.groups})
     text = quiet_summary(result.processes) + render_tracing(result.tracing)
+    kinds = _apart([g for p in leaking for g in p.groups])
     text += (f"refcntd: {_plural(len(result.processes), 'process')} traced, "
-             f"{_plural(total, 'object')} of {_plural(types, 'type')} leaked in "
-             f"{_plural(len(leaking), 'process')}{_live_note(result)}, "
-             f"{_plural(result.anomalies, 'anomaly')}\n")
+             f"{_plural(total, 'object')} of {_plural(types, 'type')} "
+             f"{'alive at exit' if kinds else 'leaked'} in "
+             f"{_plural(len(leaking), 'process')}{f' ({kinds})' if kinds else ''}"
+             f"{_live_note(result)}, {_plural(result.anomalies, 'anomaly')}\n")
     return visible(text, keep="\n")
 
 

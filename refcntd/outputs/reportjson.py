@@ -203,7 +203,8 @@ def tracing_json(t: TracingStatus) -> TracingJson:
 def run_json(result: RunResult, instances: bool = True) -> RunJson:
     return {"schema": JSON_SCHEMA, "version": JSON_VERSION, "refcntd": __version__,
             "mode": result.mode, "spec": result.spec, "target": result.target,
-            "command_status": result.command_status, "tracing": tracing_json(result.tracing),
+            "command_status": result.command_status, "leak_kinds": result.leak_kinds,
+            "tracing": tracing_json(result.tracing),
             "leaked_objects": result.leaked_objects, "anomalies": result.anomalies,
             "processes": [process_json(p, instances) for p in result.processes]}
 

@@ -87,9 +87,22 @@ def _run(d: RunJson, objects: Objects) -> RunResult:
     tracing = TracingStatus([ProbeStatus(**p) for p in d["tracing"]["probes"]],
                             dict(d["tracing"]["lost"]), list(d["tracing"]["notes"]),
                             int(d["tracing"].get("stacks_cut", 0)))
-    return RunResult(d["mode"], d["spec"], d["target"],
-                     [_process(p, objects) for p in d["processes"]],
-                     tracing, d.get("command_status"))
+    result = RunResult(d["mode"], d["spec"], d["target"],
+                       [_process(p, objects) for p in d["processes"]],
+                       tracing, d.get("command_status"))
+    saved = d.get("leak_kinds")
+    result.leak_kinds = _typed(saved, bool) if saved is not None else _judged_by_kinds(result)
+    return result
+
+
+def _judged_by_kinds(result: RunResult) -> bool:
+    """A run saved before `leak_kinds` was written: LeakSanitizer's policy applied when
+    its objects carry kinds, or a process was scanned, and no scan was missing."""
+    from refcntd.session.exitscan import NOT_SCANNED
+    notes = result.tracing.notes
+    scanned = any(g.kind for p in result.processes for g in p.groups) or any(
+        "scanned at exit for leak kinds" in n for n in notes)
+    return result.mode == "run" and scanned and not any(n.startswith(NOT_SCANNED) for n in notes)
 
 
 def _frame(f: FrameJson) -> Frame:

@@ -26,12 +26,14 @@ from refcntd.analysis.leaks import (
     operation_paths,
     unnamed_operations,
 )
+from refcntd.analysis.lostwith import name_leaders
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
     STATE_EXITED,
     STATE_LIVE_AT_DETACH,
     ProcessReport,
 )
+from refcntd.analysis.released import set_aside_released
 from refcntd.inputs.config import COMM_MAX
 from refcntd.kernel.abi import AnomalyKind, EventKind
 from refcntd.kernel.columns import ObjectColumns
@@ -122,7 +124,9 @@ class SessionTracker:
         session = self.sessions.get(ev.tgid)
         if session is not None:
             session.command = command
-            session.comm = Path(ev.path).name[:COMM_MAX] or session.comm  # as exec sets it
+            # the kernel names an exec'd process after the file (a failed execve of a
+            # PATH search names the same file elsewhere)
+            session.comm = Path(ev.path).name[:COMM_MAX] or session.comm
             return
         self._argv[ev.tgid] = command
         while len(self._argv) > PENDING_ARGV_LIMIT:
@@ -147,7 +151,8 @@ class SessionTracker:
         if session is None or session.gen != ev.gen or (ev.tgid, ev.gen) in self.reported:
             return
         self.predating.discard(ev.tgid)
-        # the exit event comes from the last thread, whose name may be its own
+        if ev.pid == ev.tgid:  # else the last thread's name (gmain, pool-0), not the program's
+            session.comm = ev.comm or session.comm
         session.comm = session.comm or ev.comm
         waited = self.exit_codes.get(ev.tgid)
         if ev.exit_code < 0 and waited is None:
@@ -245,8 +250,12 @@ class SessionTracker:
                 if history else {}
             unnamed = unnamed_operations(self.site_maps.take_sites(s.tgid, s.gen),
                                          self.stacks, self.sym, mods)
+        if job.state == STATE_EXITED:
+            groups, released = set_aside_released(groups)
+            notes += [released] if released else []
         if job.scan is not None:
-            groups = apply_classes(apply_kinds(groups, job.scan, job.now), job.scan.classes)
+            groups = apply_classes(name_leaders(apply_kinds(groups, job.scan, job.now),
+                                                job.scan), job.scan.classes)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "

@@ -43,21 +43,18 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
 
 
 NOTHING_FIRED = ("no probe fired in this run: nothing the spec describes was counted (the "
-                 "notes say which roles never fired)")
+                 "note says which file no traced process mapped)")
 
 
 def _nothing_fired(result: RunResult, mapped: list[str]) -> RunResult:
     """A run whose probes never fired, in a file no traced process mapped, audited
     nothing: incomplete, never clean (a spec naming a copy of the library the command
     does not load, a test that never ran).  Where a traced process mapped a probed file
-    the probes were armed: it made none of the spec's objects, said in a note."""
+    the probes were armed: it made none of the spec's objects, which the tracing status
+    notes (status.silent_roles)."""
     if not result.tracing.probes or any(p.hits > 0 for p in result.tracing.probes):
         return result
-    if mapped:
-        result.tracing.notes.append(f"no probe fired in this run: traced processes mapped "
-                                    f"{', '.join(mapped)} and never called the spec's "
-                                    "functions (nothing to count)")
-    else:
+    if not mapped:
         result.tracing.lost[NOTHING_FIRED] = 1
     return result
 

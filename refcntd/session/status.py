@@ -25,12 +25,41 @@ NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.it
                 if text.startswith("note: ")}
 
 
-def silent_roles(plan: Plan, hits: list[int]) -> list[str]:
-    """Spec entries none of whose probes fired: wrong functions, or callers that
-    bypass them (inlined, a private alias) - or a run that never needed them."""
-    return [f"{entry.role} role never fired in this run: "
-            f"{entry.usdt or ', '.join(entry.functions)} (check the spec against the library)"
-            for entry in _silent(plan, hits)]
+def silent_roles(plan: Plan, hits: list[int], loaded: Iterable[str]) -> list[str]:
+    """Spec entries none of whose probes fired, in one note: where a traced process
+    mapped their file (`loaded`: what ld.so loaded and exec ran) the probes were armed
+    and the run did not call them (a test that needs no unref; a wrong function or a caller that
+    bypasses it looks the same, so the note names the functions); where none did,
+    nothing of theirs could be counted.  A run in which no probe fired is said once:
+    "no probe fired" (run.py makes it INCOMPLETE where no probed file was mapped)."""
+    silent = _silent(plan, hits)
+    if not silent:
+        return []
+    armed = set(mapped_probed(plan, loaded))
+    files = {_key(e): sorted({s.module for s in plan.sites if _key(s.spec_role) == _key(e)})
+             for e in silent}
+    idle = [e for e in silent if set(files[_key(e)]) & armed or not files[_key(e)]]
+    unloaded = sorted({f for e in silent if e not in idle for f in files[_key(e)]})
+    if not any(hits):  # nothing fired at all
+        if idle:
+            return [f"no probe fired in this run: traced processes mapped "
+                    f"{', '.join(sorted(armed))} and never called the spec's functions "
+                    "(nothing to count)"]
+        return [f"no probe fired in this run: no traced process mapped {', '.join(unloaded)}, "
+                "where the spec's functions are probed"]
+    out = []
+    if idle:
+        out.append("spec roles never fired in this run (not called; or called another way, "
+                   "if the program does use them): " + "; ".join(map(_named, idle)))
+    if unloaded:
+        out.append(f"spec roles never fired in this run, their file never mapped by a traced "
+                   f"process ({', '.join(unloaded)}): "
+                   + "; ".join(_named(e) for e in silent if e not in idle))
+    return out
+
+
+def _named(entry: RoleSpec) -> str:
+    return f"{entry.role} ({entry.usdt or ', '.join(entry.functions)})"
 
 
 def unprobed_copies(plan: Plan, hits: list[int], loaded: Iterable[str]) -> dict[str, int]:

@@ -355,7 +355,7 @@ class Tracer:
         if unseen and own is None:
             lost["processes whose exit was not seen (objects drained at detach)"] = unseen
         notes = [f"{stats[stat]} {text}" for stat, text in NOTE_REASONS.items() if stats[stat]]
-        notes += silent_roles(self.plan, hits)
+        notes += silent_roles(self.plan, hits, self.loaded | self.execd)
         if own is None:
             lost.update(unprobed_copies(self.plan, hits, self.loaded))
         notes += self.kernel.notes() + self.kernel.probes.notes()

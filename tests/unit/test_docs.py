@@ -173,3 +173,11 @@ def test_every_relative_link_resolves(page):
 def test_the_readme_is_a_front_page():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/"
+
+
+def test_no_page_denies_the_leak_kinds():
+    """refcntd tells definitely lost from still reachable (issue 54, item 6: specs.md
+    said it did not, after leak kinds became the default)."""
+    text = " ".join(docs_text().split())
+    assert "no reachable/definite distinction" not in text
+    assert "leaked when its count is not zero" not in text
