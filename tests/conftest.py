@@ -51,6 +51,19 @@ def bpf() -> None:
     pytest.skip(f"BPF unavailable: {reason}")
 
 
+def start_hanging(exe: Path, env: dict[str, str] | None = None
+                  ) -> tuple[subprocess.Popen[str], str]:
+    """A fixture started with `hang`, once it printed READY: the process and what it
+    printed (its objects' addresses); the caller kills it."""
+    proc = subprocess.Popen([str(exe), "hang"], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not lines or lines[-1] != "READY\n":
+        lines.append(proc.stdout.readline())
+        assert lines[-1], "the fixture ended early"
+    return proc, "".join(lines)
+
+
 def cc(out: Path, sources: list[Path], flags: list[str]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["gcc", "-g", f"-I{EXAMPLES}", "-o", str(out), *map(str, sources), *flags]

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, cc, refcntd
+from conftest import FIXTURES, ROOT, cc, refcntd, start_hanging
 from test_serve import Serve, target_yaml
 
 TRUTH = {"RcdWidget": 2, "RcdGadget": 2, "GObject": 1, "GCancellable": 1}
@@ -84,13 +84,8 @@ def test_leaks_and_metrics_name_classes_live(bpf, program, tmp_path) -> None:
     yaml = target_yaml("g", program, "gobject", "    comm: [gclasses]\n")
     with Serve(tmp_path, yaml) as serve:
         url = f"http://127.0.0.1:{serve.port}"
-        proc = subprocess.Popen([str(program), "hang"], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "G_SLICE": "always-malloc"})
+        proc, shown = start_hanging(program, {**os.environ, "G_SLICE": "always-malloc"})
         try:
-            lines = []
-            while not lines or lines[-1] != "READY\n":
-                lines.append(proc.stdout.readline())
-                assert lines[-1], "the fixture ended early"
             time.sleep(0.5)
             with urllib.request.urlopen(f"{url}/leaks", timeout=60) as r:
                 answer = json.loads(r.read())
@@ -100,7 +95,7 @@ def test_leaks_and_metrics_name_classes_live(bpf, program, tmp_path) -> None:
             proc.kill()
             proc.wait()
         assert serve.stop() == 0
-    truth = {int(a, 16): n for _, n, a in (line.split() for line in lines[:-1])}
+    truth = {int(a, 16): n for _, n, a in (line.split() for line in shown.splitlines()[:-1])}
     (process,) = answer["targets"]["g"]["run"]["processes"]
     named = {int(i["address"], 16): g.get("class_name") for g in process["groups"]
              for i in g["instances"]}

@@ -6,11 +6,10 @@ scan tests check), and nothing still reachable."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
 
-from conftest import EXAMPLES, FIXTURES, cc, refcntd
+from conftest import EXAMPLES, FIXTURES, cc, refcntd, start_hanging
 from reachtruth import fixture_objects
 from test_serve import Serve, target_yaml
 
@@ -21,12 +20,8 @@ LOST = {"arena_lost", "big_lost", "cycle_a", "cycle_b", "lost_owner", "owned", "
 
 
 def hanging(exe):
-    proc = subprocess.Popen([str(exe), "hang"], stdout=subprocess.PIPE, text=True)
-    lines = []
-    while not lines or lines[-1] != "READY\n":
-        lines.append(proc.stdout.readline())
-        assert lines[-1], "the fixture ended early"
-    return proc, fixture_objects("".join(lines))
+    proc, printed = start_hanging(exe)
+    return proc, fixture_objects(printed)
 
 
 def state(pid: int) -> str:
