@@ -175,11 +175,13 @@ int main(void) {  /* more executable mappings than refcntd follows per process *
 """
 
 
-def test_counters_of_untraced_processes_are_swept_without_reports(bpf, tmp_path):
+def test_counters_of_untraced_processes_are_not_kept(bpf, tmp_path):
     """In the soak the tracer of the long-running service (it reports almost never)
     kept a per-process counter (exec maps full) of every exited host process with many
     mappings: 2 -> 125 entries in 20 minutes, towards a full table over months. Its
-    sweep ran only after reports; it now runs every minute too."""
+    sweep ran only after reports, then every minute too.  Since targets are scoped to
+    their program in the kernel (issue 58, proc_tracked), another program's process
+    gets no counter at all; the minute's sweep still runs (poll) and keeps none."""
     from refcntd.kernel import setup
     src, exe, busy = tmp_path / "maps.c", tmp_path / "soakgen", tmp_path / "manymaps"
     src.write_text(MANY_MAPS)
@@ -194,7 +196,7 @@ def test_counters_of_untraced_processes_are_swept_without_reports(bpf, tmp_path)
         pid = child.pid
         child.wait()
         counted = _stat_tgids(tracer)
-        assert pid in counted, counted  # counted for an untraced process
+        assert pid not in counted, counted  # another program's process: never counted
         tracer._next_age_prune = 0.0  # the minute is up
         tracer.poll(0)
         tracer.worker.call(lambda: None)
