@@ -51,6 +51,17 @@ def bpf() -> None:
     pytest.skip(f"BPF unavailable: {reason}")
 
 
+def pkg_config_flags(package: str) -> list[str]:
+    """Compile and link flags of a library the fixtures build against (installed by
+    scripts/setup.sh): a failure names the package, never a skip."""
+    try:
+        out = subprocess.run(["pkg-config", "--cflags", "--libs", package], check=True,
+                             capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        pytest.fail(f"pkg-config {package} failed (libglib2.0-dev, scripts/setup.sh): {err}")
+    return out.split()
+
+
 def start_hanging(exe: Path, env: dict[str, str] | None = None
                   ) -> tuple[subprocess.Popen[str], str]:
     """A fixture started with `hang`, once it printed READY: the process and what it

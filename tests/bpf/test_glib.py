@@ -10,11 +10,10 @@ probe sees as the first frame (the return address into the caller).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, cc, functions, leak_summary, refcntd
+from conftest import FIXTURES, cc, functions, leak_summary, pkg_config_flags, refcntd
 
 GOBJECT_SPEC = """\
 version: 1
@@ -36,21 +35,12 @@ roles:
 TRUTH = {"make_thing": [1, 1, 1], "make_plain": [1, 1, 2]}
 
 
-def gobject_flags() -> list[str]:
-    try:
-        out = subprocess.run(["pkg-config", "--cflags", "--libs", "gobject-2.0"], check=True,
-                             capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError) as err:
-        pytest.fail(f"pkg-config gobject-2.0 failed (libglib2.0-dev, scripts/setup.sh): {err}")
-    return out.split()
-
-
 @pytest.fixture(scope="module")
 def gobject_run(bpf, build, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One traced run of the hostile build (-O2 -fomit-frame-pointer); its process report."""
     tmp = tmp_path_factory.mktemp("glib")
     exe = cc(build.root / "glib" / "gobjects", [FIXTURES / "gobjects.c"],
-             ["-O2", "-fomit-frame-pointer", *gobject_flags()])
+             ["-O2", "-fomit-frame-pointer", *pkg_config_flags("gobject-2.0")])
     spec = tmp / "gobject-spec.yaml"
     spec.write_text(GOBJECT_SPEC)
     result = refcntd(["run", "--spec", str(spec), "--", str(exe)], Path(tmp) / "r.json")
@@ -90,7 +80,7 @@ def test_bundled_gobject_spec_names_creator_and_main(bpf, build, tmp_path):
     """The same program traced with the bundled spec (configs/specs/gobject.yaml):
     exact leaks, and stacks through Debian's libgobject (no frame pointers) to main."""
     exe = cc(build.root / "glib" / "gobjects-bundled", [FIXTURES / "gobjects.c"],
-             ["-O2", "-fomit-frame-pointer", *gobject_flags()])
+             ["-O2", "-fomit-frame-pointer", *pkg_config_flags("gobject-2.0")])
     result = refcntd(["run", "--spec", "gobject", "--", str(exe)], tmp_path / "r.json")
     assert result.returncode == 23, result.stderr
     assert result.report["tracing"]["complete"], result.report["tracing"]

@@ -8,31 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, cc, refcntd, start_hanging
+from conftest import FIXTURES, ROOT, cc, pkg_config_flags, refcntd, start_hanging
 from test_serve import Serve, target_yaml
 
 TRUTH = {"RcdWidget": 2, "RcdGadget": 2, "GObject": 1, "GCancellable": 1}
 
 
-def gio_flags() -> list[str]:
-    try:
-        out = subprocess.run(["pkg-config", "--cflags", "--libs", "gio-2.0"], check=True,
-                             capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError) as err:
-        pytest.fail(f"pkg-config gio-2.0 failed (libglib2.0-dev, scripts/setup.sh): {err}")
-    return out.split()
-
-
 @pytest.fixture(scope="module")
 def program(build) -> Path:
     return cc(build.root / "classes" / "gclasses", [FIXTURES / "gclasses.c"],
-              ["-O2", "-fomit-frame-pointer", *gio_flags()])
+              ["-O2", "-fomit-frame-pointer", *pkg_config_flags("gio-2.0")])
 
 
 @pytest.mark.parametrize("slice_mode", ["", "always-malloc"])
