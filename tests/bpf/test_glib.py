@@ -31,6 +31,7 @@ roles:
     functions: [g_object_unref]
     object: arg1
 """
+
 # tests/fixtures/gobjects.c: creating function -> final counts of its leaked objects
 TRUTH = {"make_thing": [1, 1, 1], "make_plain": [1, 1, 2]}
 
