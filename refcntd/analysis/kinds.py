@@ -44,6 +44,8 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
              for g in groups for o in objects[id(g)]}
     per_block = Counter(k.block for k in kinds.values())
     shared = [a for a, k in kinds.items() if per_block[k.block] > 1]
+    # block start -> its one traced object (None: several), what "lost with" names
+    inside = {k.block: a if per_block[k.block] == 1 else None for a, k in kinds.items()}
     for address in shared:
         del kinds[address]
     if shared:
@@ -58,7 +60,8 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
     kinds.update(late)
     with StructNames() as names:
         held = Holders(types, slots, {o.address: g.frames for g in groups
-                                      for o in objects[id(g)]}, names, scan.unseen_threads)
+                                      for o in objects[id(g)]}, names, scan.unseen_threads,
+                       inside)
         return _split(groups, objects, kinds, held)
 
 
@@ -102,20 +105,21 @@ class Holders:
 
     def __init__(self, types: dict[int, str], slots: dict[int, list[Slot]] | None,
                  frames: dict[int, tuple[Frame, ...]], names: StructNames,
-                 unseen_threads: int = 0) -> None:
+                 unseen_threads: int = 0, inside: dict[int, int | None] | None = None
+                 ) -> None:
         self.types, self.slots, self.frames, self.names = types, slots, frames, names
-        self.unseen_threads = unseen_threads
+        self.unseen_threads, self.inside = unseen_threads, inside or {}
         self.addresses = sorted(types)
 
     def apply(self, obj: LeakedObject, k: ObjectKind) -> LeakedObject:
         if self.slots is None:  # no pointer graph: the kind alone
-            return replace(obj, kind=k.kind, root=_root(k, self.types))
+            return replace(obj, kind=k.kind, root=_root(k, self.types, self.inside))
         found = self.slots.get(obj.address, [])
         holders = sum(1 for s in found if s.counted)
         unheld = judged_unheld(obj.count, holders, self.unseen_threads)
         kind = UNHELD if k.kind == REACHABLE and unheld else k.kind
         pointers = tuple(self.pointer(s, obj.address) for s in found[:MAX_POINTERS])
-        return replace(obj, kind=kind, root=_root(k, self.types), holders=holders,
+        return replace(obj, kind=kind, root=_root(k, self.types, self.inside), holders=holders,
                        pointers=pointers)
 
     def pointer(self, s: Slot, target: int) -> Pointer:
@@ -159,12 +163,20 @@ def _note_freed(scan: ReachScan, unkinded: list[int]) -> None:
                           "without leak kinds")
 
 
-def _root(k: ObjectKind, types: dict[int, str]) -> str:
+def _root(k: ObjectKind, types: dict[int, str], inside: dict[int, int | None]) -> str:
     """Where a reachable object is reached from; what an indirectly lost one is lost
     with (the definitely lost block whose pointers hold it: the real pointer graph,
-    also without --history)."""
+    also without --history), named by the traced object in that block as the report
+    lists it: a GObject starts after its private data, inside its block, so the
+    block's start is no object's address (issue 54)."""
     if k.lost_with:
-        name = types.get(k.lost_with)
-        return f"lost with 0x{k.lost_with:x}" + (f" ({name})" if name else "")
+        if k.lost_with not in inside:
+            return (f"lost with the malloc block 0x{k.lost_with:x} (no traced object in it, "
+                    "itself lost)")
+        leader = inside[k.lost_with]
+        if leader is None:
+            return (f"lost with the malloc block 0x{k.lost_with:x} (shared by several traced "
+                    "objects)")
+        return f"lost with 0x{leader:x} ({types[leader]})"
     return k.root + (" (only through a pointer into it: valgrind's possibly lost)"
                      if k.interior_only else "")

@@ -28,7 +28,6 @@ from urllib.parse import parse_qs
 from refcntd.analysis.classes import apply_classes
 from refcntd.analysis.kinds import UNHELD, apply_kinds
 from refcntd.analysis.leaks import ProcessModules, group_leaks
-from refcntd.analysis.lostwith import name_leaders
 from refcntd.analysis.model import ProcessReport, RunResult
 from refcntd.inputs.spec import ClassSource
 from refcntd.kernel import features
@@ -318,9 +317,8 @@ def lost_report(tracer: Tracer, live: LiveScan, show_cmdline: bool) -> ProcessRe
     tracker, now_ns = tracer.tracker, time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     groups = group_leaks(live.objects, tracker.stacks, tracker.sym, now_ns,
                          ProcessModules(perf_map=load_perf_map(live.pid)))
-    groups = [g for g in apply_classes(name_leaders(apply_kinds(groups, live.scan, now_ns),
-                                                    live.scan), live.scan.classes)
-              if g.kind in LOST]
+    groups = [g for g in apply_classes(apply_kinds(groups, live.scan, now_ns),
+                                       live.scan.classes) if g.kind in LOST]
     command = read_cmdline(live.pid)
     session = tracker.sessions.get(live.pid)
     comm = session.comm if session else (command[0].rsplit("/", 1)[-1] if command else "")

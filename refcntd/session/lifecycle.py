@@ -26,7 +26,6 @@ from refcntd.analysis.leaks import (
     operation_paths,
     unnamed_operations,
 )
-from refcntd.analysis.lostwith import name_leaders
 from refcntd.analysis.model import (
     STATE_EXIT_NOT_SEEN,
     STATE_EXITED,
@@ -254,8 +253,7 @@ class SessionTracker:
             groups, released = set_aside_released(groups)
             notes += [released] if released else []
         if job.scan is not None:
-            groups = apply_classes(name_leaders(apply_kinds(groups, job.scan, job.now),
-                                                job.scan), job.scan.classes)
+            groups = apply_classes(apply_kinds(groups, job.scan, job.now), job.scan.classes)
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "

@@ -1,5 +1,5 @@
 """An indirectly lost object names the object it is lost with, as the report lists it
-(analysis/lostwith.py; issue 54, item 6): a GObject starts after its private data,
+(analysis/kinds.py; issue 54, item 6): a GObject starts after its private data,
 inside its block, so the block's start is no object's address."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from refcntd.analysis.kinds import apply_kinds
-from refcntd.analysis.lostwith import name_leaders
 from refcntd.analysis.model import LeakedObject, LeakGroup
 from refcntd.reach import glibc, graph
 from refcntd.reach.roots import Root
@@ -36,16 +35,8 @@ def obj(address: int) -> LeakedObject:
 def test_lost_with_names_the_object_inside_the_block():
     groups = [LeakGroup("JsonParser", (), [obj(0x1020)]),
               LeakGroup("JsonNode", (), [obj(0x3000), obj(0x4000)])]
-    s = scan()
-    plain = apply_kinds(groups, s)
-    assert {o.root for g in plain for o in g.objects} >= {"lost with 0x1000"}  # no type
-    roots = {o.address: o.root for g in name_leaders(plain, s) for o in g.objects}
+    roots = {o.address: o.root for g in apply_kinds(groups, scan()) for o in g.objects}
     assert roots[0x3000] == "lost with 0x1020 (JsonParser)"
     assert roots[0x4000] == ("lost with the malloc block 0x2000 (no traced object in it, "
                              "itself lost)")
     assert roots[0x1020] == ""
-
-
-def test_groups_without_indirect_objects_are_kept_as_they_are():
-    groups = apply_kinds([LeakGroup("JsonParser", (), [obj(0x1020)])], scan())
-    assert name_leaders(groups, scan()) is groups
