@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from refcntd.reach import glibc, graph, livecopy
+from refcntd.reach import glibc, graph, gslice, livecopy
 from refcntd.reach.exitframes import ExitPath, walk_exit
 from refcntd.reach.memory import Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import Root, Thread, describe, find_roots, read_threads
@@ -64,6 +64,7 @@ class ReachScan:
     #                                   kinds' reader drops them (drop_edges)
     direct_exit: bool = False  # held at `_exit` reached without exit() (exitframes.py)
     classes: dict[int, str] = field(default_factory=dict)  # object -> its class (gtypes.py)
+    slabs: gslice.Slabs | None = None  # GLib's slice allocator, read; `finish` cuts them
 
     @property
     def blocks(self) -> int:
@@ -205,6 +206,7 @@ def _read_from(mem: ProcessMemory, out: ReachScan, maps: list[Mapping],
         out.complete = False
         out.words = None
         return
+    out.slabs = gslice.read_slabs(mem, maps, out.heap.runs)
     out.unseen_threads = sum(1 for t in threads if t.tid not in exiting)
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
     out.notes += notes
@@ -238,6 +240,9 @@ def finish(out: ReachScan) -> None:
         return
     began = time.monotonic()
     glibc.settle(out.heap)
+    gslice.split(out.heap, out.slabs, out.words)
+    if out.slabs is not None:
+        out.notes += out.slabs.notes
     starts, ends = out.heap.starts, out.heap.ends
     edges = graph.find_edges(out.words, starts, ends, out.heap.tails)
     out.words = None
