@@ -4,9 +4,10 @@ A group's objects can differ in kind (one cached, the others lost): the group is
 split, one group per kind, so that a report, a policy and a baseline see each kind
 apart.  Objects the scan gave no kind (not inside a malloc block) keep none, and so
 do objects sharing their block with another tracked object (a pool allocator's
-slab, GSlice's): the slab is reachable while one of its objects is, which says
-nothing of the others.  One object inside its block keeps the block's kind: GLib
-puts a GObject's private data before it, in the same allocation.
+slab that the scan did not cut into its chunks: GSlice's are, reach/gslice.py): the
+slab is reachable while one of its objects is, which says nothing of the others.
+One object inside its block keeps the block's kind: GLib puts a GObject's private
+data before it, in the same allocation.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ MEMBER_FRAMES = 4  # allocation frames whose units may define a holder's struct
 def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = None
                 ) -> list[LeakGroup]:
     """The groups with each object's kind and root, split by kind; a note on `scan` for
-    objects that share their block (a pool allocator's slab: GSlice in GLib < 2.76).
+    objects that share their block (a pool allocator's slab the scan did not cut).
     `now_ns` (the clock of the objects' ages): objects created after the scan began
     are LATE, whatever their address holds now."""
     if not scan.complete:
@@ -50,9 +51,9 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
         del kinds[address]
     if shared:
         scan.notes.append(f"{len(shared)} object(s) sharing a malloc block with another (a "
-                          "pool allocator's slab): no kind, every one a leak as without "
-                          "--leak-kinds (G_SLICE=always-malloc gives each GObject a block "
-                          "of its own)")
+                          "pool allocator's slab, not cut into its chunks: only glibc "
+                          "malloc's and GLib 2.74's GSlice are understood): no kind, every "
+                          "one a leak as without --leak-kinds")
     _note_freed(scan, [o.address for g in groups for o in objects[id(g)]
                        if o.address not in kinds and o.address not in late])
     slots = pointers_to(scan, set(kinds))

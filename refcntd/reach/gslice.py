@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,7 +88,8 @@ class Slabs:
     """What the read found; `split` applies it to the heap's blocks."""
 
     slabs: list[Slab] = field(default_factory=list)
-    cached: dict[int, set[int]] = field(default_factory=dict)  # chunk size: magazines'
+    cached: dict[int, set[int]] = field(default_factory=dict)  # slab page: its chunks in
+    #                                                            the magazines
     notes: list[str] = field(default_factory=list)
     split: int = 0  # slabs cut into chunks
     whole: int = 0  # slabs left one block (colour unknown, books not adding up)
@@ -136,21 +138,28 @@ def read_slabs(mem: ProcessMemory, maps: list[Mapping], runs: list[Chunks]) -> S
     for ix, head in enumerate(mem.words(stack, SIZES) or []):
         out.slabs += _ring(pages, head, P2 * (ix + 1), out.notes)
     for ix, head in enumerate(mem.words(magazines, SIZES) or []):
-        out.cached.setdefault(P2 * (ix + 1), set()).update(_depot(pages, head))
+        _by_page(out.cached, P2 * (ix + 1), _depot(pages, head))
     for tmem in _thread_memories(mem, runs):
         for ix, chunks in _thread_magazines(pages, tmem):
-            out.cached.setdefault(P2 * (ix + 1), set()).update(chunks)
+            _by_page(out.cached, P2 * (ix + 1), chunks)
     types = _Types(pages)
     for slab in out.slabs:
-        slab.color = _color(slab, out.cached.get(slab.chunk, set()), pages, types)
+        slab.color = _color(slab, out.cached.get(slab.page, set()), pages, types)
     return out
+
+
+def _by_page(cached: dict[int, set[int]], chunk: int, chunks: Iterable[int]) -> None:
+    """Magazine chunks of one size, under the slab page each lies in (a slab is aligned
+    to its size)."""
+    mask = ~(page_size(chunk) - 1)
+    for c in chunks:
+        cached.setdefault(c & mask, set()).add(c)
 
 
 def _color(slab: Slab, cached: set[int], pages: _Reader, types: _Types) -> int | None:
     """Where the slab's first chunk starts: from its free chunks, else 0 without
     padding, else from the instances in it; None when nothing tells it."""
-    end = slab.page + slab.page_size
-    free = set(slab.free) | {c for c in cached if slab.page <= c < end}
+    free = set(slab.free) | cached
     if free:
         colors = {(c - slab.page) % slab.chunk for c in free}
         return colors.pop() if len(colors) == 1 else None
@@ -162,19 +171,20 @@ def _color(slab: Slab, cached: set[int], pages: _Reader, types: _Types) -> int |
 
 def _votes(slab: Slab, pages: _Reader, types: _Types) -> set[int]:
     """The colours the instances in a full slab give (16-byte aligned words: a chunk
-    and a private part are).  GObject classes decide when there are any: a GType at a
-    word's start may be some struct's field."""
-    strong, weak = set(), set()
-    for offset in range(0, slab.page_size - SLAB_INFO, P2):
-        value = pages.word(slab.page + offset)
-        if not value or value % 8:
-            continue
+    and a private part are): a GObject's class decides (its checks are many), else
+    every GType at a word's start must agree (a GType may also be some struct's
+    field)."""
+    words = pages.mem.words_at(slab.page, slab.page_size - SLAB_INFO)[::2]
+    weak = set()
+    for index in np.flatnonzero((words != 0) & (words % np.uint64(8) == 0)).tolist():
+        offset, value = P2 * index, int(words[index])
         private = types.private_size(value, slab.chunk)
         if private is not None and offset >= private:
-            strong.add((offset - private) % slab.chunk)
+            if (offset - private) % slab.chunk < slab.padding:
+                return {(offset - private) % slab.chunk}
         elif types.is_node(value):
             weak.add(offset % slab.chunk)
-    return {c for c in strong or weak if c < slab.padding}
+    return {c for c in weak if c < slab.padding} if len(weak) == 1 else weak
 
 
 def _find_allocator(mem: ProcessMemory, maps: list[Mapping], path: str) -> int | None:
@@ -329,7 +339,7 @@ def split(heap: Heap, slabs: Slabs | None, words: Words | None = None) -> None:
         _told_by_pointers([s for s in slabs.slabs if s.color is None], words)
     drop, live, free = [], [], []
     for slab in slabs.slabs:
-        cut = _cut(heap, slab, slabs.cached.get(slab.chunk, set()))
+        cut = _cut(heap, slab, slabs.cached.get(slab.page, set()))
         if cut is None:
             slabs.whole += 1
             continue
@@ -371,10 +381,10 @@ def _cut(heap: Heap, slab: Slab, cached: set[int]
         return None
     first = slab.page + slab.color
     chunks = np.uint64(first) + np.arange(slab.count, dtype=np.uint64) * np.uint64(slab.chunk)
-    grid = set(chunks.tolist())
-    end = slab.page + slab.page_size
-    unused = set(slab.free) | {c for c in cached if slab.page <= c < end}
-    if not unused <= grid or slab.count - len(set(slab.free)) != slab.allocated:
+    unused = set(slab.free) | cached
+    off_grid = any((c - first) % slab.chunk or not 0 <= c - first < slab.count * slab.chunk
+                   for c in unused)
+    if off_grid or slab.count - len(set(slab.free)) != slab.allocated:
         return None
     free = np.isin(chunks, np.array(sorted(unused), np.uint64))
     size = np.uint64(slab.chunk)

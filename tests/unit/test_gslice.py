@@ -109,8 +109,8 @@ def test_slabs_and_free_chunks_are_read() -> None:
     assert [s.page for s in slabs.slabs] == [page(n) for n in range(6)]
     assert {s.chunk for s in slabs.slabs} == {CHUNK} and slabs.slabs[0].allocated == 7
     assert slabs.slabs[0].free == [page(0) + 16 + 48 * 3, page(0) + 16 + 48 * 7]
-    assert slabs.cached[CHUNK] == {page(2) + 48 * 5} | {page(3) + 16 + 48 * k
-                                                         for k in range(4)}
+    assert slabs.cached == {page(2): {page(2) + 48 * 5},
+                            page(3): {page(3) + 16 + 48 * k for k in range(4)}}
     # the free list, the instance's class, the magazine, the depot; nothing in 4 and 5
     assert [s.color for s in slabs.slabs] == [16, 16, 0, 16, None, None]
 
