@@ -1,0 +1,171 @@
+"""Leak kinds of objects in GSlice's slabs (GLib 2.74 without G_SLICE=always-malloc):
+refcntd reads the slabs (refcntd/reach/gslice.py) and must give each GstCaps and
+GObject the kind valgrind gives it with G_SLICE=always-malloc, where each has a
+malloc block of its own, at exit (`run`) and live (`GET /leaks`).
+
+tests/fixtures/gslicekinds.c makes each kind in a function of its own, so valgrind's
+loss records name the objects by that frame.  Lost or reachable is compared object
+by object; within lost, which block of a lost cycle is the definitely lost one is
+the lowest address (valgrind's rule, refcntd's too), and GSlice and glibc place
+blocks elsewhere than valgrind's allocator does: the split is compared where no
+cycle decides it (caps held only by a lost GPtrArray)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, cc, pkg_config_flags, refcntd, start_hanging
+from test_serve import Serve, target_yaml
+
+SITES = ("lost_caps", "kept_caps", "held_caps", "lost_objects", "kept_objects_")
+LOST, REACHABLE = "lost", "still reachable"
+TRUTH = {"lost_caps": {LOST: 40}, "kept_caps": {REACHABLE: 20}, "held_caps": {LOST: 12},
+         "lost_objects": {LOST: 12}, "kept_objects_": {REACHABLE: 6}}
+RECORD = re.compile(r"==\d+== [\d,]+ (?:\([\d,]+ direct, [\d,]+ indirect\) )?bytes in "
+                    r"([\d,]+) blocks are (still reachable|definitely lost|indirectly lost|"
+                    r"possibly lost) in loss record[^\n]*\n((?:==\d+==    (?:at|by)[^\n]*\n)+)")
+FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+)")
+ALLOCATORS = {"malloc", "calloc", "g_malloc", "g_malloc0", "g_slice_alloc", "g_slice_alloc0"}
+PRIVATE = ["libglib-2.0.so.0", "libgobject-2.0.so.0", "libgmodule-2.0.so.0", "libc.so.6",
+           "libgstreamer-1.0.so.0"]
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gslice")
+    program = cc(out / "gslicekinds", [FIXTURES / "gslicekinds.c"],  # not stripped: valgrind
+                 ["-O2", "-g", *pkg_config_flags("gstreamer-1.0")])  # names its frames
+    subprocess.run([str(program), "exit"], check=True, capture_output=True)  # the registry
+    return program
+
+
+@pytest.fixture(scope="module")
+def truth(exe, tmp_path_factory):
+    """valgrind's kinds per site with G_SLICE=always-malloc, through private copies of
+    ld.so and the libraries (a uprobe's int3 in the system's files would SIGTRAP it)."""
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind (Debian's valgrind package) is the oracle of these tests")
+    libs = tmp_path_factory.mktemp("private")
+    shutil.copy("/lib64/ld-linux-x86-64.so.2", libs / "ld.so")
+    for name in PRIVATE:
+        shutil.copy(Path("/usr/lib/x86_64-linux-gnu") / name, libs / name)
+    env = {**os.environ, "G_SLICE": "always-malloc", "LD_LIBRARY_PATH": str(libs)}
+    proc = subprocess.run(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+                           "--num-callers=16", str(libs / "ld.so"), str(exe), "exit"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert "LEAK SUMMARY" in proc.stderr and "SIGTRAP" not in proc.stderr, proc.stderr[-2000:]
+    return valgrind_sites(proc.stderr)
+
+
+def valgrind_sites(text: str) -> dict[str, Counter[str]]:
+    """The blocks that are the fixture's objects, by site: a GstCaps's (g_slice_alloc
+    called by gst_caps_new_empty), a GObject's (allocated under g_type_create_instance
+    by the allocators only, not inside another object's init; for a class with private
+    data, GLib's first client request there: the instance)."""
+    requests = [int(a, 16) for a in re.findall(r"   at 0x([0-9A-F]+): g_type_create_instance ",
+                                                text)]
+    out: dict[str, Counter[str]] = {}
+    for m in RECORD.finditer(text):
+        frames = FRAME.findall(m.group(3))
+        names = [f for _, f in frames]
+        site = next((n for n in names if n in SITES), None)
+        if site is not None and _is_object(names, int(frames[0][0], 16), requests):
+            out.setdefault(site, Counter())[m.group(2)] += int(m.group(1).replace(",", ""))
+    return out
+
+
+def _is_object(names: list[str], top: int, requests: list[int]) -> bool:
+    if "gst_caps_new_empty" in names:
+        at = names.index("gst_caps_new_empty")
+        if at and names[at - 1] == "g_slice_alloc":
+            return True
+    if names.count("g_type_create_instance") != 1:  # none, or made inside another's init
+        return False
+    at = names.index("g_type_create_instance")
+    return top == min(requests) if at == 0 else set(names[:at]) <= ALLOCATORS
+
+
+def objects(stdout: str) -> dict[int, str]:
+    """address -> site, from the fixture's OBJ lines (its GstBins were made by
+    lost_objects too)."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("OBJ "):
+            _, site, address = line.split()
+            out[int(address, 16)] = {"lost_bins": "lost_objects",
+                                     "kept_objects": "kept_objects_"}.get(site, site)
+    return out
+
+
+def by_site(made: dict[int, str], process: dict) -> dict[str, Counter[str]]:
+    found = {int(i["address"], 16): i.get("kind", "no kind") for g in process["groups"]
+             for i in g["instances"]}
+    out: dict[str, Counter[str]] = {}
+    for address, site in made.items():
+        out.setdefault(site, Counter())[found.get(address, "not listed")] += 1
+    return out
+
+
+def lost_or_not(kinds: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for site, counts in kinds.items():
+        for kind, n in counts.items():
+            kind = LOST if kind.endswith(" lost") else \
+                REACHABLE if kind == "possibly lost" else kind
+            out.setdefault(site, {})[kind] = out.get(site, {}).get(kind, 0) + n
+    return out
+
+
+def test_valgrinds_truth(truth):
+    """The oracle itself: each site's objects all of one kind, as the fixture made them."""
+    assert lost_or_not(truth) == TRUTH, truth
+    assert truth["held_caps"] == {"indirectly lost": 12}
+
+
+def test_kinds_at_exit_equal_valgrinds(bpf, exe, truth, tmp_path):
+    result = refcntd(["run", "--spec", "gstreamer", "--", str(exe), "exit"],
+                     tmp_path / "r.json", env={**os.environ, "G_SLICE": ""}, timeout=600)
+    assert result.report is not None, result.stderr
+    (process,) = [p for p in result.report["processes"]
+                  if p.get("command", [""])[0] == str(exe)]
+    got = by_site(objects(result.stdout), process)
+    assert lost_or_not(got) == lost_or_not(truth), (got, truth)
+    assert got["held_caps"] == truth["held_caps"]
+    notes = " ".join(result.report["tracing"]["notes"] + process.get("notes", []))
+    assert "sharing a malloc block" not in notes and "GSlice slab" not in notes, notes
+
+
+def test_leaks_live_equal_valgrinds(bpf, exe, truth, tmp_path):
+    """GET /leaks on the process while it runs: the objects lost now are the lost ones
+    valgrind names at exit (nothing the fixture made is lost later), and the kept ones
+    are not listed (still reachable is no leak of a live process)."""
+    with Serve(tmp_path, target_yaml("gsk", exe, spec="gstreamer"),
+               env={"G_SLICE": ""}) as serve:
+        proc, printed = start_hanging(exe, env={**os.environ, "G_SLICE": ""})
+        try:
+            time.sleep(0.5)
+            with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/leaks",
+                                        timeout=120) as r:
+                answer = json.loads(r.read())
+        finally:
+            proc.kill()
+            proc.wait()
+        assert serve.stop() == 0
+    target = answer["targets"]["gsk"]
+    (process,) = [p for p in target["run"]["processes"] if p["pid"] == proc.pid]
+    made = objects(printed)
+    got = by_site(made, process)
+    lost = {s: c for s, c in lost_or_not(truth).items() if LOST in c}
+    assert {s: c for s, c in lost_or_not(got).items() if s in lost} == lost, got
+    assert {s: dict(c) for s, c in got.items() if s not in lost} == \
+        {"kept_caps": {"not listed": 20}, "kept_objects_": {"not listed": 6}}, got
+    assert got["held_caps"] == truth["held_caps"]
