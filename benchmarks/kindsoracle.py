@@ -53,6 +53,7 @@ PROGRAMS = {"cancellable": glib_test_argv("cancellable"),
             "gio info /usr/share/glib-2.0": ["gio", "info", "/usr/share/glib-2.0"],
             "gio cat /etc/os-release": ["gio", "cat", "/etc/os-release"]}
 VALGRIND_OPTS: list[str] = []  # --valgrind-opt: e.g. --freelist-vol=0 (the quarantine off)
+REFCNTD_G_SLICE = ["always-malloc"]  # --gslice: "" (GLib's slabs, read by reach/gslice.py)
 LATE = "created after the scan"  # refcntd's kind for what no checker sees: not compared
 CONSTRUCTOR = re.compile(r"^g_object_new(_valist|_with_properties|v|_internal)?$")
 VG_FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+) \((?:in )?([^)]*)\)")
@@ -66,7 +67,7 @@ SITE_FRAMES = 2
 
 
 def refcntd_json(argv: list[str], out: Path, spec: list[str]) -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "G_SLICE": "always-malloc"}
+    env = {**os.environ, "G_SLICE": REFCNTD_G_SLICE[0]}
     report = out / "r.json"
     proc = subprocess.run([*REFCNTD, "run", *spec, "--json", str(report), "--", *argv],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -251,9 +252,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=0, metavar="N",
                         help="run each --only program N times in both tools and write "
                              "the per-site kinds of every run (section 'Repeated runs')")
+    parser.add_argument("--gslice", action="store_true",
+                        help="refcntd's runs with G_SLICE= (GLib's slabs; valgrind's stay "
+                             "always-malloc); rows named PROGRAM (GSlice)")
     args = parser.parse_args()
     VALGRIND_OPTS.extend(args.valgrind_opt)
     suffix = f" (valgrind {' '.join(args.valgrind_opt)})" if args.valgrind_opt else ""
+    if args.gslice:
+        REFCNTD_G_SLICE[0] = ""
+        suffix += " (GSlice)"
     if args.repeat:
         with tempfile.TemporaryDirectory() as tmp:
             rows = [r for n in args.only or PROGRAMS
