@@ -212,21 +212,23 @@ class _Reader:
 
     def __init__(self, mem: ProcessMemory, maps: list[Mapping]) -> None:
         self.mem = mem
-        self.pages: dict[int, np.ndarray] = {}
+        self.pages: dict[int, list[int]] = {}  # lists: a word each, no numpy scalar
         readable = [(m.start, m.end) for m in maps if m.perms.startswith("r")]
         self.starts = [s for s, _ in readable]
         self.ends = [e for _, e in readable]
 
     def word(self, address: int) -> int | None:
-        at = bisect_right(self.starts, address) - 1
-        if address % 8 or at < 0 or address + 8 > self.ends[at]:
+        if address % 8:
             return None
         base = address & ~0xFFF
         page = self.pages.get(base)
         if page is None:
-            page = self.pages[base] = self.mem.words_at(base, 4096).copy()
+            at = bisect_right(self.starts, address) - 1
+            if at < 0 or address + 8 > self.ends[at]:
+                return None
+            page = self.pages[base] = self.mem.words_at(base, 4096).tolist()
         at = (address - base) // 8
-        return int(page[at]) if at < len(page) else None
+        return page[at] if at < len(page) else None
 
 
 class _Types:
@@ -338,12 +340,14 @@ def split(heap: Heap, slabs: Slabs | None, words: Words | None = None) -> None:
     if words is not None:
         _told_by_pointers([s for s in slabs.slabs if s.color is None], words)
     drop, live, free = [], [], []
-    for slab in slabs.slabs:
-        cut = _cut(heap, slab, slabs.cached.get(slab.page, set()))
+    pages = np.array([s.page for s in slabs.slabs], np.uint64)
+    for slab, index in zip(slabs.slabs, np.searchsorted(heap.starts, pages).tolist(),
+                           strict=True):
+        cut = _cut(heap, index, slab, slabs.cached.get(slab.page, set()))
         if cut is None:
             slabs.whole += 1
             continue
-        index, used, unused = cut
+        used, unused = cut
         drop.append(index)
         live.append(used)
         free.append(unused)
@@ -369,26 +373,27 @@ def split(heap: Heap, slabs: Slabs | None, words: Words | None = None) -> None:
     heap.freed, heap.freed_ends = freed[order], freed_ends[order]
 
 
-def _cut(heap: Heap, slab: Slab, cached: set[int]
-         ) -> tuple[int, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
-    """(the slab's block index, (starts, ends) of its chunks in use, of its free ones),
-    None when it cannot be cut: colour unknown, no block of its own at the page, free
-    chunks off its grid, or a count of chunks handed out other than n_allocated."""
-    index = int(np.searchsorted(heap.starts, np.uint64(slab.page)))
+def _cut(heap: Heap, index: int, slab: Slab, cached: set[int]
+         ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
+    """((starts, ends) of the slab's chunks in use, of its free ones), None when it
+    cannot be cut: colour unknown, no block of its own at the page (`index`: where it
+    would be), free chunks off its grid, or a count handed out other than n_allocated."""
     if slab.color is None or index >= len(heap.starts) or \
             int(heap.starts[index]) != slab.page or \
             int(heap.ends[index]) < slab.page + slab.page_size - SLAB_INFO:
         return None
     first = slab.page + slab.color
-    chunks = np.uint64(first) + np.arange(slab.count, dtype=np.uint64) * np.uint64(slab.chunk)
-    unused = set(slab.free) | cached
-    off_grid = any((c - first) % slab.chunk or not 0 <= c - first < slab.count * slab.chunk
-                   for c in unused)
-    if off_grid or slab.count - len(set(slab.free)) != slab.allocated:
+    free = np.zeros(slab.count, bool)
+    for chunk in set(slab.free) | cached:
+        at, off = divmod(chunk - first, slab.chunk)
+        if off or not 0 <= at < slab.count:
+            return None
+        free[at] = True
+    if slab.count - len(set(slab.free)) != slab.allocated:
         return None
-    free = np.isin(chunks, np.array(sorted(unused), np.uint64))
+    chunks = np.uint64(first) + np.arange(slab.count, dtype=np.uint64) * np.uint64(slab.chunk)
     size = np.uint64(slab.chunk)
-    return index, (chunks[~free], chunks[~free] + size), (chunks[free], chunks[free] + size)
+    return (chunks[~free], chunks[~free] + size), (chunks[free], chunks[free] + size)
 
 
 def _told_by_pointers(slabs: list[Slab], words: Words) -> None:
