@@ -18,8 +18,10 @@ attached, and a fork-heavy CI run, each against the same work untraced.
 
 The per-call rows (init+release with its allocation stack, --history) are
 `run.py --per-call`'s (results/per-call.md).  `--tree` runs another checkout's refcntd
-(`python -m refcntd` there) as a baseline.  Writes results/LABEL-raw.json; the page
-(results/waiting.md) is written by hand from it with the profiles.
+(`python -m refcntd` there) as a baseline.  Adds the run to results/waiting.json under
+"runs" -> LABEL (a run of the same label replaced, the others kept); the page
+(results/waiting.md) is written by hand from those runs with the profiles, and names the
+labels it cites.
 """
 
 from __future__ import annotations
@@ -157,7 +159,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--tree", type=Path, default=ROOT,
                         help="another checkout's refcntd (a baseline), run by this venv")
-    parser.add_argument("--label", default="waiting", help="results/LABEL-raw.json")
+    parser.add_argument("--label", default="waiting",
+                        help="this run's key in results/waiting.json")
     parser.add_argument("--only", choices=("perf", "attach", "fork"), action="append")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -185,9 +188,11 @@ def main() -> int:
                                       args.repeats, scratch)
         data["load_after"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2) + "\n"
-    (args.out / f"{args.label}-raw.json").write_text(text)
-    print(text)
+    page = args.out / "waiting.json"
+    doc = json.loads(page.read_text()) if page.exists() else {"runs": {}}
+    doc["runs"][args.label] = data
+    page.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(data, indent=2))
     return 0
 
 
