@@ -42,7 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bigsource import count_dies  # noqa: E402
-from run import machine  # noqa: E402
+from run import git_head, machine  # noqa: E402
 
 MUTANTS = Path("/var/tmp/refcntd-mutants/perf")
 REFCNTD = [sys.executable, "-m", "refcntd"]
@@ -138,11 +138,6 @@ def summary(traced: list[float], untraced: list[float]) -> dict:
     return {"traced_s": round(t, 3), "untraced_s": round(u, 3), "added_s": round(t - u, 3),
             "traced_runs": [round(x, 3) for x in traced],
             "untraced_runs": [round(x, 3) for x in untraced]}
-
-
-def git_head(tree: Path) -> str:
-    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
 
 
 def build_perflike(out: Path) -> Path:
