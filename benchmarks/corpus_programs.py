@@ -101,7 +101,7 @@ def virsh() -> list[Program]:
 
 # Real leaks of Debian's gio 2.74: valgrind memcheck (--leak-check=full
 # --show-leak-kinds=all) finds GObjects definitely lost at the same allocation site
-# as refcntd (benchmarks/results/leak-kinds-valgrind.md; corpus-leakkinds-s5.md).
+# as refcntd (benchmarks/results/leak-kinds-valgrind.md; benchmarks/corpus-notes.md).
 REAL_LEAKS = {
     "gio list /usr/share": "GLocalFileEnumerator (1 definitely lost) and the GLocalFile it "
                            "holds (indirectly lost), never unreffed by gio list",

@@ -1,5 +1,5 @@
 """Markdown for benchmarks/corpus.py: runs and false findings per family, each false
-finding with its stacks, and the hand-written causes (corpus-notes.md beside the results)."""
+finding with its stacks, and the hand-written causes (benchmarks/corpus-notes.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 CLASSES = ("clean", "leak", "anomaly", "INCOMPLETE", "refcntd error")
-NOTES = Path(__file__).resolve().parent / "results" / "corpus-notes.md"
+NOTES = Path(__file__).resolve().parent / "corpus-notes.md"
 # Suspected causes, by a pattern on a finding ("[comm, exit] kind N type at f < g ...")
 # or on the run's losses and error; the first that matches a finding names its cause.
 KILLED = "a process killed or ended with an error on purpose (a test's subprocess or helper " \
@@ -116,7 +116,7 @@ def render_markdown(doc: dict[str, Any], table_only: bool = False,
            f"{doc['seconds']} s, {how}. A run is classified from refcntd's JSON "
            "(refcntd error > INCOMPLETE > anomaly > leak > clean); against the truth "
            "(GStreamer's leaks tracer for gst-launch-1.0; a leak where valgrind shows one, "
-           "corpus-valgrind-truth.md; INCOMPLETE 'no probe fired' for a test script that "
+           "valgrind's evidence in the notes; INCOMPLETE 'no probe fired' for a test script that "
            "loads no libglib; otherwise a program upstream keeps clean) it is right or a "
            "**false finding**."
            + (f" Before: the results in {doc.get('before') or 'corpus.md'}, same runs."

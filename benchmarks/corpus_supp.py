@@ -18,7 +18,7 @@ the first reason that rules it out here:
 * otherwise it can match, and the entries the corpus (--corpus) or
   tests/bpf/test_kept_glib_supp.py saw keep objects are marked so.
 
-Usage: benchmarks/corpus_supp.py [--corpus results/corpus-after.json] [--out FILE]
+Usage: benchmarks/corpus_supp.py [--corpus results/corpus.json] [--out FILE]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def used_entries(corpus: Path | None) -> set[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", type=Path, default=ROOT / "benchmarks/results/corpus-after.json")
+    ap.add_argument("--corpus", type=Path, default=ROOT / "benchmarks/results/corpus.json")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/glib-supp.md")
     args = ap.parse_args(argv)
     entries = load_valgrind(GLIB_SUPP)

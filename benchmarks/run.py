@@ -506,7 +506,15 @@ def machine() -> dict:
     mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
     return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
             "memory_gib": round(mem / 2**20, 1), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d")}
+            "date": time.strftime("%Y-%m-%d"), "commit": git_head(ROOT),
+            "load": [round(x, 2) for x in os.getloadavg()]}
+
+
+def git_head(tree: Path) -> str:
+    """The checkout's commit, short ("" outside a git checkout): each results page says
+    which code it measured."""
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
 
 
 def write_results(out: Path, stem: str, text: str, rows: list[dict]) -> None:

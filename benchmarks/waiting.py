@@ -18,8 +18,10 @@ attached, and a fork-heavy CI run, each against the same work untraced.
 
 The per-call rows (init+release with its allocation stack, --history) are
 `run.py --per-call`'s (results/per-call.md).  `--tree` runs another checkout's refcntd
-(`python -m refcntd` there) as a baseline.  Writes results/LABEL-raw.json; the page
-(results/waiting.md) is written by hand from it with the profiles.
+(`python -m refcntd` there) as a baseline.  Adds the run to results/waiting.json under
+"runs" -> LABEL (a run of the same label replaced, the others kept); the page
+(results/waiting.md) is written by hand from those runs with the profiles, and names the
+labels it cites.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bigsource import count_dies  # noqa: E402
-from run import machine  # noqa: E402
+from run import git_head, machine  # noqa: E402
 
 MUTANTS = Path("/var/tmp/refcntd-mutants/perf")
 REFCNTD = [sys.executable, "-m", "refcntd"]
@@ -138,11 +140,6 @@ def summary(traced: list[float], untraced: list[float]) -> dict:
             "untraced_runs": [round(x, 3) for x in untraced]}
 
 
-def git_head(tree: Path) -> str:
-    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-
-
 def build_perflike(out: Path) -> Path:
     subprocess.run(["make", "-s", "-C", str(ROOT / "examples"), f"BUILD={out}",
                     "CFLAGS=-O2 -fno-omit-frame-pointer"], check=True)
@@ -157,7 +154,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--tree", type=Path, default=ROOT,
                         help="another checkout's refcntd (a baseline), run by this venv")
-    parser.add_argument("--label", default="waiting", help="results/LABEL-raw.json")
+    parser.add_argument("--label", default="waiting",
+                        help="this run's key in results/waiting.json")
     parser.add_argument("--only", choices=("perf", "attach", "fork"), action="append")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -185,9 +183,11 @@ def main() -> int:
                                       args.repeats, scratch)
         data["load_after"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2) + "\n"
-    (args.out / f"{args.label}-raw.json").write_text(text)
-    print(text)
+    page = args.out / "waiting.json"
+    doc = json.loads(page.read_text()) if page.exists() else {"runs": {}}
+    doc["runs"][args.label] = data
+    page.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(data, indent=2))
     return 0
 
 

@@ -3,7 +3,8 @@ pauses cost (a metric), and keeping its full collections short.
 
 A full (generation 2) collection walks every object the collector tracks while
 holding the GIL.  In the soak serve's took 86-202 ms of CPU each, every 10-60 s,
-and a scrape arriving meanwhile waited for it (benchmarks/results/soak-gc.md).
+and a scrape arriving meanwhile waited for it (the soak of 2026-11-28:
+`git show dc0f3e0:benchmarks/results/soak-gc.md`).
 Most of those objects live as long as the process: modules, classes, the attached
 tracers' symbol tables, bounded caches.  `refreeze()` moves the survivors of a full
 collection into the permanent generation (`gc.freeze()`), and `freeze_new()` what
