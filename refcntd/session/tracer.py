@@ -111,6 +111,7 @@ class Tracer:
         self.reports: list[ProcessReport] = []
         self.loaded: set[str] = set()  # libraries ld.so reported loaded in traced processes
         self.execd: set[str] = set()  # programs traced processes exec'd
+        self.ldso_watched = False  # ld.so's probe attached: `loaded` is every library loaded
         self._keep_reports = keep_reports
         self._exits_not_seen = 0  # reports whose process's exit was not seen
         self._on_report = on_report
@@ -239,6 +240,7 @@ class Tracer:
                 self.exit_scans.attach()
             why = self.plan.ldso and self.kernel.probes.attach_ldso(self.plan.ldso.path,
                                                                     self.plan.ldso.sites)
+        self.ldso_watched = self.plan.ldso is not None and not why
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
