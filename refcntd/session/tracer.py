@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from refcntd import progress
@@ -21,7 +22,7 @@ from refcntd.binary.probesite import ProbeSite
 from refcntd.inputs.files import file_identity
 from refcntd.inputs.spec import ClassSource
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
-from refcntd.kernel.decode import file_key, pack_probe_cfgs
+from refcntd.kernel.decode import file_key, pack_probe_cfgs, process_path
 from refcntd.kernel.loader import Kernel
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.program import KernelOptions
@@ -276,6 +277,8 @@ class Tracer:
         if ev.kind == EventKind.HOLD:
             self.vetting.handle_held()
             return
+        if ev.kind in (EventKind.LIBRARY, EventKind.EXECVE):  # /proc/self/fd/N: the process's
+            ev = replace(ev, path=process_path(ev.path, ev.tgid))
         if ev.kind == EventKind.LIBRARY:
             self.loaded.add(ev.path)
             self.index.add_library(ev.path, ev.tgid)
