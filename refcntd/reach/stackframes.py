@@ -21,6 +21,7 @@ from functools import cache
 
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
+from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
 from refcntd.reach.exitframes import libc_frames
 from refcntd.reach.memory import Mapping, ProcessMemory
 
@@ -64,8 +65,8 @@ def _module_at(maps: list[Mapping], pc: int) -> tuple[str, int] | None:
     """(path, where its file's offset 0 is mapped) of the file mapping executing `pc`."""
     for m in maps:
         if m.start <= pc < m.end:
-            if not m.path.startswith("/") or "x" not in m.perms:
-                return None
+            if not m.path.startswith("/") or "x" not in m.perms or _inode(m.path) != m.inode:
+                return None  # (another file by that name here: another mount namespace)
             first = min((x.start - x.offset for x in maps if x.path == m.path), default=0)
             return m.path, first
     return None
@@ -81,12 +82,20 @@ def function_name(path: str, at: int) -> str:
     return f"{name}+{at:#x}"
 
 
+def _inode(path: str) -> int:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return -1
+
+
 @cache
 def _functions(path: str) -> tuple[list[int], list[tuple[int, int, str]]]:
     """(start, end, name) of the module's function symbols, file-relative, by start."""
     try:
-        image = ElfImage(path)
-    except BinaryError:
+        with open_untrusted(path, ELF_LIMIT, what="module", follow_symlinks=True) as f:
+            image = ElfImage(f.fd_path)
+    except (UntrustedFileError, BinaryError):
         return [], []
     base = image.min_vaddr()
     rows = sorted((s.vaddr - base, s.vaddr - base + max(s.size, 1), name)
