@@ -23,9 +23,8 @@ from elftools.elf.sections import SymbolTableSection
 
 from refcntd.reach.exitframes import ExitPath
 from refcntd.reach.memory import Mapping
-from refcntd.reach.stackframes import StackFrame, frame_of
+from refcntd.reach.stackframes import RED_ZONE, StackFrame, frame_of
 
-RED_ZONE = 128  # the x86-64 ABI's area below the stack pointer a leaf function may use
 SKIPPED = ("[vvar]", "[vsyscall]", "[vdso]", "[uprobes]", "[vvar_vclock]")
 
 

@@ -26,6 +26,7 @@ from refcntd.reach.exitframes import libc_frames
 from refcntd.reach.memory import Mapping, ProcessMemory
 
 MAX_FRAMES = 64
+RED_ZONE = 128  # the x86-64 ABI's area below the stack pointer a leaf function may use
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ def walk(mem: ProcessMemory, maps: list[Mapping], sp: int, pc: int) -> tuple[Sta
         if row is None or row.cfa < 0:
             break
         cfa = sp + row.cfa
-        frames.append(StackFrame(sp, cfa, function_name(path, pc - base)))
+        low = sp if frames else sp - RED_ZONE  # (scanned: the innermost frame's red zone)
+        frames.append(StackFrame(low, cfa, function_name(path, pc - base)))
         ret = mem.word(cfa - 8)
         if not ret:
             break
