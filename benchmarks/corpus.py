@@ -64,6 +64,7 @@ class Outcome:
     false: bool = False
     findings: list[str] = field(default_factory=list)  # one line per leak group / anomaly
     error: str = ""
+    nothing_loaded: bool = False  # refcntd's note: nothing of the spec's library was loaded
 
 
 NO_LEAK_KINDS: list[str] = []  # --no-leak-kinds: every object alive at exit is a leak
@@ -100,6 +101,7 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
     from refcntd.outputs.policy import LATE, REACHABLE
     from refcntd.outputs.runjson import load_run
     from refcntd.session.exitscan import NOT_SCANNED
+    from refcntd.session.status import NOTHING_LOADED
 
     o.refcntd_status = status
     if status < 0 or status == 2 or not json_path.exists():
@@ -132,6 +134,7 @@ def classify(o: Outcome, json_path: Path, status: int, err: str) -> None:
             o.findings.append(f"[{who}] {a.kind} {a.type_name} at {_where(a.frames)}"
                               f" (allocated at {_where(a.alloc_frames)})")
     o.lost = dict(result.tracing.lost)
+    o.nothing_loaded = any(n.startswith(NOTHING_LOADED) for n in result.tracing.notes)
     o.cls = ("INCOMPLETE" if not result.tracing.complete else "anomaly" if o.anomalies
              else "leak" if o.leaked else "clean")
 
@@ -146,8 +149,10 @@ def judge(o: Outcome) -> None:
 
     if o.truth == "leak":  # a real leak (valgrind's evidence): it must fail as a leak
         o.false = o.cls != "leak"
-    elif o.truth == "unaudited":  # no traced library loaded: refcntd must say so
-        o.false = not (o.cls == "INCOMPLETE" and set(o.lost) == {NOTHING_FIRED})
+    elif o.truth == "unaudited":  # no traced library loaded: refcntd must say so, and
+        # since issue 54 that is a complete run with one note (before: INCOMPLETE)
+        o.false = not (o.cls == "clean" and o.nothing_loaded
+                       or o.cls == "INCOMPLETE" and set(o.lost) == {NOTHING_FIRED})
     elif o.truth == "gst-leaks":
         o.false = o.cls != "clean" and not (o.cls == "leak" and o.leaked == o.truth_leaks)
         o.false = o.false or (o.cls == "clean" and bool(o.truth_leaks))

@@ -15,8 +15,9 @@ correct refcntd reports:
   command (REAL_LEAKS names the evidence): the run must fail with a leak;
 * "unaudited": a test whose processes never load the library its spec probes
   (a Python script running Python tools, checked by `strace -f` on an untraced
-  run): refcntd must say it audited nothing, INCOMPLETE "no probe fired"
-  (issue 39's rule), never clean.
+  run): refcntd must say it audited nothing: a complete run with the one note
+  "nothing of the spec's library was loaded" (issue 54; before it, INCOMPLETE
+  "no probe fired", issue 39's rule, which a run of then is still judged by).
 
 `fixtures(work)` makes the input files (keys, certificates, an SVG, a PDF,
 an Ogg file) with the same tools, untraced, before the corpus runs.

@@ -28,7 +28,8 @@ GBYTES = "g_bytes_unref_to_data/_to_array freeing a GBytes' last reference witho
     "its address then re-initialised"
 TIMEOUT = "over 300 s under refcntd (millions of probed calls)"
 OTHER = "objects the program itself makes, alive at exit (not analysed one by one)"
-NO_PROBE = "no probe fired (issue 39's rule: INCOMPLETE, never clean)"
+NO_PROBE = "no probe fired (issue 39's rule: INCOMPLETE, never clean, unless nothing of " \
+    "the spec's library was loaded)"
 LOST = "tracing incomplete: "  # + the run's loss, as refcntd words it
 FINDING_CAUSES = [
     (re.compile(r"\] leak \d+ GBytes"), GBYTES),
@@ -116,8 +117,9 @@ def render_markdown(doc: dict[str, Any], table_only: bool = False,
            f"{doc['seconds']} s, {how}. A run is classified from refcntd's JSON "
            "(refcntd error > INCOMPLETE > anomaly > leak > clean); against the truth "
            "(GStreamer's leaks tracer for gst-launch-1.0; a leak where valgrind shows one, "
-           "valgrind's evidence in the notes; INCOMPLETE 'no probe fired' for a test script that "
-           "loads no libglib; otherwise a program upstream keeps clean) it is right or a "
+           "valgrind's evidence in the notes; 'nothing of the spec's library was loaded' "
+           "(before issue 54: INCOMPLETE 'no probe fired') for a test script that loads no "
+           "libglib; otherwise a program upstream keeps clean) it is right or a "
            "**false finding**."
            + (f" Before: the results in {doc.get('before') or 'corpus.md'}, same runs."
               if old else ""), "",

@@ -17,6 +17,19 @@ from refcntd.errors import InputFileError
 
 TEXT_LIMIT = 64 << 20  # specs, configs, suppressions: far larger is a wrong file
 REPORT_LIMIT = 1 << 30  # saved runs (--json) of big programs
+HOLLOW_OVER = 256 << 20  # a file this big whose disk blocks cover under 1/16 of it ...
+HOLLOW_SHARE = 16
+
+
+def hollow(info: os.stat_result) -> str | None:
+    """Why a file is refused as mostly holes, or None.  Every reader here reads a file
+    whole: a 3 GiB memfd holding a 200 KiB library and a hole costs the process that
+    maps it nothing and refcntd 3 GiB (6 GiB of refcntd's memory, measured, when a nobody
+    process dlopen()ed one: tests/bpf/test_untrusted.py).  No ELF file, spec or report
+    has holes; a compressing file system stores a binary in 1/2 to 1/4 of its size."""
+    if info.st_size > HOLLOW_OVER and info.st_blocks * 512 * HOLLOW_SHARE < info.st_size:
+        return f"mostly holes ({info.st_size} bytes, {info.st_blocks * 512} on disk)"
+    return None
 
 
 def open_regular(path: str | os.PathLike[str], what: str, limit: int | None = TEXT_LIMIT
@@ -36,6 +49,8 @@ def open_regular(path: str | os.PathLike[str], what: str, limit: int | None = TE
         if limit is not None and info.st_size > limit:
             raise InputFileError(f"{what} {name}: too big ({info.st_size} bytes; at most "
                                  f"{limit})")
+        if why := hollow(info):
+            raise InputFileError(f"{what} {name}: {why}")
         return os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise InputFileError(f"{what} {name}: cannot read ({err.strerror})") from None

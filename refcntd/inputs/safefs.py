@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from refcntd.errors import InputFileError
-from refcntd.inputs.files import kind_of
+from refcntd.inputs.files import hollow, kind_of
 
 _SYS_OPENAT2 = 437  # x86-64, the only architecture refcntd traces
 _RESOLVE_NO_SYMLINKS = 0x04
@@ -161,6 +161,8 @@ def _check(info: os.stat_result, max_size: int, owners: Collection[int] | None,
         raise UntrustedFileError(shown, f"{kind_of(info.st_mode)}, not a regular file")
     if info.st_size > max_size:
         raise UntrustedFileError(shown, f"too big ({info.st_size} bytes; at most {max_size})")
+    if why := hollow(info):
+        raise UntrustedFileError(shown, why)
     if owners is not None and info.st_uid not in owners:
         allowed = " or ".join(str(u) for u in sorted(owners))
         raise UntrustedFileError(shown, f"owned by uid {info.st_uid}, not by uid {allowed}")

@@ -44,6 +44,20 @@ def names_file(path: str, dev: int, ino: int) -> bool:
     return here is not None and (here.dev, here.ino) == (dev, ino)
 
 
+_OWN = {"/proc/self/": "", "/proc/thread-self/": "", "/dev/fd/": "fd/"}
+
+
+def process_path(path: str, tgid: int) -> str:
+    """A file name a traced process gave (ld.so's name of a library it dlopen()ed, an
+    exec's), as refcntd must open it: `/proc/self/fd/9` and `/dev/fd/9` mean the
+    process's descriptor, which in refcntd's own process is another file, `/proc/TGID/fd/9`
+    here."""
+    for own, under in _OWN.items():
+        if path.startswith(own):
+            return f"/proc/{tgid}/{under}{path[len(own):]}"
+    return path
+
+
 def pack_probe_cfgs(sites: list[ProbeSite], type_ids: Callable[[str], int]) -> bytes:
     """probe_cfgs' rows for `sites`, in order (no kernel needed)."""
     return b"".join(bytes(probe_cfg(site, type_ids)) for site in sites)

@@ -340,7 +340,9 @@ def render_tracing(t: TracingStatus) -> str:
         installed = _plural(sum(p.sites for p in t.probes), 'probe')
         cut = f", {_plural(t.stacks_cut, 'stack')} cut short (see the notes)" \
             if t.stacks_cut else ""
-        lines.append(f"refcntd: tracing complete: {installed} installed, "
+        idle = ", none fired (see the notes)" if t.probes and all(
+            p.hits == 0 for p in t.probes) else ""
+        lines.append(f"refcntd: tracing complete: {installed} installed{idle}, "
                      f"nothing lost{cut}")
     else:
         lines.append("refcntd: tracing INCOMPLETE, a clean result cannot be claimed:")

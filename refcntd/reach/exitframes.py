@@ -41,7 +41,7 @@ EXIT_PATH_FRAMES = 4  # _exit, __run_exit_handlers, exit (and one spare)
 SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")  # callee-saved on x86-64
 _ROW = re.compile(r"^([0-9a-f]{8,16}) +(\S+)")
 _RSP = re.compile(r"^rsp\+(\d+)$")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 1: the last FDE had the terminator line as a row
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def _parse(lines: list[str]) -> list[tuple[int, int, list[Row]]]:
             rows += [Row(lo, r.cfa, r.saved) for r in cies.get(m[1].lstrip("0"), [])[-1:]]
         elif line.lstrip().startswith("LOC"):
             columns = line.split()
-        elif rows is not None and (m := _ROW.match(line)):
+        elif rows is not None and (m := _ROW.match(line)) and "ZERO terminator" not in line:
             cells = dict(zip(columns, line.split(), strict=False))
             saved = tuple(int(cells[r][2:]) for r in SAVED
                           if cells.get(r, "u").startswith("c-"))

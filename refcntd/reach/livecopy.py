@@ -36,7 +36,8 @@ import numpy as np
 
 from refcntd.kernel import pagemap
 from refcntd.reach.memory import IOV_MAX, Mapping, ProcessMemory, read_maps
-from refcntd.reach.roots import RED_ZONE, SKIPPED, Thread, read_threads, stack_mappings
+from refcntd.reach.roots import SKIPPED, Thread, read_threads, stack_mappings
+from refcntd.reach.stackframes import RED_ZONE
 
 LIMIT = 4 << 30  # the copy's bound unless the caller gives one (bytes)
 AVAILABLE_SHARE = 0.5  # ... and at most this share of MemAvailable

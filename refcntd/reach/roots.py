@@ -23,8 +23,8 @@ from elftools.elf.sections import SymbolTableSection
 
 from refcntd.reach.exitframes import ExitPath
 from refcntd.reach.memory import Mapping
+from refcntd.reach.stackframes import RED_ZONE, StackFrame, frame_of
 
-RED_ZONE = 128  # the x86-64 ABI's area below the stack pointer a leaf function may use
 SKIPPED = ("[vvar]", "[vsyscall]", "[vdso]", "[uprobes]", "[vvar_vclock]")
 
 
@@ -45,6 +45,7 @@ class Root:
     owner: str  # the module's path, the thread ("2 (gdbus)"), or the mapping
     base: int = 0  # where the module's file is mapped (its first mapping)
     values: tuple[int, ...] = ()  # registers: the words themselves
+    frames: tuple[StackFrame, ...] = ()  # a stack: its thread's frames (stackframes.py)
 
 
 def read_threads(pid: int, proc: Path = Path("/proc")) -> list[Thread]:
@@ -88,10 +89,13 @@ def stat_field(path: str, index: int) -> str | None:
 
 def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
                heap_regions: list[tuple[int, int]],
-               exiting: dict[int, ExitPath] | None = None) -> tuple[list[Root], list[str]]:
+               exiting: dict[int, ExitPath] | None = None,
+               frames: dict[int, tuple[StackFrame, ...]] | None = None
+               ) -> tuple[list[Root], list[str]]:
     """The root ranges and the notes on what could not be scanned as a scan should.
     `exiting`: per thread held in `_exit`, libc's exit frames (exitframes.py), of
-    which only the registers they saved are scanned."""
+    which only the registers they saved are scanned; `frames`: per thread, its stack's
+    frames, which name a holder on it."""
     notes: list[str] = []
     stacks = stack_mappings(maps)
     unknown_sp = [t for t in threads if t.sp is None]
@@ -106,10 +110,12 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
             continue
         low = max(m.start, (t.sp - RED_ZONE) & ~7)  # type: ignore[operator]
         path = (exiting or {}).get(t.tid)
+        walked = (frames or {}).get(t.tid, ())
         if path is not None:
             low = path.top
-            roots += [Root(a, a + 8, "stack", f"{t.tid} ({t.comm})") for a in path.saved]
-        on_stack[m.start] = Root(low, m.end, "stack", f"{t.tid} ({t.comm})")
+            roots += [Root(a, a + 8, "stack", f"{t.tid} ({t.comm})", frames=walked)
+                      for a in path.saved]
+        on_stack[m.start] = Root(low, m.end, "stack", f"{t.tid} ({t.comm})", frames=walked)
     module, base, last_end = "", 0, 0
     for m in maps:
         if m.path and not m.path.startswith("["):
@@ -159,9 +165,12 @@ def _inside(m: Mapping, regions: list[tuple[int, int]]) -> bool:
 
 
 def describe(root: Root, address: int) -> str:
-    """`global the_bus (libgio-2.0.so.0)`, `the stack of thread 2 (gdbus)` ..."""
+    """`global the_bus (libgio-2.0.so.0)`, `the stack of thread 2 (gdbus) in frame
+    g_main_loop_run (libglib-2.0.so.0)` ..."""
     if root.what == "stack":
-        return f"the stack of thread {root.owner}"
+        frame = frame_of(root.frames, address)
+        return f"the stack of thread {root.owner}" + (f" in frame {frame.function}"
+                                                      if frame else "")
     if root.what == "registers":
         return f"the registers of thread {root.owner}"
     if root.what == "mapping":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from refcntd.reach import glibc, graph, gslice, livecopy
+from refcntd.reach import glibc, graph, gslice, livecopy, stackframes
 from refcntd.reach.exitframes import ExitPath, walk_exit
 from refcntd.reach.memory import Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import Root, Thread, describe, find_roots, read_threads
@@ -208,7 +208,9 @@ def _read_from(mem: ProcessMemory, out: ReachScan, maps: list[Mapping],
         return
     out.slabs = gslice.read_slabs(mem, maps, out.heap.runs)
     out.unseen_threads = sum(1 for t in threads if t.tid not in exiting)
-    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting)
+    frames = {t.tid: stackframes.walk(mem, maps, t.sp, t.pc) for t in threads
+              if t.sp is not None and t.pc}
+    out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting, frames)
     out.notes += notes
     graph.read_words(mem, out.heap.span, out.roots, out.heap.regions, out.heap.covered,
                      out.words)

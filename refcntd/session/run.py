@@ -16,7 +16,7 @@ from refcntd.binary.plan import Plan
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.procctl import die_with_parent
 from refcntd.session.options import Credentials, TraceOptions
-from refcntd.session.status import mapped_probed
+from refcntd.session.status import UNMAPPED, mapped_probed, nothing_loaded
 from refcntd.session.tracer import Tracer
 from refcntd.session.unwind import command_path
 
@@ -38,24 +38,33 @@ def run_command(plan: Plan, command: list[str], opts: TraceOptions,
         with _forward_signals(child):
             _trace_until_done(tracer, child, opts.descendant_grace_s)
         result.command_status = _shell_status(child.wait(30.0))
-        mapped = mapped_probed(plan, tracer.loaded | tracer.execd)
-        return _nothing_fired(tracer.finish(result), mapped)
+        return _nothing_fired(tracer.finish(result), plan, tracer.loaded | tracer.execd,
+                              tracer.ldso_watched)
 
 
 NOTHING_FIRED = ("no probe fired in this run: nothing the spec describes was counted (the "
                  "note says which file no traced process mapped)")
 
 
-def _nothing_fired(result: RunResult, mapped: list[str]) -> RunResult:
-    """A run whose probes never fired, in a file no traced process mapped, audited
-    nothing: incomplete, never clean (a spec naming a copy of the library the command
-    does not load, a test that never ran).  Where a traced process mapped a probed file
-    the probes were armed: it made none of the spec's objects, which the tracing status
-    notes (status.silent_roles)."""
-    if not result.tracing.probes or any(p.hits > 0 for p in result.tracing.probes):
+def _nothing_fired(result: RunResult, plan: Plan, seen: set[str], watched: bool) -> RunResult:
+    """A run whose probes never fired, in a file no traced process mapped (`seen`: what
+    they loaded and ran), audited nothing: incomplete, never clean (a spec naming a copy
+    of the library the command does not load, a test that never ran), unless nothing of
+    the spec's library was demonstrably there to count (ld.so `watched`, and
+    status.nothing_loaded: GLib's `bytes`, which never loads libgobject, under the gobject
+    spec): complete, with that one note in place of the unmapped file's.  Where a traced
+    process mapped a probed file the probes were armed: it made none of the spec's
+    objects, which the tracing status notes (status.silent_roles).  `--strict` fails
+    every run in which no probe fired."""
+    tracing = result.tracing
+    if not tracing.probes or any(p.hits > 0 for p in tracing.probes) \
+            or mapped_probed(plan, seen):
         return result
-    if not mapped:
-        result.tracing.lost[NOTHING_FIRED] = 1
+    absent = nothing_loaded(plan, seen) if watched else None
+    if absent is None:
+        tracing.lost[NOTHING_FIRED] = 1
+    else:
+        tracing.notes = [absent, *(n for n in tracing.notes if not n.startswith(UNMAPPED))]
     return result
 
 

@@ -25,6 +25,9 @@ NOTE_REASONS = {stat: text.removeprefix("note: ") for stat, text in STAT_TEXT.it
                 if text.startswith("note: ")}
 
 
+UNMAPPED = "no probe fired in this run: no traced process mapped"
+
+
 def silent_roles(plan: Plan, hits: list[int], loaded: Iterable[str]) -> list[str]:
     """Spec entries none of whose probes fired, in one note: where a traced process
     mapped their file (`loaded`: what ld.so loaded and exec ran) the probes were armed
@@ -45,8 +48,7 @@ def silent_roles(plan: Plan, hits: list[int], loaded: Iterable[str]) -> list[str
             return [f"no probe fired in this run: traced processes mapped "
                     f"{', '.join(sorted(armed))} and never called the spec's functions "
                     "(nothing to count)"]
-        return [f"no probe fired in this run: no traced process mapped {', '.join(unloaded)}, "
-                "where the spec's functions are probed"]
+        return [f"{UNMAPPED} {', '.join(unloaded)}, where the spec's functions are probed"]
     out = []
     if idle:
         out.append("spec roles never fired in this run (not called; or called another way, "
@@ -85,6 +87,41 @@ def unprobed_copies(plan: Plan, hits: list[int], loaded: Iterable[str]) -> dict[
                 f"({plan.named.get(module, module)}): name the loaded copy in the spec's "
                 "`library:`"] = len(roles)
     return out
+
+
+def nothing_loaded(plan: Plan, loaded: Iterable[str]) -> str | None:
+    """The one note of a run that demonstrably had nothing of the spec's library to count
+    (GLib's test `bytes` under the gobject spec), given every file its traced processes
+    loaded or ran (ld.so's reports and the execs: the caller knows ld.so was watched):
+    none is a probed file or another copy of one (issue 39's copies), and none that has a
+    symbol table defines one of the spec's functions (a copy linked in statically).  None
+    where that cannot be shown, and the run stays INCOMPLETE: a role of the traced program
+    itself or a USDT one, a file unreadable here (another mount namespace), a relative path."""
+    entries = plan.spec.entries
+    if plan.deferred or any(e.library is None or e.usdt for e in entries):
+        return None
+    try:
+        probed = [ElfImage(m) for m in sorted({s.module for s in plan.sites})]
+    except BinaryError:
+        return None
+    functions = {f for e in entries for f in e.functions}
+    files = sorted({p for p in loaded if "/" in p})  # (ld.so names the vdso without one)
+    if not probed or not all(map(os.path.isabs, files)):
+        return None
+    for path in files:
+        if any(_identity(path) == _identity(str(i.path)) or copy_of(path, i) for i in probed):
+            return None
+        try:
+            if functions & ElfImage(path).symbols.keys():
+                return None
+        except BinaryError:
+            return None
+    names = ", ".join(sorted({i.soname() or i.path.name for i in probed}))
+    return (f"{NOTHING_LOADED}: no traced process loaded {names} or another copy, and none "
+            f"of the {len(files)} files they loaded or ran defines the spec's functions")
+
+
+NOTHING_LOADED = "no probe fired in this run: nothing of the spec's library was loaded"
 
 
 def mapped_probed(plan: Plan, paths: Iterable[str]) -> list[str]:

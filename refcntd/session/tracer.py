@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from refcntd import progress
@@ -21,7 +22,7 @@ from refcntd.binary.probesite import ProbeSite
 from refcntd.inputs.files import file_identity
 from refcntd.inputs.spec import ClassSource
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
-from refcntd.kernel.decode import file_key, pack_probe_cfgs
+from refcntd.kernel.decode import file_key, pack_probe_cfgs, process_path
 from refcntd.kernel.loader import Kernel
 from refcntd.kernel.precompile import BackgroundCompile
 from refcntd.kernel.program import KernelOptions
@@ -111,6 +112,7 @@ class Tracer:
         self.reports: list[ProcessReport] = []
         self.loaded: set[str] = set()  # libraries ld.so reported loaded in traced processes
         self.execd: set[str] = set()  # programs traced processes exec'd
+        self.ldso_watched = False  # ld.so's probe attached: `loaded` is every library loaded
         self._keep_reports = keep_reports
         self._exits_not_seen = 0  # reports whose process's exit was not seen
         self._on_report = on_report
@@ -239,6 +241,7 @@ class Tracer:
                 self.exit_scans.attach()
             why = self.plan.ldso and self.kernel.probes.attach_ldso(self.plan.ldso.path,
                                                                     self.plan.ldso.sites)
+        self.ldso_watched = self.plan.ldso is not None and not why
         if why:
             self.plan.notes.append(f"ld.so probe not installed ({why}): frames in "
                                    "libraries unloaded before exit may stay unresolved")
@@ -274,6 +277,8 @@ class Tracer:
         if ev.kind == EventKind.HOLD:
             self.vetting.handle_held()
             return
+        if ev.kind in (EventKind.LIBRARY, EventKind.EXECVE):  # /proc/self/fd/N: the process's
+            ev = replace(ev, path=process_path(ev.path, ev.tgid))
         if ev.kind == EventKind.LIBRARY:
             self.loaded.add(ev.path)
             self.index.add_library(ev.path, ev.tgid)

@@ -153,3 +153,22 @@ def test_with_other_threads_only_objects_with_no_holder_fail(bpf, program, tmp_p
     assert by_name["purged"]["kind"] == UNHELD
     assert "1 reference held by no slot seen: count 2, 1 holder" in result.stderr
     assert result.returncode == 23 and "2 failing finding(s)" in result.stderr
+
+
+def test_a_local_is_named_by_its_frame(bpf, program, tmp_path):
+    """`local`: an object held only by a volatile local of hold_local(), which calls
+    exit(0) itself (-O2, no frame pointer): its holder is the held thread's stack, in the
+    frame of hold_local, the slot at the address the program printed; the kind says the
+    same frame."""
+    result = refcntd(["run", "--", str(program), "local"], tmp_path / "r.json")
+    names = printed(result.stdout, "OBJ")
+    slots = printed(result.stdout, "SLOT")
+    group, on_stack = objects(result)[names["on_stack"]]
+    (pid,) = {p["pid"] for p in result.report["processes"]}
+    (holder,) = [p for p in on_stack["pointers"] if p["counted"]]
+    assert holder["holder"] == f"the stack of thread {pid} (holders) in frame hold_local " \
+        "(holders)", holder
+    assert int(holder["slot"], 16) == slots["on_stack"]
+    assert (on_stack["kind"], on_stack["holders"], on_stack["unheld"]) == \
+        ("still reachable", 1, 0), on_stack
+    assert "in frame hold_local (holders)" in on_stack["root"], on_stack

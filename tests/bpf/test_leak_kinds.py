@@ -46,8 +46,10 @@ def test_kinds_at_exit_equal_valgrinds(bpf, programs, tmp_path):
         assert inst.get("root", "").startswith("lost with") == (expected == "indirectly lost")
     roots = {objects[a][0]: i.get("root", "") for a, (_, i) in found.items()}
     assert roots["global_cache"] == "global cache (reach)"
-    assert roots["stack_held"] == f"the stack of thread {process['pid']} (reach)"
+    assert roots["stack_held"] == \
+        f"the stack of thread {process['pid']} (reach) in frame main (reach)"
     assert roots["thread_stack"].startswith("the stack of thread ")
+    assert roots["thread_stack"].endswith(" (reach) in frame holder_thread (reach)")
     address = {name: a for a, (name, _) in objects.items()}
     assert roots["owned"] == f"lost with 0x{address['lost_owner']:x} (lost_owner)"
     assert roots["cycle_b"] == f"lost with 0x{address['cycle_a']:x} (cycle_a)"

@@ -22,6 +22,9 @@ import pytest
 from conftest import FIXTURES, leak_summary, refcntd
 from test_userlib import confirmed_draft
 
+from refcntd.session.run import NOTHING_FIRED
+from refcntd.session.status import NOTHING_LOADED
+
 REQUESTS = "8"
 TRUTH = {"buf": [1, 1]}  # every 4th request of 8 leaks one buffer
 
@@ -108,15 +111,37 @@ def test_another_build_at_the_soname_is_incomplete(bpf, tmp_path, strict):
     assert f"loaded {loaded}, another build than the library the spec names ({named})" in line
 
 
-def test_a_run_where_no_probe_fired_is_incomplete(bpf, tmp_path):
-    """The spec's library is probed, the command never loads it: nothing was audited,
-    so the run is INCOMPLETE (24), not clean."""
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_program_with_the_library_linked_in_is_incomplete(bpf, tmp_path, strict):
+    """The spec's library is probed; the command never loads it but has its functions
+    linked in (libbuf.c compiled into the program): nothing was audited and the spec
+    could not have counted it, so the run is INCOMPLETE (24), not clean."""
     named, _loaded, _prog = two_copies(tmp_path / "t")
     spec = confirmed_draft(named, tmp_path / "draft.yaml", str(named))
-    for strict in (False, True):
-        code, err, report = run(spec, ["/bin/true"], tmp_path / "r.json", strict)
-        assert code == 24, err
-        assert any(k.startswith("no probe fired in this run") for k in report["tracing"]["lost"])
+    static = tmp_path / "bufstatic"
+    subprocess.run(["gcc", "-O2", "-g", f"-I{FIXTURES}", "-o", str(static),
+                    str(FIXTURES / "bufprog.c"), str(FIXTURES / "libbuf.c")], check=True)
+    code, err, report = run(spec, [str(static), REQUESTS], tmp_path / "r.json", strict)
+    assert code == 24, err
+    assert list(report["tracing"]["lost"]) == [NOTHING_FIRED]
+
+
+def test_a_command_that_loads_nothing_of_the_library_is_complete(bpf, tmp_path):
+    """The spec's library is probed; the command (/bin/true) loads neither it nor another
+    copy and has none of its functions: there was nothing to count, and one note says
+    so (GLib's `bytes` under the gobject spec: test_silent_roles).  --strict still never
+    passes a run in which no probe fired (issue 39)."""
+    named, _loaded, _prog = two_copies(tmp_path / "t")
+    spec = confirmed_draft(named, tmp_path / "draft.yaml", str(named))
+    code, err, report = run(spec, ["/bin/true"], tmp_path / "r.json", False)
+    assert code == 0, err
+    assert report["tracing"]["lost"] == {}
+    (note,) = [n for n in report["tracing"]["notes"] if n.startswith("no probe fired")]
+    assert note.startswith(f"{NOTHING_LOADED}: no traced process loaded libbuf.so or another "
+                           "copy, and none of the "), note
+    assert "none fired (see the notes)" in err, err
+    code, err, _ = run(spec, ["/bin/true"], tmp_path / "strict.json", True)
+    assert code == 24 and "--strict: no probe fired" in err, err
 
 
 @pytest.mark.parametrize("via_shell", [False, True])

@@ -177,3 +177,26 @@ def test_refused_file_is_one_note_in_the_process_report(attack, tmp_path):
     assert note == f"perf map /tmp/perf-{attacker['pid']}.map: is a FIFO, not a regular " \
                    "file: JIT frames not named"
     assert victim["notes"] == []
+
+
+def test_a_hollow_module_named_through_proc_self_is_not_read(attack, tmp_path):
+    """A nobody process dlopen()s a library from a memfd it made 3 GiB big (a hole after
+    a copy of libz: it costs the process nothing), as /proc/self/fd/9, then the probed
+    library: it is stopped for its unwind tables and scanned for call sites, which read
+    every module it maps, the memfd through /proc/PID/map_files ("/memfd:module
+    (deleted)").  refcntd used to read it whole, twice (6 GiB of its memory, the process
+    held 15 s), and opened /proc/self/fd/9 in its own process (another file).  Now the
+    name is the process's descriptor, and the file is refused as mostly holes."""
+    import resource
+
+    program = cc(attack.shared / "bigmodule", [FIXTURES / "bigmodule.c"], ["-O2", "-ldl"])
+    libz = shutil.copy("/usr/lib/x86_64-linux-gnu/libz.so.1", attack.shared / "libz.so")
+    attacker = f"{program} {libz} {3 << 30} 9 {attack.lib}"
+    result = refcntd([*RUN, "--spec", str(attack.spec), "--", "sh", "-c",
+                      f"{NOBODY} {attacker}"], tmp_path / "r.json", timeout=300)
+    assert "MAPPED /proc/self/fd/9" in result.stdout, result.stderr
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 1 << 20  # KiB: 1 GiB
+    (pid,) = [p["pid"] for p in result.report["processes"] if p["comm"] == "bigmodule"]
+    notes = json.dumps(result.report)
+    assert "/proc/self/fd" not in notes
+    assert f"/proc/{pid}/fd/9: mostly holes ({3 << 30} bytes, " in notes, notes

@@ -46,3 +46,20 @@ def test_each_loss_is_a_cause() -> None:
     assert corpus_report.causes(nothing) == [corpus_report.NO_PROBE]
     assert corpus_report.causes(ring) == [corpus_report.LOST + "lifecycle events lost: "
                                           "ring buffer full"]
+
+
+def test_a_script_that_loads_no_library_is_right_only_when_refcntd_says_so() -> None:
+    """'unaudited' truth (a test script none of whose processes loads libglib): right
+    when refcntd says nothing of the spec's library was loaded (or, in a run made before
+    that verdict, INCOMPLETE 'no probe fired'); a plain clean run is a false finding."""
+    from refcntd.session.run import NOTHING_FIRED
+
+    def judged(cls: str, nothing_loaded: bool, lost: dict[str, int]) -> bool:
+        o = corpus.Outcome("glib-tests", "mkenums.py", "glib", ["x"], "unaudited", cls=cls,
+                           lost=lost, nothing_loaded=nothing_loaded)
+        corpus.judge(o)
+        return o.false
+    assert not judged("clean", True, {})
+    assert not judged("INCOMPLETE", False, {NOTHING_FIRED: 1})
+    assert judged("clean", False, {})
+    assert judged("INCOMPLETE", False, {"lifecycle events lost: ring buffer full": 1})

@@ -154,3 +154,32 @@ def test_atomic_write_failure_leaves_no_temporary_file(tmp_path):
     with pytest.raises(OSError):
         atomic_write(tmp_path / "taken", b"x")
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]
+
+
+def test_a_file_mostly_holes_is_refused_by_both_readers(tmp_path):
+    """A 1 GiB file with 4 KiB written (a hole: no disk) is refused, with its sizes, by
+    open_untrusted and by the binary reader; the same size written densely is not
+    refused for its holes (only by the size cap where there is one)."""
+    from refcntd.inputs.files import read_bytes
+    from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
+
+    hollow = tmp_path / "hollow.so"
+    with open(hollow, "wb") as f:
+        f.write(b"\x7fELF" + b"\0" * 4092)
+        f.truncate(1 << 30)
+    with pytest.raises(UntrustedFileError, match=r"mostly holes \(1073741824 bytes, "):
+        open_untrusted(hollow, ELF_LIMIT)
+    with pytest.raises(InputFileError, match="mostly holes"):
+        read_bytes(hollow, "binary", limit=None)
+    dense = tmp_path / "dense"
+    dense.write_bytes(b"x" * (300 << 20))
+    open_untrusted(dense, ELF_LIMIT).close()
+
+
+def test_a_process_s_own_names_are_opened_as_its_own():
+    from refcntd.kernel.decode import process_path
+
+    assert process_path("/proc/self/fd/9", 42) == "/proc/42/fd/9"
+    assert process_path("/proc/thread-self/fd/3", 42) == "/proc/42/fd/3"
+    assert process_path("/dev/fd/5", 42) == "/proc/42/fd/5"
+    assert process_path("/usr/lib/libz.so.1", 42) == "/usr/lib/libz.so.1"
