@@ -22,6 +22,7 @@ from pathlib import Path
 
 import debian
 import fonts
+import glibcb
 import libdbus
 import tracefs
 import truth
@@ -280,7 +281,8 @@ CODEBASES = {"perf": (perf, prepare_perf, perf_probes),
              "fontconfig": (fonts.codebase, fonts.prepare, fonts.probes),
              "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes),
              "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes),
-             "xkbregistry": (xkbreg.codebase, xkbreg.prepare, xkbreg.probes)}
+             "xkbregistry": (xkbreg.codebase, xkbreg.prepare, xkbreg.probes),
+             "glib": (glibcb.codebase, glibcb.prepare, glibcb.probes)}
 
 
 def load(name: str, out: Path, prepare: bool = True) -> Codebase:

@@ -26,7 +26,7 @@ from typing import Any
 OUTCOMES = ("right", "tie", "unknown", "wrong", "missed")
 STUBS = ("__refcnt__", "refcnt__delete")
 PATH_FRAMES = 8
-CLONE = re.compile(r"(\.(part|isra|constprop|cold|lto_priv)(\.\d+)?)+$")
+CLONE = re.compile(r"(\.(part|isra|constprop|cold|lto_priv|localalias)(\.\d+)?)+$")
 
 
 def plain(function: str) -> str:

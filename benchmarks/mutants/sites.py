@@ -137,6 +137,8 @@ def find_sites(root: Path, rel: str, names: frozenset[str]) -> list[Site]:
             paren = _next_paren(code, i)
             if paren >= 0 and depth == 0 and parens == 0:
                 last_call_name = word
+            elif depth == 0 and parens == 1 and _parenthesized_name(code, m.start(), i):
+                last_call_name = word  # `(g_object_ref) (gpointer o)`: not the macro
             elif paren >= 0 and word in names and function:
                 end = closing(code, paren)
                 if end > 0:
@@ -147,6 +149,15 @@ def find_sites(root: Path, rel: str, names: frozenset[str]) -> list[Site]:
             continue
         i += 1
     return sites
+
+
+def _parenthesized_name(code: str, start: int, end: int) -> bool:
+    """The name at code[start:end] is written `(name) (`, as GLib defines the functions
+    its headers also define as macros."""
+    before = code[:start].rstrip()
+    after = code[end:].lstrip()
+    return before.endswith("(") and after.startswith(")") and _next_paren(
+        code, code.index(")", end) + 1) >= 0
 
 
 def _next_paren(code: str, i: int) -> int:

@@ -17,6 +17,10 @@ import tracefs
 
 INIT = "init"  # the count starts at n (an entry probe on the initialiser)
 INIT_RETURN = "init-return"  # the constructor returned it: +n (its init's own gets stay)
+# a constructor that may return an object alive already, after a get on it (GObject's
+# constructor returning a singleton, g_variant_get_child_value on a tree): +n only
+# when the object is not alive
+INIT_RETURN_NEW = "init-return-new"
 GET = "get"
 PUT = "put"
 PUT_FREES = "put-frees"  # a put that ends the object's life at zero
@@ -78,7 +82,9 @@ def account(events: Sequence[tracefs.Event], rules: dict[str, Rule]) -> Books:
         if rule.op == INIT:
             flagged.discard(key)  # a new object at a freed one's address
             lives[key] = Life(rule.type or ev.args.get("name", "?"), rule.count, True)
-        elif rule.op == INIT_RETURN:
+        elif rule.op == INIT_RETURN_NEW and life.created and life.count > 0:
+            pass
+        elif rule.op in (INIT_RETURN, INIT_RETURN_NEW):
             life.type, life.created = rule.type or ev.args.get("name", "?"), True
             life.count += rule.count
         elif rule.op == GET:

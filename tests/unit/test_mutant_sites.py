@@ -45,3 +45,12 @@ def test_a_function_pointer_parameter_does_not_name_the_function(tmp_path: Path)
     (tmp_path / "g.c").write_text(code)
     (site,) = sites.find_sites(tmp_path, "g.c", API.gets | API.puts)
     assert site.function == "FcDirCacheProcess"
+
+
+def test_a_parenthesized_definition_names_its_function(tmp_path: Path) -> None:
+    """GLib defines g_object_ref_sink as `(g_object_ref_sink) (gpointer o)` (its header
+    has a macro of that name): the sites in it are its own, not the return type's."""
+    (tmp_path / "f.c").write_text("gpointer\n(obj_sink) (gpointer o)\n{\n  obj_get (o);\n"
+                                  "  return (o);\n}\n")
+    found = sites.find_sites(tmp_path, "f.c", API.gets | API.puts)
+    assert [(s.name, s.function) for s in found] == [("obj_get", "obj_sink")]

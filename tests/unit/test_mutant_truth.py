@@ -34,3 +34,17 @@ def test_a_freed_flagged_address_reused_by_a_new_object_counts_again() -> None:
     books = truth.account([ev("new", 0x10), ev("check", 0x10, 0x1), ev("unref", 0x10),
                            ev("free", 0x10), ev("new", 0x10), ev("ref", 0x10)], RULES)
     assert (books.objects, books.kept) == ({"GObject": 1}, {})
+
+
+def test_a_constructor_returning_an_object_alive_already_adds_no_reference() -> None:
+    """GObject's constructor returning a singleton it refs, g_variant_get_child_value
+    on a tree child: new only when not alive (INIT_RETURN_NEW); INIT_RETURN counts it
+    twice, so the singleton's last unref would leave it leaked."""
+    rules = {**RULES, "new": truth.Rule(truth.INIT_RETURN_NEW, "GObject")}
+    seq = [ev("new", 0x10), ev("ref", 0x10), ev("new", 0x10), ev("unref", 0x10),
+           ev("unref", 0x10), ev("free", 0x10), ev("ref", 0x30), ev("new", 0x30)]
+    books = truth.account(seq, rules)
+    assert books.objects == {"GObject": 1}  # 0x30: its init's own get, then made: 2 refs
+    assert books.references == {"GObject": 2}
+    assert truth.account(seq[:5], RULES).objects == {"GObject": 1}
+    assert truth.account(seq[:5], rules).objects == {}
