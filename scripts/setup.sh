@@ -90,8 +90,17 @@ fi
 # package taken from Debian's site: linked in by itself.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
-    | grep -v "^WARNING: Location" || true
+# pip only when pyproject.toml changed since the last install that left the venv current
+# (scripts/venv_current.py: every requirement met, refcntd editable from here): its resolve
+# alone is 7 s of CPU, a minute of a busy machine's wall time, at every test.sh.
+stamp=.venv/.pyproject.sha256
+if [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum < pyproject.toml)" ] \
+        || ! .venv/bin/python scripts/venv_current.py; then
+    rm -f "$stamp"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
+        | grep -v "^WARNING: Location" || true
+    if .venv/bin/python scripts/venv_current.py; then sha256sum < pyproject.toml > "$stamp"; fi
+fi
 
 # refcntd's own bytecode, written now: the first run would otherwise compile every
 # module it imports (about 0.3 s of a start), and every run would where
