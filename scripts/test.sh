@@ -9,5 +9,8 @@ bash scripts/setup.sh
 .venv/bin/mypy  # --strict on the package: [tool.mypy] in pyproject.toml
 .venv/bin/python -m refcntd.kernel.abigen --check \
     || { echo "refcntd/kernel/abi.py is stale: python -m refcntd.kernel.abigen" >&2; exit 1; }
-# tests/unit runs first (seconds, no root), then tests/bpf (real kernel).
-.venv/bin/python -m pytest -ra "$@"
+# tests/unit (no root) and tests/bpf (real kernel), on REFCNTD_TEST_WORKERS pytest-xdist
+# workers (default 4 on any machine: a BPF test mostly waits on the kernel's uprobe and
+# RCU synchronisation, not on a CPU); tests marked `serial` (the machine's global BPF and
+# pid state) run alone (tests/conftest.py).  `-n 0` among the arguments: one process.
+.venv/bin/python -m pytest -ra -n "${REFCNTD_TEST_WORKERS:-4}" --dist loadgroup "$@"
