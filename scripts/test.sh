@@ -10,7 +10,7 @@ bash scripts/setup.sh
 .venv/bin/python -m refcntd.kernel.abigen --check \
     || { echo "refcntd/kernel/abi.py is stale: python -m refcntd.kernel.abigen" >&2; exit 1; }
 # tests/unit (no root) and tests/bpf (real kernel), on REFCNTD_TEST_WORKERS pytest-xdist
-# workers (default 4 on any machine: a BPF test mostly waits on the kernel's uprobe and
-# RCU synchronisation, not on a CPU); tests marked `serial` (the machine's global BPF and
-# pid state) run alone (tests/conftest.py).  `-n 0` among the arguments: one process.
-.venv/bin/python -m pytest -ra -n "${REFCNTD_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# workers (default: one per CPU; benchmarks/results/suite.md); tests marked `serial` (the
+# machine's global BPF and pid state) run alone (tests/conftest.py).  `-n 0` among the
+# arguments: one process.
+.venv/bin/python -m pytest -ra -n "${REFCNTD_TEST_WORKERS:-$(nproc)}" --dist loadgroup "$@"
