@@ -49,8 +49,14 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           librsvg2-bin poppler-utils
           # strace: whether a test script's processes load libglib at all (its truth)
           strace)
+# Every installed package of the list, asked of dpkg once (not a dpkg-query and a grep per
+# package: 90 processes, 20 s of a busy machine's wall time).
+declare -A INSTALLED=()
+while read -r pkg status; do
+    [ "$status" = "install ok installed" ] && INSTALLED[$pkg]=1
+done < <(dpkg-query -W -f='${Package} ${Status}\n' ${PACKAGES[*]//|/ } 2>/dev/null || true)
 installed() {
-    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+    [ -n "${INSTALLED[$1]:-}" ]
 }
 # The first of "A|B" this release's archive has (after apt-get update).
 candidate() {
@@ -90,8 +96,17 @@ fi
 # package taken from Debian's site: linked in by itself.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
-    | grep -v "^WARNING: Location" || true
+# pip only when pyproject.toml changed since the last install that left the venv current
+# (scripts/venv_current.py: every requirement met, refcntd editable from here): its resolve
+# alone is 7 s of CPU, a minute of a busy machine's wall time, at every test.sh.
+stamp=.venv/.pyproject.sha256
+if [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum < pyproject.toml)" ] \
+        || ! .venv/bin/python scripts/venv_current.py; then
+    rm -f "$stamp"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
+        | grep -v "^WARNING: Location" || true
+    if .venv/bin/python scripts/venv_current.py; then sha256sum < pyproject.toml > "$stamp"; fi
+fi
 
 # refcntd's own bytecode, written now: the first run would otherwise compile every
 # module it imports (about 0.3 s of a start), and every run would where

@@ -6,6 +6,7 @@ under REFCNTD_REQUIRE_BPF=1 (CI), where they fail: no silent skips.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -261,10 +262,38 @@ def assert_one_line_error(result: Result, *needles: str) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/bpf loads real BPF: marked `bpf` (-m bpf / -m 'not bpf')."""
+    """Every test under tests/bpf loads real BPF: marked `bpf` (-m bpf / -m 'not bpf').
+    Under pytest-xdist (scripts/test.sh), the tests of a module with a module-scoped
+    fixture go to one worker (xdist_group, --dist loadgroup): its traced run or build is
+    made once, not once per worker."""
     for item in items:
         if f"{os.sep}tests{os.sep}bpf{os.sep}" in str(item.fspath):
             item.add_marker(pytest.mark.bpf)
+        fixturedefs = getattr(item, "_fixtureinfo", None)
+        defs = fixturedefs.name2fixturedefs.values() if fixturedefs else []
+        if any(d.scope == "module" for chain in defs for d in chain):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Under pytest-xdist, a test marked `serial` runs while no other worker runs one:
+    it reads the machine's global state (every loaded BPF program and map,
+    uprobe_events, the next pid), which another worker's refcntd would change.  The
+    other tests share a lock that a serial one takes alone; a turnstile taken by each
+    before it lets no new test start while a serial one waits.  Setup and teardown
+    are inside (a module fixture's traced run too)."""
+    workers = getattr(item.config, "workerinput", None)
+    if workers is None:  # one process: nothing runs beside the test
+        yield
+        return
+    serial = item.get_closest_marker("serial") is not None
+    where = Path(item.config._tmp_path_factory.getbasetemp()).parent  # shared by the workers
+    with open(where / "turnstile.lock", "a") as turnstile, open(where / "tests.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # the lock goes with the file's close
 
 
 def bad_binaries(tmp_path: Path) -> dict[str, tuple[Path, str]]:

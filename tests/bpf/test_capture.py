@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from conftest import FIXTURES, refcntd
 
 OBJECTS, PUTS = 200_000, 3_000
 
 
+@pytest.mark.serial  # its reader must keep up with a 16-page ring: no other worker beside it
 def test_events_all_received_while_a_big_report_is_built(bpf, build, tmp_path):
     exe = build.program("capture", [FIXTURES / "capture.c"], "O2")
     env = {**os.environ, "REFCNTD_RINGBUF_PAGES": "16"}

@@ -110,6 +110,7 @@ def probe_bytes(pid: int, module: Path, offsets: list[int]) -> list[int]:
     return out
 
 
+@pytest.mark.serial  # compares every loaded BPF program and map, and uprobe_events
 @pytest.mark.parametrize("how", ["normal", "SIGTERM", "SIGINT", "SIGKILL"])
 def test_nothing_left_behind(bpf, build, tmp_path, how):
     from refcntd.binary.plan import build_plan
@@ -224,6 +225,7 @@ def test_address_reuse_is_a_new_object(bpf, build, tmp_path):
     assert process["anomalies"] == [] and result.report["tracing"]["complete"]
 
 
+@pytest.mark.serial  # steers the next pid: another worker's forks would take it
 def test_pid_reuse_never_mixes_records(bpf, build, tmp_path):
     """Two processes with the same pid, one after the other: two separate reports."""
     lib = build.stub_lib("O2")
