@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,10 @@ class Codebase:
     env: dict[str, str] = field(default_factory=dict)
     build_cmd: list[str] = field(default_factory=list)
     prepared: dict[str, object] = field(default_factory=dict)
+    # C++ (harfbuzz): a site counts only where its call instruction is in its own
+    # function's code (not an inlined copy), and that function's symbol (mangled, as
+    # refcntd names it) is the truth, not the scanner's name (runner.executed_sites)
+    cxx: bool = False
 
     def run_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}
@@ -71,17 +76,20 @@ def debian_meson(cb: Codebase, package: str, options: list[str]) -> dict[str, ob
     return steps
 
 
-def api_probes(lib: Path, constructors: dict[str, str], gets: frozenset[str],
-               puts: frozenset[str], tag: str) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
+def api_probes(lib: Path, constructors: dict[str, str] | Sequence[tuple[str, str]],
+               gets: frozenset[str], puts: frozenset[str], tag: str
+               ) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
     """The truth's probes for a library whose objects are made by constructors that
-    return them (type -> function) and counted by get/put functions taking the object
-    first: the constructors' returns, the entries of every get and put."""
+    return them (type -> function, or (type, function) pairs when a type has several)
+    and counted by get/put functions taking the object first: the constructors'
+    returns, the entries of every get and put."""
     from coverage import symbol_offsets
+    pairs = list(constructors.items() if isinstance(constructors, dict) else constructors)
     ops = sorted(gets | puts)
-    at = symbol_offsets(lib, [*constructors.values(), *ops])
+    at = symbol_offsets(lib, [*(f for _, f in pairs), *ops])
     found: list[tracefs.Probe] = []
     rules: dict[str, truth.Rule] = {}
-    for i, (type_, f) in enumerate(constructors.items()):
+    for i, (type_, f) in enumerate(pairs):
         found.append(tracefs.Probe(f"{tag}_new{i}", str(lib), at[f], "obj=$retval:x64",
                                    ret=True))
         rules[f"{tag}_new{i}"] = truth.Rule(truth.INIT_RETURN, type_)

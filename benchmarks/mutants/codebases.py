@@ -20,8 +20,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import cairo
 import debian
 import fonts
+import harfbuzz
 import libdbus
 import tracefs
 import truth
@@ -280,7 +282,9 @@ CODEBASES = {"perf": (perf, prepare_perf, perf_probes),
              "fontconfig": (fonts.codebase, fonts.prepare, fonts.probes),
              "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes),
              "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes),
-             "xkbregistry": (xkbreg.codebase, xkbreg.prepare, xkbreg.probes)}
+             "xkbregistry": (xkbreg.codebase, xkbreg.prepare, xkbreg.probes),
+             "harfbuzz": (harfbuzz.codebase, harfbuzz.prepare, harfbuzz.probes),
+             "cairo": (cairo.codebase, cairo.prepare, cairo.probes)}
 
 
 def load(name: str, out: Path, prepare: bool = True) -> Codebase:
