@@ -62,7 +62,8 @@ RETURNS = (("cairo_pattern_t", "_cairo_pattern_create_solid"),
            ("cairo_region_t", "cairo_region_create"),
            ("cairo_region_t", "cairo_region_create_rectangle"),
            ("cairo_region_t", "cairo_region_create_rectangles"),
-           ("cairo_region_t", "_cairo_region_create_from_boxes"))
+           ("cairo_region_t", "_cairo_region_create_from_boxes"),
+           ("cairo_region_t", "cairo_region_copy"))  # cairo_region_create inlined
 SVG = """<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"
      width="480" height="360" viewBox="0 0 480 360">
   <defs>
@@ -151,9 +152,26 @@ def prepare(cb: Codebase) -> None:
     steps["packages"] = {p: debian.version(p) for p in ("librsvg2-bin", "pango1.0-tools",
                                                          "fonts-dejavu-core")}
     (cb.work / "test.svg").write_text(SVG)
+    steps["loaded"] = _loaded(cb)
     spec = (HERE / "cairo" / "cairo.yaml").read_text()
     cb.spec.write_text(spec.replace("library: libcairo.so.2", f"library: {cb.binaries[0]}"))
     cb.prepared = steps
+
+
+def _loaded(cb: Codebase) -> dict[str, str]:
+    """The libcairo.so.2 each workload's program loads (ldd with the run's environment):
+    the built one, or the benchmark stops (a mutant of a library nobody loads)."""
+    found = {}
+    for program in sorted({w.argv[0] for w in cb.workloads}):
+        out = subprocess.run(["ldd", program], env=cb.run_env(), capture_output=True,
+                             text=True, check=True).stdout
+        path = next((line.split("=>")[1].split("(")[0].strip() for line in out.splitlines()
+                     if "libcairo.so.2 " in line), "")
+        if Path(path).resolve() != cb.binaries[0].resolve():
+            raise SystemExit(f"cairo: {program} loads {path or 'no libcairo.so.2'}, "
+                             f"not {cb.binaries[0]}")
+        found[program] = path
+    return found
 
 
 def probes(cb: Codebase) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:

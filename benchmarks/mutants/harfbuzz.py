@@ -5,7 +5,8 @@ debugoptimized (-O2 -g) and frame pointers (C and C++), with GLib, FreeType and
 cairo (the utilities need the first, hb-view the last; Debian's own), no tests,
 docs or introspection, never installed: the utilities hb-shape, hb-subset,
 hb-view and hb-ot-shape-closure find the built libharfbuzz through their build
-RPATH.  The workloads run them on Debian's DejaVu and Liberation fonts.  The
+RPATH (hb-subset also the built libharfbuzz-subset, whose calls count as the
+library's).  The workloads run them on Debian's DejaVu and Liberation fonts.  The
 objects: the nine types with hb_TYPE_reference/hb_TYPE_destroy in the brief
 (blob, face, font, font_funcs, unicode_funcs, buffer, set, map, shape_plan);
 harfbuzz/harfbuzz.yaml is the spec (pointed at the built library).
@@ -95,7 +96,8 @@ def codebase(out: Path) -> Codebase:
     return Codebase(
         "harfbuzz", work, work / "src", build, api, targets,
         ["src/hb-*.cc", "util/*.cc", "util/*.hh"],
-        [build / "src" / "libharfbuzz.so.0", *(build / "util" / t for t in TOOLS)],
+        [build / "src" / "libharfbuzz.so.0", build / "src" / "libharfbuzz-subset.so.0",
+         *(build / "util" / t for t in TOOLS)],
         [Workload(label, (str(build / "util" / tool),
                           *(a.replace("WORK", str(work)) for a in args)))
          for label, tool, args in WORKLOADS],
