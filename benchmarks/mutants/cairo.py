@@ -29,7 +29,7 @@ from pathlib import Path
 import debian
 import tracefs
 import truth
-from codebase import Codebase, Workload, api_probes
+from codebase import Codebase, Workload, api_probes, debian_configure
 from sites import Api
 
 HERE = Path(__file__).resolve().parent
@@ -125,23 +125,7 @@ def codebase(out: Path) -> Codebase:
 
 def prepare(cb: Codebase) -> None:
     debian.install(PACKAGES)
-    steps: dict[str, object] = {}
-    if not cb.source.exists():
-        cb.source.symlink_to(debian.source("cairo", cb.work / "debian-source"))
-    steps["source"] = f"apt-get source cairo ({cb.source.resolve().name})"
-    if not (cb.source / "Makefile.in").exists() or not (cb.work / ".autoreconf-done").exists():
-        t = time.monotonic()  # as debian/rules: the reference image its patch adds, autoreconf
-        ref = cb.source / "debian" / "bug-image-compositor.ref.png"
-        (cb.source / "test" / "reference" / ref.name).write_bytes(ref.read_bytes())
-        subprocess.run(["autoreconf", "-fi"], cwd=cb.source, check=True, capture_output=True)
-        (cb.work / ".autoreconf-done").write_text("autoreconf -fi\n")
-        steps["autoreconf_s"] = round(time.monotonic() - t, 1)
-    cb.build_dir.mkdir(parents=True, exist_ok=True)
-    if not (cb.build_dir / "Makefile").exists():
-        t = time.monotonic()
-        subprocess.run([str(cb.source / "configure"), *CONFIGURE], cwd=cb.build_dir,
-                       check=True, capture_output=True)
-        steps["configure_s"] = round(time.monotonic() - t, 1)
+    steps = debian_configure(cb, "cairo", CONFIGURE, autoreconf=True)  # as debian/rules
     if not cb.binaries[0].exists():
         t = time.monotonic()
         subprocess.run(["make", "-s", "-j2", "-C", str(cb.build_dir / "src"), "libcairo.la"],

@@ -76,6 +76,30 @@ def debian_meson(cb: Codebase, package: str, options: list[str]) -> dict[str, ob
     return steps
 
 
+def debian_configure(cb: Codebase, package: str, configure: list[str],
+                     autoreconf: bool = False) -> dict[str, object]:
+    """`apt-get source PACKAGE` (once) as cb.source, `autoreconf -fi` in it (once, when
+    asked: Debian's patches change configure.ac or Makefile.am), and its `configure` run
+    (once) in cb.build_dir, out of tree; the steps taken, for the results."""
+    steps: dict[str, object] = {}
+    if not cb.source.exists():
+        cb.source.symlink_to(debian.source(package, cb.work / "debian-source"))
+    steps["source"] = f"apt-get source {package} ({cb.source.resolve().name})"
+    marker = cb.work / ".autoreconf-done"
+    if autoreconf and not marker.exists():
+        t = time.monotonic()
+        subprocess.run(["autoreconf", "-fi"], cwd=cb.source, check=True, capture_output=True)
+        marker.write_text("autoreconf -fi\n")
+        steps["autoreconf_s"] = round(time.monotonic() - t, 1)
+    cb.build_dir.mkdir(parents=True, exist_ok=True)
+    if not (cb.build_dir / "Makefile").exists():
+        t = time.monotonic()
+        subprocess.run([str(cb.source / "configure"), *configure], cwd=cb.build_dir,
+                       check=True, capture_output=True)
+        steps["configure_s"] = round(time.monotonic() - t, 1)
+    return steps
+
+
 def api_probes(lib: Path, constructors: dict[str, str] | Sequence[tuple[str, str]],
                gets: frozenset[str], puts: frozenset[str], tag: str
                ) -> tuple[list[tracefs.Probe], dict[str, truth.Rule]]:
