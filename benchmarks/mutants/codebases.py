@@ -20,9 +20,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import cairo
 import debian
 import fonts
 import glibcb
+import harfbuzz
 import libdbus
 import tracefs
 import truth
@@ -282,7 +284,9 @@ CODEBASES = {"perf": (perf, prepare_perf, perf_probes),
              "xkbcommon": (xkb.codebase, xkb.prepare, xkb.probes),
              "dbus": (libdbus.codebase, libdbus.prepare, libdbus.probes),
              "xkbregistry": (xkbreg.codebase, xkbreg.prepare, xkbreg.probes),
-             "glib": (glibcb.codebase, glibcb.prepare, glibcb.probes)}
+             "glib": (glibcb.codebase, glibcb.prepare, glibcb.probes),
+             "harfbuzz": (harfbuzz.codebase, harfbuzz.prepare, harfbuzz.probes),
+             "cairo": (cairo.codebase, cairo.prepare, cairo.probes)}
 
 
 def load(name: str, out: Path, prepare: bool = True) -> Codebase:

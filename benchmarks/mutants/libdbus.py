@@ -18,13 +18,12 @@ reading any of this codebase's answers.
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import debian
 import tracefs
 import truth
-from codebase import Codebase, Workload, api_probes
+from codebase import Codebase, Workload, api_probes, debian_configure
 from sites import Api
 
 HERE = Path(__file__).resolve().parent
@@ -93,16 +92,7 @@ def codebase(out: Path) -> Codebase:
 
 def prepare(cb: Codebase) -> None:
     debian.install(PACKAGES)
-    steps: dict[str, object] = {}
-    if not cb.source.exists():
-        cb.source.symlink_to(debian.source("dbus", cb.work / "debian-source"))
-    steps["source"] = f"apt-get source dbus ({cb.source.resolve().name})"
-    cb.build_dir.mkdir(parents=True, exist_ok=True)
-    if not (cb.build_dir / "Makefile").exists():
-        t = time.monotonic()
-        subprocess.run([str(cb.source / "configure"), *CONFIGURE], cwd=cb.build_dir,
-                       check=True, capture_output=True)
-        steps["configure_s"] = round(time.monotonic() - t, 1)
+    steps = debian_configure(cb, "dbus", CONFIGURE)
     if not cb.binaries[0].exists():
         subprocess.run(["make", "-s", "-j2", "-C", str(cb.build_dir)], check=True,
                        capture_output=True)

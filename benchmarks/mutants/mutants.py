@@ -2,7 +2,8 @@
 
 Real codebases built from Debian's sources (perf from linux-source-6.12
 with the 2015 refcnt stubs; GStreamer core, fontconfig, libxkbcommon and
-libdbus-1 from `apt-get source`: codebases.py).  Each mutant deletes one put
+libdbus-1 from `apt-get source`: codebases.py; HarfBuzz and cairo, issue 55:
+harfbuzz.py, cairo.py).  Each mutant deletes one put
 call or adds one get at a call site the codebase's workload executes
 (measured with ftrace uprobes on the unmutated build), one mutant per
 incremental build.  Truth: the mutated
@@ -36,7 +37,7 @@ beside the same run alone: OUT/against.json and OUT/against.md.
 
 Usage (root):  benchmarks/mutants/mutants.py
                prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
-               [--codebase perf|gstreamer|fontconfig|xkbcommon|dbus|all] [--out DIR]
+               [--codebase perf|gstreamer|fontconfig|xkbcommon|dbus|harfbuzz|cairo|all] [--out DIR]
                [--limit N] [--repeats R] [--timeout S]
 Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
 """

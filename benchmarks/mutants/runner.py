@@ -53,9 +53,7 @@ def executed_sites(cb: Codebase, verbose: bool = False) -> list[Executed]:
     all_sites = sites.all_sites(cb.source, cb.files(), cb.api)
     by_key = {s.key: s for s in all_sites}
     if cache.exists():
-        rows = json.loads(cache.read_text())["executed"]
-        return [Executed(by_key[r["site"]], r["hits"], r["symbol"]) for r in rows
-                if r["site"] in by_key]
+        return _kept(cb, by_key, json.loads(cache.read_text())["executed"])
     by_line: dict[tuple[str, int], list[Site]] = {}
     for s in all_sites:
         by_line.setdefault((s.file, s.line), []).append(s)
@@ -64,6 +62,7 @@ def executed_sites(cb: Codebase, verbose: bool = False) -> list[Executed]:
     mapped = [coverage.site_of(i, by_line, cb.source, cb.targets, role_of) for i in insns]
     hits: dict[str, dict[str, int]] = {}
     symbol: dict[str, str] = {}
+    inlined: set[str] = set()  # sites with a call instruction in an inlined copy
     for w in cb.workloads:
         counts = coverage.measure([(w.argv, cb.run_env())], insns)
         for idx, found in enumerate(mapped):
@@ -71,8 +70,10 @@ def executed_sites(cb: Codebase, verbose: bool = False) -> list[Executed]:
                 hits.setdefault(s.key, {x.label: 0 for x in cb.workloads})
                 hits[s.key][w.label] += counts.get(idx, 0)
                 symbol[s.key] = insns[idx].chain[-1][0] if insns[idx].chain else ""
-    rows = [{"site": k, "hits": h, "symbol": symbol[k]} for k, h in sorted(hits.items())
-            if any(h.values())]
+                if len(insns[idx].chain) > 1:
+                    inlined.add(s.key)
+    rows = [{"site": k, "hits": h, "symbol": symbol[k], "inlined": k in inlined}
+            for k, h in sorted(hits.items()) if any(h.values())]
     summary = {"sites": len(all_sites), "with_code": len(hits), "executed": len(rows),
                "call_instructions": len(insns),
                "per_workload": {w.label: sum(1 for r in rows if r["hits"][w.label])
@@ -80,7 +81,19 @@ def executed_sites(cb: Codebase, verbose: bool = False) -> list[Executed]:
     cache.write_text(json.dumps({"summary": summary, "executed": rows}, indent=1))
     if verbose:
         print(f"{cb.name}: {summary}")
-    return [Executed(by_key[r["site"]], r["hits"], r["symbol"]) for r in rows]
+    return _kept(cb, by_key, rows)
+
+
+def _kept(cb: Codebase, by_key: dict[str, Site], rows: list[dict[str, Any]]) -> list[Executed]:
+    """The cached rows as sites; for a C++ codebase (cb.cxx) only those in their own
+    function's code, named by its symbol (score.plain: no clone suffix)."""
+    if cb.cxx:
+        return [Executed(dataclasses.replace(by_key[r["site"]],
+                                             function=score.plain(r["symbol"])),
+                         r["hits"], r["symbol"]) for r in rows
+                if r["site"] in by_key and r["symbol"] and not r.get("inlined", True)]
+    return [Executed(by_key[r["site"]], r["hits"], r["symbol"]) for r in rows
+            if r["site"] in by_key]
 
 
 def coverage_summary(cb: Codebase) -> dict[str, Any]:

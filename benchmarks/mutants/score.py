@@ -30,7 +30,7 @@ CLONE = re.compile(r"(\.(part|isra|constprop|cold|lto_priv|localalias)(\.\d+)?)+
 
 
 def plain(function: str) -> str:
-    """A symbol without gcc's clone suffix (foo.isra.0 is foo's code)."""
+    """A symbol without gcc's clone suffix (foo.isra.0 is foo's code; foo.localalias is foo)."""
     return CLONE.sub("", function)
 
 

@@ -256,8 +256,13 @@ def _plan_clones(plan: Plan, role: RoleSpec, facts: DwarfFacts, module: str, fna
     """Probe gcc's copies of `fname` whose argument registers DWARF establishes."""
     image = facts.image
     planned = False
+    own = {s.vaddr for s in image.symbols.get(fname, [])}
     for clone in image.clones_of(fname):
         kind = CLONE_RE.match(clone.name).group("kind")  # type: ignore[union-attr]
+        if clone.vaddr in own:  # a .localalias: the same code under a local name
+            plan.notes.append(f"{clone.name}: {fname}'s own code under a local name (gcc's "
+                              "alias for calls inside the library): its probe counts them")
+            continue
         if kind == "cold":
             plan.notes.append(f"{clone.name}: the cold tail of {fname}, entered from it; "
                               "nothing to probe")
