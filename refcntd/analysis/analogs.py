@@ -97,5 +97,5 @@ def _culprit(get: PathOp, p: int, found: list[Analog]) -> Culprit:
     else:
         role = "every released object of the kind was put by the function that made it"
     return Culprit(pathops.MISSING_PUT, get.frames[p], get.frames[:p + 1],
-                   expected=found[0][1].frames,
+                   expected=found[0][1].frames, rule="analog",
                    why=f"{role} ({n} reference(s)); here that is {keeper}, which never put it")

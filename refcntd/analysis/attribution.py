@@ -271,7 +271,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
         if any(op.op == Role.PUT and put_owner(op, base.callers) == holder for op in ops):
             unproven = [f for f in get.frames[:i] if func_key(f) not in base.handed]
             if not unproven:
-                return [Culprit(EXTRA_GET, get.frames[i], frames, why=(
+                return [Culprit(EXTRA_GET, get.frames[i], frames, rule="puts-more", why=(
                     f"{name} puts this object, but got this reference as well; no "
                     "released object got a reference at this path, and released ones "
                     "show each function below it handing references up"))]
@@ -298,7 +298,7 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
             return (f"{name} kept a reference got through {callee}, and no released object "
                     f"shows {callee} handing references up: {callee} may have stored it "
                     f"(the put missing where that is dropped) or {name} may have kept it")
-        return [Culprit(MISSING_PUT, get.frames[i], frames, why=(
+        return [Culprit(MISSING_PUT, get.frames[i], frames, rule="first-keeper", why=(
             f"{name} is the first function on the get's path that does not hand the "
             "reference to its caller; no released object got a reference at this path"))]
     put, n = max(expected, key=lambda e: e[1])
@@ -308,7 +308,8 @@ def verdict(get: PathOp, ops: list[PathOp], base: Baseline) -> list[Culprit] | s
     if died:
         return died
     if owned:
-        return [Culprit(MISSING_PUT, get.frames[i], frames, expected=put.frames, why=(
+        return [Culprit(MISSING_PUT, get.frames[i], frames, expected=put.frames,
+                        rule="released-owner", why=(
             f"released objects got {n} such reference(s) here and {name} put them at "
             f"{where}; in this object it never did"))]
     mixed = _puts_its_own(get, base, i)
@@ -402,10 +403,11 @@ def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline
     name, where = frame_name(get.frames[k]), short_frames(put.frames)
     if any(op.op == Role.PUT and op.path == put.path for op in ops):
         return [Culprit(EXTRA_GET, get.frames[k], get.frames[:k + 1], expected=put.frames,
-                        why=(f"released objects got {n} such reference(s) here and {name} "
+                        rule="released-path-extra", why=(f"released objects got {n} such reference(s) here and {name} "
                              f"put them at {where}; this object was put there too, but got "
                              "one reference more"))]
     return [Culprit(MISSING_PUT, get.frames[k], get.frames[:k + 1], expected=put.frames,
+                    rule="released-path-missing",
                     why=(f"released objects got {n} such reference(s) here and {name} put "
                          f"them at {where}; in this object it never did"))]
 
@@ -431,7 +433,7 @@ def _handover(get: PathOp, ops: list[PathOp], base: Baseline, i: int, put: PathO
                f"{short_frames(op.frames)}), "
                "a path no released object took, and it never put it")
         out.append(Culprit(MISSING_PUT, frame, get.frames[:i + 1], expected=put.frames,
-                           why=why, tie=names if len(names) > 1 else ()))
+                           why=why, rule="handover", tie=names if len(names) > 1 else ()))
     return out
 
 

@@ -55,6 +55,18 @@ class Culprit:
     # a missing put: where the culprit's code skips every put released objects made in
     # it (the branch of an early return), with their lines
     exits: tuple[Frame, ...] = ()
+    # which rule named it (analysis.calibration measures each one on real mutants)
+    rule: str = ""
+
+    @property
+    def evidence(self) -> str:
+        """What named it, in the words of the report: the run's own history, good
+        runs of the same workload (--baseline), or the holders found at the scan."""
+        if self.baseline or self.rule.startswith("good-runs"):
+            return "good runs"
+        if self.rule.startswith("holders"):
+            return "holders"
+        return "history"
 
     def key(self) -> CulpritKey:
         return (self.kind, func_key(self.function), tuple(func_key(f) for f in self.frames))

@@ -231,7 +231,8 @@ def regression(type_name: str, befores: Sequence[list[PathOp]], after: list[Path
                    f"({', '.join(_moved(c) for c in rest[:3])}"
                    f"{', ...' if len(rest) > 3 else ''})")
     why = f"{top.function} made {what}{at} than in {baseline}: {context}"
-    culprit = Culprit(kind, frame, top.path, references=top.kept, why=why)
+    culprit = Culprit(kind, frame, top.path, references=top.kept, why=why,
+                      rule="good-runs" if top.one_sided else "good-runs-both")
     return Regression(type_name, kept, culprit, why, top.nested)
 
 
@@ -278,7 +279,8 @@ def _caused_by(reg: Regression, causes: dict[str, Regression]) -> Regression:
     assert cause.culprit is not None
     why = (f"the {reg.type_name} puts lost are in a teardown ({where}) that leaked "
            f"{cause.type_name} objects no longer run: {cause.culprit.why}")
-    return Regression(reg.type_name, reg.kept, dataclasses.replace(cause.culprit, why=why),
+    return Regression(reg.type_name, reg.kept,
+                      dataclasses.replace(cause.culprit, why=why, rule="good-runs-teardown"),
                       why, True)
 
 

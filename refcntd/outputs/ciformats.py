@@ -65,7 +65,8 @@ def _alive(f: Finding) -> str:
 def _blame(f: Finding) -> str:
     """` (missing put in f)`: a leak's culprit, when one is named."""
     culprit = f.groups[0].culprits[0] if f.groups and f.groups[0].culprits else None
-    return f" ({culprit.kind} in {culprit.function.function})" if culprit else ""
+    return (f" ({culprit.kind} in {culprit.function.function}, named by {culprit.evidence})"
+            if culprit else "")
 
 
 def case_name(f: Finding) -> str:
@@ -112,7 +113,7 @@ def _culprit_line(c: Culprit, leaked: int) -> str:
         return (f"  culprit: {c.kind} in {named(c)}, {what} {short_path(c.frames, 8)} "
                 f"(found against {c.baseline})")
     return (f"  culprit: {c.kind} in {named(c)}, got at {short_path(c.frames, 8)} "
-            f"(unmatched in {c.objects} of {leaked} leaked objects)")
+            f"(unmatched in {c.objects} of {leaked} leaked objects; named by {c.evidence})")
 
 
 def probed_functions(result: RunResult) -> frozenset[str]:

@@ -40,6 +40,8 @@ class CulpritJson(TypedDict):
     exit_line: NotRequired[int]  # released objects made in it (an early return's branch)
     exits: NotRequired[list[FrameJson]]  # every such place, one frame per line
     why: NotRequired[str]  # why this function and not another
+    rule: NotRequired[str]  # which rule named it (analysis.calibration)
+    evidence: NotRequired[str]  # history, good runs or holders
     tie: NotRequired[list[str]]  # functions with the same evidence (this one included)
     holder: NotRequired[str]  # indirect leaks: "type 0xADDR" of the leaked holder
     baseline: NotRequired[str]  # found against this earlier run (--baseline); `stack` is

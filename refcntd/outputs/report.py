@@ -240,7 +240,7 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
         label = "Candidate" if c.tie else "Likely culprit" if rank == 0 else "Also"
         if c.baseline:
             lines += [f"  {label}: {c.kind} in {named(c)}, found against {c.baseline}",
-                      f"    why: {c.why}",
+                      f"    why: {c.why}", named_by(c),
                       f"    the call: {short_path(c.frames, 8)}"]
             continue
         handed = "" if c.function in c.frames else \
@@ -249,6 +249,7 @@ def render_culprits(g: LeakGroup, word: str = "leaked") -> list[str]:
                      f"got at {short_path(c.frames, 8)}{handed} is never put")
         if c.why:
             lines.append(f"    why: {c.why}")
+        lines.append(named_by(c))
         if c.exits:
             lines.append(f"    {c.function.function} skips its put at "
                          f"{', '.join(where(e) for e in exit_lines(c))}"
@@ -276,6 +277,13 @@ def named(c: Culprit) -> str:
     exits = exit_lines(c)
     at = where(exits[0] if len(exits) == 1 else culprit_line(c))
     return f"{c.function.function or '??'}{f' ({at})' if at else ''}"
+
+
+def named_by(c: Culprit) -> str:
+    """Which evidence named the culprit, and by which rule: a user weighs a culprit
+    named by good runs differently from one the history alone suggests."""
+    rule = f" (rule {c.rule})" if c.rule else ""
+    return f"    named by: {c.evidence}{rule}"
 
 
 def render_held(g: LeakGroup, held: list[tuple[LeakGroup, int]]) -> list[str]:

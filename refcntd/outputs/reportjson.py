@@ -100,7 +100,7 @@ def culprit_json(c: Culprit) -> CulpritJson:
         "stack": [frame_json(f) for f in c.frames], "objects": c.objects,
         "references": c.references, "released_uses": c.released_uses,
         "expected_stack": [frame_json(f) for f in c.expected], "why": c.why,
-        "tie": list(c.tie), "holder": c.holder}
+        "tie": list(c.tie), "holder": c.holder, "rule": c.rule, "evidence": c.evidence}
     site, put = culprit_line(c), put_line(c)
     if site is not None:
         out.update({"file": site[0], "line": site[1]})

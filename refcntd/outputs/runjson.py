@@ -159,7 +159,7 @@ def _culprit(c: CulpritJson) -> Culprit:
                    why=c.get("why", ""), tie=tuple(c.get("tie", [])), holder=c.get("holder", ""),
                    last_use=_frames(c.get("last_use_stack", [])),
                    exits=_frames(c.get("exits", [])),
-                   baseline=c.get("baseline", ""))
+                   baseline=c.get("baseline", ""), rule=c.get("rule", ""))
 
 
 def _group(g: GroupJson, objects: Objects) -> LeakGroup:
