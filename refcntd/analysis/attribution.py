@@ -403,7 +403,8 @@ def _expected_owner(get: PathOp, ops: list[PathOp], base: Baseline
     name, where = frame_name(get.frames[k]), short_frames(put.frames)
     if any(op.op == Role.PUT and op.path == put.path for op in ops):
         return [Culprit(EXTRA_GET, get.frames[k], get.frames[:k + 1], expected=put.frames,
-                        rule="released-path-extra", why=(f"released objects got {n} such reference(s) here and {name} "
+                        rule="released-path-extra",
+                        why=(f"released objects got {n} such reference(s) here and {name} "
                              f"put them at {where}; this object was put there too, but got "
                              "one reference more"))]
     return [Culprit(MISSING_PUT, get.frames[k], get.frames[:k + 1], expected=put.frames,

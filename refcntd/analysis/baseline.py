@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from refcntd.analysis.attribution import FOUND, UNKNOWN
+from refcntd.analysis.calibration import calibrate
 from refcntd.analysis.judging import Verdict
 from refcntd.analysis.model import LeakGroup, LeakKey, ProcessReport, RunResult, owned_objects
 from refcntd.analysis.ownership import CYCLE, INDIRECT
@@ -91,6 +92,7 @@ def _judge_against(proc: ProcessReport, befores: list[ProcessReport], name: str)
             if g.type_name == type_name and _grew(g, had.get(g.key(), (0, 0))) and \
                     (own or not _held(g)):
                 _apply(g, reg, name)
+    calibrate(g for g in proc.groups if g.culprits and g.culprits[0].baseline)
     _point_to_holders(proc.groups)
 
 

@@ -4,6 +4,7 @@ culprit, a tie, or unknown with the reasons, counted (Verdict)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -76,6 +77,17 @@ class PairedGroup:
         return cls(base, paired, alternatives)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """An object's reference left without a put that any of several gets could be
+    (references are exchangeable), each leading to another function: undecided by
+    the counts; the holders found at the scan may decide it (holderevidence.py)."""
+
+    address: int
+    references: int
+    options: tuple[tuple[PathOp, list[Culprit] | str], ...]  # a get and what it names
+
+
 @dataclass
 class Verdict:
     """A group's answer: FOUND, TIE or UNKNOWN (or, set by the ownership pass,
@@ -85,18 +97,26 @@ class Verdict:
     reason: str = ""
     culprits: list[Culprit] = field(default_factory=list)
     notes: tuple[str, ...] = ()  # what was left out, with counts
+    # unknown: the functions a rule named that calibration does not trust (calibration.py)
+    candidates: tuple[str, ...] = ()
+    choices: tuple[Choice, ...] = field(default=(), repr=False, compare=False)
+    unattributed: int = 0  # unknown: the references no culprit was named for
 
 
 def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verdict:
     """Culprits of the unmatched gets in `free` (per object: those no leaked object holds)."""
     found: dict[CulpritKey, Culprit] = {}
     unknown: dict[str, int] = {}
+    choices: list[Choice] = []
     for addr, ops, _ in group.objects:
         for get, left in free.get(addr, []):
             result = verdict(get, ops, group.base)
             if not isinstance(result, str):
+                options: list[tuple[PathOp, list[Culprit] | str]] = []
                 result = _undecided(get, result, group.alternatives.get(addr, []), ops,
-                                    group.base)
+                                    group.base, options)
+                if options:
+                    choices.append(Choice(addr, left, tuple(options)))
             if isinstance(result, str):
                 unknown[result] = unknown.get(result, 0) + left
                 continue
@@ -109,7 +129,8 @@ def judge(group: PairedGroup, free: dict[int, list[tuple[PathOp, int]]]) -> Verd
                 culprit.leaked_objects.add(addr)
                 culprit.references += left
     culprits = _ranked(found.values(), group.base.released)
-    return _verdict(culprits, unknown)
+    return dataclasses.replace(_verdict(culprits, unknown), choices=tuple(choices),
+                               unattributed=sum(unknown.values()))
 
 
 def last_use(get: PathOp, i: int, ops: list[PathOp]) -> tuple[Frame, ...]:
@@ -131,7 +152,8 @@ def last_use(get: PathOp, i: int, ops: list[PathOp]) -> tuple[Frame, ...]:
 
 
 def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],
-               ops: list[PathOp], base: Baseline) -> list[Culprit] | str:
+               ops: list[PathOp], base: Baseline,
+               options: list[tuple[PathOp, list[Culprit] | str]]) -> list[Culprit] | str:
     """Why no culprit can be named when another get of the object could as well be
     the one left without a put and leads to another function (references of one
     object are exchangeable: counts say how many stayed, not which); else the
@@ -139,8 +161,10 @@ def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],
     if get not in alternatives or len(alternatives) < 2:
         return result
     named: dict[str, list[str]] = {}
+    tried: list[tuple[PathOp, list[Culprit] | str]] = []
     for other in alternatives:
         found = verdict(other, ops, base) if other is not get else result
+        tried.append((other, found))
         # a get whose own culprit cannot be named is another outcome too
         for label in [frame_name(c.function) for c in found] if isinstance(found, list) \
                 else ["no function named"]:
@@ -150,6 +174,7 @@ def _undecided(get: PathOp, result: list[Culprit], alternatives: list[PathOp],
         guess = leaks_only(get, held - 1, base) if held and \
             result[0].frames == get.frames[:held] else ""
         return guess or result
+    options.extend(tried)  # what the holders at the scan may decide (holderevidence.py)
     seen = "; ".join(f"{name} (get at {', '.join(at)})" for name, at in sorted(named.items()))
     return (f"{len(alternatives)} gets of the object pair off with its puts equally well, "
             f"and which one stayed is not decided by the counts; each leads to another "

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from refcntd.analysis.attribution import UNKNOWN
+from refcntd.analysis.calibration import calibrate
 from refcntd.analysis.judging import PairedGroup, Verdict, judge
 from refcntd.analysis.model import Holder, LeakedObject, LeakGroup, LeakKey
 from refcntd.analysis.ownership import (
@@ -85,6 +86,7 @@ def judge_process(groups: list[LeakGroup], evidence: dict[LeakKey, list[Evidence
         group.verdict = _without_history(verdict, len(group.objects) - len(evs))
         group.culprits = group.verdict.culprits
         group.objects = [_annotated(o, own, types, held_by) for o in group.objects]
+    calibrate(groups)  # before indirect groups take their holders' culprits
     _point_to_holders(groups, own)
 
 
@@ -145,7 +147,7 @@ def _with_gaps(verdict: Verdict, evs: list[Evidence], own: Ownership, addrs: set
         return Verdict(kind, "", [], tuple(notes))
     if not verdict.culprits and not addrs:
         return Verdict(UNKNOWN, "; ".join(notes))
-    return Verdict(verdict.status, verdict.reason, verdict.culprits, tuple(notes))
+    return dataclasses.replace(verdict, notes=tuple(notes))
 
 
 def _annotated(obj: LeakedObject, own: Ownership, types: dict[int, str],

@@ -59,6 +59,7 @@ class VerdictJson(TypedDict):
     status: str  # culprit, tie, unknown, indirect, cycle
     reason: str
     notes: list[str]
+    candidates: NotRequired[list[str]]  # unknown: functions a rule not trusted named
 
 
 class HistoryStepJson(TypedDict):

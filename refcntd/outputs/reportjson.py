@@ -91,6 +91,8 @@ def group_json(g: LeakGroup, instances: bool = True) -> GroupJson:
     if g.verdict is not None:
         out["verdict"] = {"status": g.verdict.status, "reason": g.verdict.reason,
                           "notes": list(g.verdict.notes)}
+        if g.verdict.candidates:
+            out["verdict"]["candidates"] = list(g.verdict.candidates)
     return out
 
 

@@ -165,7 +165,8 @@ def _culprit(c: CulpritJson) -> Culprit:
 def _group(g: GroupJson, objects: Objects) -> LeakGroup:
     culprits = [_culprit(c) for c in g.get("culprits", [])]
     v = g.get("verdict")
-    verdict = Verdict(v["status"], v["reason"], culprits, tuple(v["notes"])) if v else None
+    verdict = Verdict(v["status"], v["reason"], culprits, tuple(v["notes"]),
+                      tuple(v.get("candidates", []))) if v else None
     items = g.get("instances", [])
     cut = objects(items)
     return LeakGroup(g["type"], _frames(g["stack"]),

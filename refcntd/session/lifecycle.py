@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from refcntd.analysis.classes import apply_classes
+from refcntd.analysis.holderevidence import decide as decide_by_holders
 from refcntd.analysis.kinds import apply_kinds
 from refcntd.analysis.leaks import (
     HistoryContext,
@@ -254,6 +255,7 @@ class SessionTracker:
             notes += [released] if released else []
         if job.scan is not None:
             groups = apply_classes(apply_kinds(groups, job.scan, job.now), job.scan.classes)
+            decide_by_holders(groups)  # ties the counts left, settled by who holds what
             notes += job.scan.notes
         elif self.take_scan is not None and groups and job.state == STATE_EXITED:
             notes.append("leak kinds not scanned: the process left without libc's _exit "
