@@ -62,3 +62,39 @@ def test_switched_off_for_the_benchmark_that_measures_the_rules(monkeypatch):
     g = group("first-keeper")
     calibrate([g], Table())
     assert g.verdict is not None and g.verdict.status == FOUND
+
+
+# ---- holders deciding what the counts leave (holderevidence.py) ---------------------
+def test_the_holder_explains_its_own_get_and_leaves_the_dropped_one():
+    from refcntd.analysis.holderevidence import RULE, decide
+    from refcntd.analysis.judging import Choice
+    from refcntd.analysis.model import Pointer
+    from refcntd.analysis.pathops import PathOp
+    from refcntd.kernel.abi import Role
+
+    def frames(*names: str) -> tuple[Frame, ...]:
+        return tuple(Frame("/bin/perf", 0x100 + i, n) for i, n in enumerate(names))
+
+    by_map = PathOp(Role.GET, frames("dso__get", "map__init", "map__new2"), 1)
+    by_event = PathOp(Role.GET, frames("dso__get", "dsos__findnew_id",
+                                       "machine__process_kernel_mmap_event"), 1)
+    event = frames("dso__get", "dsos__findnew_id", "machine__process_kernel_mmap_event")
+    named = [Culprit(MISSING_PUT, event[2], event, rule="first-keeper")]
+    choice = Choice(0x10, 1, ((by_event, named), (by_map, "no function named")))
+
+    def dso(pointers: tuple[Pointer, ...], holders: int) -> LeakGroup:
+        obj = LeakedObject(0x10, 2, 3, 2, 0, holders=holders, pointers=pointers)
+        return LeakGroup("dso", frames("dso__new"), [obj],
+                         verdict=Verdict(UNKNOWN, "2 gets pair off", [], (),
+                                         choices=(choice,), unattributed=1))
+
+    held = dso((Pointer("map 0x20 .dso", 0x28, False),), 1)
+    unscanned = dso((), -1)
+    global_only = dso((Pointer("global dsos+0x8 (perf)", 0x30, False),), 1)
+    decide([held, unscanned, global_only])
+    assert held.verdict is not None and held.verdict.candidates + tuple(
+        c.function.function for c in held.culprits) == ("machine__process_kernel_mmap_event",)
+    assert RULE in held.verdict.reason or held.culprits[0].rule == RULE
+    # nothing to go on: left as the counts left it
+    for g in (unscanned, global_only):
+        assert g.verdict is not None and g.verdict.reason == "2 gets pair off"
