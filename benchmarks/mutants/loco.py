@@ -97,21 +97,46 @@ def judge_mutant(m: dict[str, Any], out: Path, baselines: int) -> dict[str, Any]
     scratch = out / "scratch" / m["codebase"]
     run_json = runner.runs_dir(scratch, m["id"]) / "r0.json"
     base_dir = runner.runs_dir(scratch, m["codebase"], "baseline", m["workload"])
-    olds_paths = [base_dir / f"r{r}.json" for r in range(baselines)
-                  if (base_dir / f"r{r}.json").exists()]
-    if not run_json.exists() or not olds_paths:
+    olds = [base_dir / f"r{r}.json" for r in range(baselines)
+            if (base_dir / f"r{r}.json").exists()]
+    if not run_json.exists() or not olds:
         return {}
+    return judge_files(run_json, olds, m["type"], m["function"])
+
+
+def judge_files(run_json: Path, olds_paths: list[Path], kind: str, function: str
+                ) -> dict[str, Any]:
+    """One kept run's answers for the mutated type: alone, then against the good runs."""
     olds = [load_run(str(p)) for p in olds_paths]
     row: dict[str, Any] = {}
     new = fresh(run_json)
-    a = _answer(olds[0], new, m["type"])
-    row["alone"] = {"outcome": score.outcome(a["group"], m["function"]), "rule": a["rule"],
-                    "said": a["said"], "candidates": a.get("candidates", [])}
-    against(new, olds, BASELINE)
-    b = _answer(olds[0], new, m["type"])
-    row["against"] = {"outcome": score.outcome(b["group"], m["function"]), "rule": b["rule"],
-                      "said": b["said"], "candidates": b.get("candidates", [])}
+    for mode in MODES:
+        if mode == "against":
+            against(new, olds, BASELINE)
+        a = _answer(olds[0], new, kind)
+        row[mode] = {"outcome": score.outcome(a["group"], function), "rule": a["rule"],
+                     "said": a["said"], "candidates": a.get("candidates", [])}
     return row
+
+
+def regressions(rows: list[dict[str, Any]], frozen: dict[str, Any]) -> list[str]:
+    """Answers frozen right that are not right now, a line each (issue 55: a rule
+    change that turns a right answer wrong or unknown fails)."""
+    now = {r["id"]: r for r in rows}
+    out = []
+    for mid, was in sorted(frozen.items()):
+        for mode in MODES:
+            if was[mode] != "right":
+                continue
+            got = now[mid][mode]["outcome"] if mid in now else "not judged"
+            if got != "right":
+                out.append(f"{mid} {mode}: was right, now {got}"
+                           + (f" ({now[mid][mode]['said']})" if mid in now else ""))
+    return out
+
+
+def frozen_answers(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {r["id"]: {mode: r[mode]["outcome"] for mode in MODES} for r in rows}
 
 
 def collect(sets: list[Path], baselines: int) -> list[dict[str, Any]]:
@@ -207,11 +232,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--baselines", type=int, default=2)
     ap.add_argument("--answers", type=Path, help="every mutant's answers (JSON)")
     ap.add_argument("--page", type=Path, help="the results page (markdown)")
+    ap.add_argument("--freeze", type=Path, help="write every answer (the regression set)")
+    ap.add_argument("--check", type=Path, help="fail when an answer frozen right is not")
     ap.add_argument("--write-table", action="store_true",
                     help="write the table measured on every codebase to "
                          "refcntd/analysis/calibration.json")
     args = ap.parse_args(argv)
     started = time.monotonic()
+    calibration.ENABLED = False  # the rules are measured on the answers as judged
     rows = collect(args.set, args.baselines)
     result = loco(rows)
     table = calibration.Table.measure(rows)
@@ -229,6 +257,12 @@ def main(argv: list[str]) -> int:
         calibration.TABLE.write_text(table.dump())
     for cb, modes in result.items():
         print(cb, {mode: (v["raw"], v["held_out"]) for mode, v in modes.items()})
+    if args.freeze:
+        args.freeze.write_text(json.dumps(frozen_answers(rows), indent=1, sort_keys=True) + "\n")
+    if args.check:
+        lost = regressions(rows, json.loads(args.check.read_text()))
+        print("\n".join(lost) or f"no answer frozen right in {args.check} changed")
+        return 1 if lost else 0
     return 0
 
 
