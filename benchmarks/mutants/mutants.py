@@ -51,6 +51,7 @@ from pathlib import Path
 
 import against
 import codebases
+import perf61  # noqa: F401  (registers perf 6.1, issue 55's judge)
 import repeat
 import report
 import rescore
