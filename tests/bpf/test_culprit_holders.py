@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import EXAMPLES, FIXTURES, cc, refcntd
+from conftest import EXAMPLES, FIXTURES, cc, refcntd, shipped_table_env
 
 from refcntd.analysis import calibration
 
@@ -22,7 +22,8 @@ def result(bpf, tmp_path_factory):
     out = tmp_path_factory.mktemp("heldby")
     program = cc(out / "heldby", [FIXTURES / "heldby.c", EXAMPLES / "refcnt.c"],
                  ["-O2", "-fomit-frame-pointer"])
-    return refcntd(["run", "--history", "all", "--", str(program)], out / "r.json")
+    return refcntd(["run", "--history", "all", "--", str(program)], out / "r.json",
+                   env=shipped_table_env())
 
 
 def test_each_kernel_dso_is_a_direct_leak_of_the_function_that_kept_it(result):

@@ -42,7 +42,8 @@ def group(rule: str) -> LeakGroup:
                      verdict=Verdict(FOUND, c.why, [c]))
 
 
-def test_an_untrusted_rule_leaves_a_candidate_not_a_culprit():
+def test_an_untrusted_rule_leaves_a_candidate_not_a_culprit(monkeypatch):
+    monkeypatch.delenv(calibration.ENV)
     table = Table({"alone": {"first-keeper": (3, 2, 0), "released-owner": (40, 1, 2)},
                    "against": {}}, ("a", "b"))
     weak, strong, unmeasured = group("first-keeper"), group("released-owner"), group("new")
@@ -65,7 +66,8 @@ def test_switched_off_for_the_benchmark_that_measures_the_rules(monkeypatch):
 
 
 # ---- holders deciding what the counts leave (holderevidence.py) ---------------------
-def test_the_holder_explains_its_own_get_and_leaves_the_dropped_one():
+def test_the_holder_explains_its_own_get_and_leaves_the_dropped_one(monkeypatch):
+    monkeypatch.delenv(calibration.ENV)
     from refcntd.analysis.holderevidence import RULE, decide
     from refcntd.analysis.judging import Choice
     from refcntd.analysis.model import Pointer
