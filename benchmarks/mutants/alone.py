@@ -7,7 +7,7 @@ table of right / tie / unknown / wrong / missed per codebase for the direct leak
 with the rate of confident wrong answers the goal bounds (at most 5 %), then every
 mutant whose answer was not "unknown" in either.
 
-Usage: benchmarks/mutants/alone.py OUT > benchmarks/results/mutants-alone-run.md
+Usage: benchmarks/mutants/alone.py OUT > OUT/alone.md
        benchmarks/mutants/alone.py sets LABEL=RESULTS.json[!OTHER.json|&OTHER.json] ...
 The second form prints one row per set: a results JSON's scored mutants (`run`'s
 mutants.json or `rescore`'s rescored.json), without those OTHER.json has (!) or

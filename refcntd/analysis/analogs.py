@@ -19,7 +19,7 @@ left their call (their failure path lost its put and returned NULL, which
 leaves the same history); and when some released objects died inside the
 shared calls (failed constructions) and this one never left them.  Failed
 constructions are no evidence about an object that left the call.
-benchmarks/results/mutants-right-s6.md: the tuning shapes and their counts.
+mutants-right-s6.md (git show dc0f3e0:benchmarks/results/...): the tuning shapes and their counts.
 """
 
 from __future__ import annotations

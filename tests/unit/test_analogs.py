@@ -1,7 +1,7 @@
 """Released objects made through the same inner calls by other callers name the
 caller in the same role (issue 41, right answers alone): shapes of the tuning
 sets' "initial reference never dropped elsewhere" unknowns, on hand-written
-paths (benchmarks/results/mutants-right-s6.md), and the shapes where the rule
+paths (mutants-right-s6.md, in git at dc0f3e0), and the shapes where the rule
 must stand aside."""
 
 from __future__ import annotations

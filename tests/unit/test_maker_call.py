@@ -1,6 +1,6 @@
 """What the call of the function that made an object says, and does not say
 (issue 41): shapes of libxkbcommon's held-out wrong answers, on hand-written
-paths (benchmarks/results/mutants-xkbcommon-heldout.md, its three causes).
+paths (mutants-xkbcommon-heldout.md, in git at dc0f3e0, its three causes).
 
 A failing public constructor must drop the object it made and return NULL;
 refcntd sees no return value.  An object whose history never left its maker's
