@@ -7,8 +7,8 @@ unknown fails here.  The whole sets: `loco.py --check`."""
 from __future__ import annotations
 
 import json
-import os
 import lzma
+import os
 import sys
 from pathlib import Path
 
