@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = sorted(Path(os.environ.get("CULPRIT_CASES", ROOT / "tests" / "data" / "culprits")).glob("*/case.json"))
+# CULPRIT_CASES=DIR: another set of cases (smokeset.py --dest), e.g. to try a rule change
+CASES = sorted(Path(os.environ.get("CULPRIT_CASES", ROOT / "tests" / "data" / "culprits"))
+               .glob("*/case.json"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "mutants"))
 
 
