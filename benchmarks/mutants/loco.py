@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -104,10 +105,16 @@ def judge_mutant(m: dict[str, Any], out: Path, baselines: int) -> dict[str, Any]
     return judge_files(run_json, olds, m["type"], m["function"])
 
 
+@functools.cache  # every mutant of a workload is judged against the same good runs
+def _good(path: Path) -> RunResult:
+    """A good run, read once (against() reads the old runs, never changes them)."""
+    return load_run(str(path))
+
+
 def judge_files(run_json: Path, olds_paths: list[Path], kind: str, function: str
                 ) -> dict[str, Any]:
     """One kept run's answers for the mutated type: alone, then against the good runs."""
-    olds = [load_run(str(p)) for p in olds_paths]
+    olds = [_good(p) for p in olds_paths]
     row: dict[str, Any] = {}
     new = fresh(run_json)
     for mode in MODES:
