@@ -241,7 +241,9 @@ def page(rows: list[dict[str, Any]], result: dict[str, dict[str, dict[str, Any]]
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", action="append", type=Path, required=True)
+    ap.add_argument("--set", action="append", type=Path, default=[])
+    ap.add_argument("--from-answers", type=Path,
+                    help="the rows of an earlier --answers file instead of judging again")
     ap.add_argument("--baselines", type=int, default=2)
     ap.add_argument("--judge-only", action="append", default=[], metavar="CODEBASE",
                     help="judged with the table from all the others, never measured "
@@ -256,7 +258,11 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     started = time.monotonic()
     calibration.ENABLED = False  # the rules are measured on the answers as judged
-    rows = collect(args.set, args.baselines)
+    if args.from_answers:
+        earlier = json.loads(args.from_answers.read_text())
+        rows, args.set = earlier["mutants"], [Path(p) for p in earlier["meta"]["sets"]]
+    else:
+        rows = collect(args.set, args.baselines)
     judge_only = frozenset(args.judge_only)
     result = loco(rows, judge_only)
     table = calibration.Table.measure([r for r in rows if r["codebase"] not in judge_only])
@@ -265,6 +271,8 @@ def main(argv: list[str]) -> int:
     meta = {"date": m["date"], "refcntd_commit": m.get("refcntd_commit", ""),
             "machine": f"{m['cpu']} x{m['cpus']}, {m['kernel']}", "load": load,
             "sets": [str(s) for s in args.set], "seconds": round(time.monotonic() - started, 1)}
+    if args.from_answers:
+        meta = earlier["meta"]  # when and where the answers were judged
     if args.answers:
         args.answers.write_text(json.dumps({"meta": meta, "loco": result, "mutants": [
             {k: v for k, v in r.items()} for r in rows]}, indent=1, default=str))
