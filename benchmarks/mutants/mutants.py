@@ -37,9 +37,9 @@ beside the same run alone: OUT/against.json and OUT/against.md.
 
 Usage (root):  benchmarks/mutants/mutants.py
                prepare|sites|run|smoke|rescore|compare|repeat|retruth|rebase|against
-               [--codebase perf|gstreamer|fontconfig|xkbcommon|dbus|harfbuzz|cairo|all] [--out DIR]
-               [--limit N] [--repeats R] [--timeout S]
-Results: DIR/mutants.json and DIR/mutants.md (commit them to benchmarks/results/).
+               [--codebase perf|perf61|gstreamer|fontconfig|xkbcommon|dbus|glib|harfbuzz|cairo|all]
+               [--out DIR] [--limit N] [--repeats R] [--baselines B] [--timeout S]
+Results: DIR/mutants.json and DIR/mutants.md; across codebases, loco.py.
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="sources, builds, caches and results (default %(default)s)")
     ap.add_argument("--limit", type=int, default=0, help="at most N mutants per codebase")
     ap.add_argument("--repeats", type=int, default=2, help="refcntd runs per mutant")
+    ap.add_argument("--baselines", type=int, default=0,
+                    help="run: refcntd runs of each used workload's unmutated build (default "
+                         "--repeats; `against --repeats N` compares with N of them)")
     ap.add_argument("--seconds", type=int, default=0,
                     help="stop starting new mutants after this long (0: no limit)")
     ap.add_argument("--timeout", type=int, default=runner.REFCNTD_TIMEOUT,
@@ -115,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     excluded = {m["id"] for p in args.exclude for m in json.loads(p.read_text())["mutants"]}
     return runner.run_all(loaded, args.out, args.limit, args.repeats, args.seconds,
-                          args.retry_timed_out, args.retry_missed, excluded)
+                          args.retry_timed_out, args.retry_missed, excluded,
+                          args.baselines or args.repeats)
 
 
 if __name__ == "__main__":

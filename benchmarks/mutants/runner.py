@@ -138,13 +138,20 @@ def count(cb: Codebase, w: Workload) -> truth.Books:
     return truth.count(w.argv, probes, rules, env=cb.run_env())
 
 
-def baseline(cb: Codebase, repeats: int, scratch: Path) -> Baseline:
+def baseline(cb: Codebase, repeats: int, scratch: Path,
+             labels: set[str] | None = None) -> Baseline:
+    """The unmutated build's truth and refcntd runs of every workload, or of those
+    `labels` name.  A kept refcntd run of the unmutated build (OUT/runs/CB/baseline/
+    LABEL/rN.json, with operation counts) is used again: a stopped `run` restarted
+    does not trace its baselines again."""
     base = Baseline()
     for w in cb.workloads:
+        if labels is not None and w.label not in labels:
+            continue
         first, second = count(cb, w), count(cb, w)
         base.books[w.label] = first
-        runs = [refcntd_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
-                            f"r{r}.json") for r in range(repeats)]
+        runs = [_counted_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
+                             f"r{r}.json") for r in range(repeats)]
         base.groups[w.label] = runs[0]
         base.repeatable[w.label] = (first.objects == second.objects
                                     and all(score.signature(g) == score.signature(runs[0])
@@ -280,12 +287,15 @@ def chosen(executed: list[Executed], limit: int) -> list[Executed]:
 
 def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: int,
             retry_timed_out: bool = False, retry_missed: bool = False,
-            excluded: frozenset[str] | set[str] = frozenset()) -> int:
-    """Baselines first, then the codebases' mutants in turn (a run stopped early has both).
+            excluded: frozenset[str] | set[str] = frozenset(), baselines: int = 0) -> int:
+    """The codebases' mutants in turn, each workload's baseline made just before the
+    first mutant that runs it (a run stopped early made no baseline it did not use).
     retry_timed_out / retry_missed: mutants whose refcntd run timed out, or whose
     outcome was "missed", are run again (the rows say `rerun` with the refcntd
     commit that made the new run); `excluded` mutant ids are never run (held out:
-    the first `limit` sites of the seeded order not tried before)."""
+    the first `limit` sites of the seeded order not tried before); `baselines`:
+    refcntd runs per baseline workload (default `repeats`), what `against` compares
+    with (made here, `rebase` has none to make)."""
     results = out / "mutants.json"
     doc = _load_or_new(results, repeats)
     names = {cb.name for cb in cbs}
@@ -303,12 +313,17 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
             print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
         cb.build()
         executed = executed_sites(cb)
-        base = baseline(cb, repeats, scratch)
-        doc["codebases"][cb.name] = _codebase_doc(cb, base)
         done = {r["id"] for r in doc["mutants"]}
         order = [e for e in chosen(executed, 0) if mutant_id(cb, e) not in excluded]
         todo = [e for e in (order[:limit] if limit else order) if mutant_id(cb, e) not in done
                 and (not retry or mutant_id(cb, e) in retried)]
+        # no baseline of a workload no mutant runs (a sampled set of fontconfig's 45
+        # workloads uses about half of them), each made when first needed; the
+        # baselines an earlier run recorded stay in the doc until made again
+        kept = doc["codebases"].get(cb.name, {}).get("baseline", {})
+        base = Baseline()
+        doc["codebases"][cb.name] = _codebase_doc(cb, base)
+        doc["codebases"][cb.name]["baseline"] = kept
         queues.append((cb, base, scratch, todo))
     _save(doc, results, out)
     for turn in range(max((len(q[3]) for q in queues), default=0)):
@@ -319,6 +334,15 @@ def run_all(cbs: list[Codebase], out: Path, limit: int, repeats: int, seconds: i
                 doc["stopped_early"] = True
                 _save(doc, results, out)
                 return 0
+            label = todo[turn].first
+            if label not in base.books:
+                cb.build()  # the unmutated build again (the last mutant's was restored)
+                made = baseline(cb, baselines or repeats, scratch, {label})
+                base.books |= made.books
+                base.groups |= made.groups
+                base.repeatable |= made.repeatable
+                doc["codebases"][cb.name]["baseline"] |= _codebase_doc(cb, made)["baseline"]
+                _save(doc, results, out, finished=False)
             row = run_mutant(cb, todo[turn], base, repeats, scratch)
             if row["id"] in retried:
                 row["rerun"] = report.machine().get("refcntd_commit", "")
@@ -343,7 +367,8 @@ def retruth(cbs: list[Codebase], out: Path) -> int:
         for rel in codebases.restore_all(cb):
             print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
         cb.build()
-        books = {w.label: count(cb, w) for w in cb.workloads}
+        books = {w.label: count(cb, w) for w in cb.workloads
+                 if w.label in doc["codebases"][cb.name]["baseline"]}
         for label, b in books.items():
             doc["codebases"][cb.name]["baseline"][label]["truth"] = b.summary()
         doc["codebases"][cb.name]["retruth"] = commit
@@ -383,6 +408,8 @@ def rebase(cbs: list[Codebase], out: Path, repeats: int) -> int:
             print(f"{cb.name}: {rel} restored (left mutated by a stopped run)", flush=True)
         cb.build()
         for w in cb.workloads:
+            if w.label not in doc["codebases"][cb.name]["baseline"]:
+                continue  # no mutant runs it (run_all made no baseline of it)
             runs = [_counted_run(cb, w, runs_dir(scratch, cb.name, "baseline", w.label) /
                                  f"r{r}.json") for r in range(repeats)]
             entry = doc["codebases"][cb.name]["baseline"][w.label]
