@@ -91,22 +91,26 @@ def perf(out: Path) -> Codebase:
         build_cmd=["make", "-s", "-C", str(root), "-j2", f"O={build}", *PERF_FLAGS])
 
 
-def prepare_perf(cb: Codebase) -> None:
-    debian.install(PERF_PACKAGES)
+def prepare_perf(cb: Codebase, version: str = "6.12", patch: str = "refcnt-stubs.patch"
+                 ) -> None:
+    """Debian's linux-source-VERSION's tools/perf with the stubs PATCH, built and a
+    recording made (perf61.py prepares perf 6.1 the same way)."""
+    package = f"linux-source-{version}"
+    debian.install([package, *PERF_PACKAGES[1:]])
     src = cb.source.parent.parent
-    steps: dict[str, object] = {"packages": {p: debian.version(p) for p in PERF_PACKAGES[:1]},
+    steps: dict[str, object] = {"packages": {package: debian.version(package)},
                                 "record_freq": PERF_FREQ}
     if not (src / "Makefile").exists():
         cb.work.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
-        subprocess.run(["tar", "-xJf", "/usr/src/linux-source-6.12.tar.xz", "-C", str(cb.work)]
-                       + [f"linux-source-6.12/{m}" for m in PERF_MEMBERS], check=True)
+        subprocess.run(["tar", "-xJf", f"/usr/src/{package}.tar.xz", "-C", str(cb.work)]
+                       + [f"{package}/{m}" for m in PERF_MEMBERS], check=True)
         steps["extract_s"] = round(time.monotonic() - t, 1)
     marker = src / ".refcnt-stubs-applied"
     if not marker.exists():
-        patch = HERE / "perf" / "refcnt-stubs.patch"
-        subprocess.run(["patch", "-p1", "-s", "-i", str(patch)], cwd=src, check=True)
-        marker.write_text("benchmarks/mutants/perf/refcnt-stubs.patch\n")
+        subprocess.run(["patch", "-p1", "-s", "-i", str(HERE / "perf" / patch)], cwd=src,
+                       check=True)
+        marker.write_text(f"benchmarks/mutants/perf/{patch}\n")
     cb.build_dir.mkdir(parents=True, exist_ok=True)
     fresh = not (cb.build_dir / "perf").exists()
     steps["build_s" if fresh else "rebuild_check_s"] = cb.build()
