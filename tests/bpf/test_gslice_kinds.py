@@ -12,13 +12,11 @@ cycle decides it (caps held only by a lost GPtrArray)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -153,9 +151,7 @@ def test_leaks_live_equal_valgrinds(bpf, exe, truth, tmp_path):
         proc, printed = start_hanging(exe, env={**os.environ, "G_SLICE": ""})
         try:
             time.sleep(0.5)
-            with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/leaks",
-                                        timeout=120) as r:
-                answer = json.loads(r.read())
+            answer = serve.leaks(timeout=120)
         finally:
             proc.kill()
             proc.wait()
@@ -188,9 +184,7 @@ def live_leaks(tmp_path: Path, name: str, path: Path, argv: list[str]
                     assert line, "the leaker ended early"
                     printed += line
             time.sleep(3)
-            with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/leaks",
-                                        timeout=120) as r:
-                answer = json.loads(r.read())
+            answer = serve.leaks(timeout=120)
         finally:
             proc.kill()
             proc.wait()

@@ -116,9 +116,7 @@ def test_a_stripped_program_names_holders_by_offset(bpf, program, tmp_path):
 def test_live_leaks_name_holders_and_unheld_references(bpf, program, tmp_path):
     """GET /leaks on a process that never exits: the lost object and the two references
     held by nothing, each with its holders, as at exit; nothing every reference holds."""
-    import json
     import time
-    import urllib.request
 
     from test_serve import Serve, target_yaml
 
@@ -126,9 +124,7 @@ def test_live_leaks_name_holders_and_unheld_references(bpf, program, tmp_path):
         proc, shown = start_hanging(program)
         try:
             time.sleep(0.5)
-            with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/leaks",
-                                        timeout=60) as r:
-                answer = json.loads(r.read())
+            answer = serve.leaks()
         finally:
             proc.kill()
             proc.wait()

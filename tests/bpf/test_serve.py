@@ -73,6 +73,12 @@ class Serve:
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
+    def leaks(self, timeout: float = 60) -> dict:
+        """GET /leaks: every target's live processes scanned, as JSON."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/leaks",
+                                    timeout=timeout) as r:
+            return json.loads(r.read())
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         _, err = self.proc.communicate(timeout=60)

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,11 +69,6 @@ class Program:
             self.proc.wait()
 
 
-def leaks(serve: Serve) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/leaks", timeout=60) as r:
-        return json.loads(r.read())
-
-
 def reports_of(serve: Serve, pid: int) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(serve.reports.glob(f"*-{pid}.json"))]
 
@@ -91,7 +85,7 @@ def test_two_targets_on_a_library_spec_each_trace_their_own_program(bpf, build, 
         a, b = Program(alpha, 2, 3), Program(beta, 4, 5)
         try:
             m = serve.scrape()  # the first scrape: releases already happened
-            scans = leaks(serve)["targets"]
+            scans = serve.leaks()["targets"]
             time.sleep(3.5)  # warm: a's next objects are no start-up registry
             a.say("more 2")
             time.sleep(2.5)  # older than the threshold (1 s; ages are exact to the second)
@@ -206,7 +200,7 @@ def test_two_gstreamer_pipelines_under_two_targets(bpf, tmp_path):
         try:
             time.sleep(17)  # past warm_up (10 s) and age_threshold (5 s)
             m = serve.scrape()
-            scans = leaks(serve)["targets"]
+            scans = serve.leaks()["targets"]
             for proc in runs.values():
                 proc.send_signal(signal.SIGINT)  # -e: an EOS, then a clean exit
                 assert proc.wait(timeout=30) == 0
