@@ -42,7 +42,7 @@ def _run_json(directory: Path) -> Path | None:
 
 
 @functools.cache  # every mutant of a workload is judged against the same good runs
-def _baseline(path: Path) -> RunResult:
+def good_run(path: Path) -> RunResult:
     """A good run, read once (against() reads the old runs, never changes them)."""
     return load_run(str(path))
 
@@ -62,7 +62,7 @@ def judge(m: dict[str, Any], out: Path, baselines: int = 1) -> dict[str, Any]:
     if run_json is None:
         return {"outcome": "missed", "alone": "missed", "timed_out": True,
                 "said": "no run kept (timed out)", "indirect": [], "deterministic": True}
-    new, olds = load_run(str(run_json)), [_baseline(p) for p in base_jsons]
+    new, olds = load_run(str(run_json)), [good_run(p) for p in base_jsons]
     base = _groups(olds[0])
     alone = score.answer(score.new_groups(base, _groups(new)), m["type"])
     notes = against(new, olds, BASELINE)

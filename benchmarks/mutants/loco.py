@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import report
 import runner
 import score
+from against import good_run
 
 from refcntd.analysis import calibration, evidencedump
 from refcntd.analysis.baseline import against
@@ -105,16 +105,10 @@ def judge_mutant(m: dict[str, Any], out: Path, baselines: int) -> dict[str, Any]
     return judge_files(run_json, olds, m["type"], m["function"])
 
 
-@functools.cache  # every mutant of a workload is judged against the same good runs
-def _good(path: Path) -> RunResult:
-    """A good run, read once (against() reads the old runs, never changes them)."""
-    return load_run(str(path))
-
-
 def judge_files(run_json: Path, olds_paths: list[Path], kind: str, function: str
                 ) -> dict[str, Any]:
     """One kept run's answers for the mutated type: alone, then against the good runs."""
-    olds = [_good(p) for p in olds_paths]
+    olds = [good_run(p) for p in olds_paths]
     row: dict[str, Any] = {}
     new = fresh(run_json)
     for mode in MODES:
@@ -168,7 +162,7 @@ def tally(rows: list[dict[str, Any]], mode: str, table: calibration.Table | None
     for r in rows:
         outcome = r[mode]["outcome"]
         if table is not None and outcome in ("right", "wrong", "tie") \
-                and not table.trusts(mode, r[mode]["rule"]):
+                and not table.trusts(r[mode]["rule"]):
             outcome = "unknown"
         out[outcome] += 1
     return out
