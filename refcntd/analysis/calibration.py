@@ -60,11 +60,10 @@ class Table:
         return {mode: {rule for rule, (r, w, _) in rules.items() if rule and trusted_counts(r, w)}
                 for mode, rules in self.counts.items()}
 
-    def trusts(self, mode: str, rule: str) -> bool:
+    def trusts(self, rule: str) -> bool:
         """Whether an answer named by `rule` stands (the rule's own kind says where it
-        was measured: the module doc); `mode` is the run's, kept for the callers."""
-        del mode
-        r, w, _ = self.counts[mode_of(rule)].get(rule, (0, 0, 0))
+        was measured: the module doc)."""
+        r, w = self.record(rule)
         return bool(rule) and trusted_counts(r, w)
 
     def record(self, rule: str) -> tuple[int, int]:
@@ -120,7 +119,7 @@ def calibrate(groups: Iterable[LeakGroup], table: Table | None = None) -> None:
         if v is None or v.status != FOUND or not group.culprits:
             continue
         top = group.culprits[0]
-        if not top.rule or table.trusts(mode_of(top.rule), top.rule):
+        if not top.rule or table.trusts(top.rule):
             continue
         group.verdict = untrusted(v, top, table)
         group.culprits = []

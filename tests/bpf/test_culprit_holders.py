@@ -34,7 +34,7 @@ def test_each_kernel_dso_is_a_direct_leak_of_the_function_that_kept_it(result):
     dsos = [(g, i) for g in process["groups"] if g["type"] == "dso" for i in g["instances"]]
     # the user dsos were released: only the kernel ones are left
     assert {int(i["address"], 16) for _, i in dsos} == kernel, result.stderr
-    trusted = calibration.shipped().trusts("alone", "holders-refute")
+    trusted = calibration.shipped().trusts("holders-refute")
     for group, obj in dsos:
         assert obj["count"] == 2 and obj["holders"] == 1 and obj["unheld"] == 1
         assert obj.get("leak", "direct") == "direct" and not obj.get("held_by")
