@@ -9,7 +9,8 @@
  * continues it if refcntd dies first.  Only a process `held` has room for is
  * stopped: never a stop nobody will see; and only one that has had a tracked
  * object (PROC_HAS_OBJECTS): the shells and tools around a test are not stopped.  Attached only where processes are
- * filtered (run, attach --pid): system-wide every process on the host would stop.
+ * filtered (run, attach --pid) or scoped to a program (serve, filter_exe): system-wide
+ * every process on the host would stop.
  */
 #ifndef REFCNTD_EXITHOLD_H
 #define REFCNTD_EXITHOLD_H
@@ -21,7 +22,7 @@ int on_exit_hold(struct pt_regs *ctx)
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct proc_val *proc = procs.lookup(&tgid);
 	/* a process that never had a tracked object has nothing to classify: not stopped */
-	if (!KNOB(filtered) || !proc || !(proc->flags & PROC_HAS_OBJECTS))
+	if ((!KNOB(filtered) && !KNOB(filter_exe)) || !proc || !(proc->flags & PROC_HAS_OBJECTS))
 		return 0;
 	struct hold_key why = {.offset = EXIT_HOLD_OFFSET};
 	if (held.update(&tgid, &why) != 0)

@@ -39,10 +39,13 @@ class Target:
     warm_up_s: float = 10.0  # objects a process made in its first seconds are not "older"
     # (file, line, key) of `cgroup:`, for the error when serve finds no such cgroup
     cgroup_at: tuple[str, int, str] = ("", 0, "cgroup")
+    # a program target's processes held at _exit for leak kinds, as `run` holds its own
+    leak_kinds: bool = True
 
     def signature(self) -> tuple[object, ...]:
         """What must stay equal for a reload to keep this target's kernel state."""
-        return (self.path, self.spec.path, self.comm, self.cgroup, self.history)
+        return (self.path, self.spec.path, self.comm, self.cgroup, self.history,
+                self.leak_kinds)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def _size(node: YNode) -> int:
 
 def _target(node: YNode) -> Target:
     fields = node.mapping({"name", "path", "spec", "comm", "cgroup", "history", "age_threshold",
-                           "max_type_labels", "warm_up"}, {"name", "path"})
+                           "max_type_labels", "warm_up", "leak_kinds"}, {"name", "path"})
     name = fields["name"].string()
     if not _NAME.match(name):
         raise fields["name"].fail(f"'{name}' is not a name (letters, digits, _ . -)")
@@ -141,7 +144,8 @@ def _target(node: YNode) -> Target:
     age = _duration(fields["age_threshold"]) if "age_threshold" in fields else 300.0
     cap = fields["max_type_labels"].integer(1, 10000) if "max_type_labels" in fields else 100
     warm = _duration(fields["warm_up"]) if "warm_up" in fields else Target.warm_up_s
-    return Target(name, path, spec, comm, cgroup, history, age, cap, warm, cgroup_at)
+    kinds = fields["leak_kinds"].boolean() if "leak_kinds" in fields else Target.leak_kinds
+    return Target(name, path, spec, comm, cgroup, history, age, cap, warm, cgroup_at, kinds)
 
 
 def _spec(node: YNode) -> Spec:

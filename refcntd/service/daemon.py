@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from refcntd.analysis.model import (
     STATE_EXITED,
     STATE_LIVE_AT_DETACH,
+    LeakGroup,
     ProcessReport,
     RunResult,
 )
@@ -27,7 +28,9 @@ from refcntd.errors import RefcntdError
 from refcntd.inputs.config import Config, load_config
 from refcntd.outputs import report, reportjson
 from refcntd.outputs.reportstore import ReportStore
+from refcntd.reach.scan import LATE, REACHABLE
 from refcntd.service import checkpoint, malloc
+from refcntd.service.classmetrics import UNREAD
 from refcntd.service.gcpauses import Freezer, GcPauses
 from refcntd.service.metrics import RefcntdCollector, TargetStats
 from refcntd.service.procconnector import ProcConnector
@@ -263,15 +266,22 @@ class Daemon:
                            "reported, not judged (as `run` does: no leak check runs in a "
                            "killed process), nor counted in refcntd_leaked_objects_total")
         with runtime.stats.lock:
-            self._count(runtime.stats, p)
+            self._count(runtime.stats, p, frozenset(runtime.target.spec.class_sources()))
         self._write_report(runtime, binary, p)
 
     @staticmethod
-    def _count(stats: TargetStats, p: ProcessReport) -> None:
+    def _count(stats: TargetStats, p: ProcessReport, classed: frozenset[str]) -> None:
+        """`classed`: the spec's types whose class the exit scan reads."""
         if p.state != STATE_LIVE_AT_DETACH:
             stats.processes_reported += 1
             for group in [] if _not_judged(p) else p.groups:
+                if not _failing(group):
+                    stats.add(stats.reachable, group.type_name, len(group.objects))
+                    continue
                 stats.add(stats.leaked, group.type_name, len(group.objects))
+                if group.type_name in classed:
+                    stats.add(stats.leaked_classes,
+                              (group.type_name, group.class_name or UNREAD), len(group.objects))
             for finding in p.misuse:
                 stats.add(stats.anomalies, finding.kind, finding.occurrences)
 
@@ -314,6 +324,12 @@ def _not_judged(p: ProcessReport) -> bool:
     return p.state == STATE_EXITED and p.exit_status.startswith("killed")
 
 
+def _failing(group: LeakGroup) -> bool:
+    """Whether `run` fails these objects by default: not when the exit scan found them
+    still reachable, or made after it (policy.py's LeakSanitizer line)."""
+    return group.kind not in (REACHABLE, LATE)
+
+
 def _state(p: ProcessReport) -> str:
     return f"{p.state}, {p.exit_status}" if p.exit_status else p.state
 
@@ -324,6 +340,9 @@ def _objects(p: ProcessReport, judged: bool) -> str:
         return f"{p.leaked_objects} objects still live at detach (not counted as leaks)"
     if not judged:
         return f"{p.leaked_objects} objects live at its end, not judged (killed)"
+    kept = sum(len(g.objects) for g in p.groups if not _failing(g))
+    if kept:
+        return f"{p.leaked_objects - kept} leaked objects, {kept} still reachable"
     return f"{p.leaked_objects} leaked objects"
 
 

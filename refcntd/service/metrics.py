@@ -14,6 +14,7 @@ import os
 import platform
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,13 @@ from prometheus_client.core import (
 from refcntd.kernel.abi import Stat
 from refcntd.kernel.procmem import read_string
 from refcntd.outputs.reportstore import StoreStats
-from refcntd.service.classmetrics import MAX_CLASS_LABELS, OTHER_CLASSES, UNREAD, ClassCounts
+from refcntd.service.classmetrics import (
+    MAX_CLASS_LABELS,
+    OTHER_CLASSES,
+    UNREAD,
+    ClassCounts,
+    fold,
+)
 from refcntd.session.status import LOST_REASONS, NOTE_REASONS
 from refcntd.session.tracer import Tracer
 
@@ -53,6 +60,9 @@ class TargetStats:
     probes_failed: int = 0
     attach_errors: int = 0
     leaked: dict[str, int] = field(default_factory=dict)
+    # of those, the spec's `class:` types by (type, class), as the exit scan read them
+    leaked_classes: dict[tuple[str, str], int] = field(default_factory=dict)
+    reachable: dict[str, int] = field(default_factory=dict)  # still reachable at exit
     anomalies: dict[str, int] = field(default_factory=dict)
     processes_reported: int = 0
     # reports update the counts on the tracers' report workers, scrapes read copies
@@ -65,7 +75,9 @@ class TargetStats:
         """A consistent copy for one scrape."""
         with self.lock:
             return replace(self, tracers=list(self.tracers), leaked=dict(self.leaked),
-                           anomalies=dict(self.anomalies), lock=threading.Lock())
+                           leaked_classes=dict(self.leaked_classes),
+                           reachable=dict(self.reachable), anomalies=dict(self.anomalies),
+                           lock=threading.Lock())
 
 
 class RefcntdCollector:
@@ -97,6 +109,8 @@ class RefcntdCollector:
         classes = self._classes.setdefault(t, ClassCounts())  # spec `class:` types only
         for (type_name, cls), n in sorted(classes.counts(s.tracers).items()):
             f["by_class"].add_metric([t, type_name, cls], n)
+        for (type_name, cls), n in sorted(fold(Counter(s.leaked_classes)).items()):
+            f["leaked_by_class"].add_metric([t, type_name, cls], n)
         ops: dict[tuple[str, str], int] = {}
         live: dict[str, list[Aged]] = {}
         # live objects older than the threshold, but not those their process made while
@@ -156,6 +170,7 @@ class RefcntdCollector:
         live, ops = _fold(live, keep), _fold_ops(ops, keep)
         older = _fold_counts(older, keep)
         leaked = _fold_counts(s.leaked, keep)
+        reachable = _fold_counts(s.reachable, keep)
         for (name, op), n in sorted(ops.items()):
             f["operations"].add_metric([t, name, op], n)
         for name, ages in sorted(live.items()):
@@ -164,6 +179,8 @@ class RefcntdCollector:
             f["age"].add_metric([t, name], _buckets(ages), sum(a * n for a, n in ages))
         for name, n in sorted(leaked.items()):
             f["leaked"].add_metric([t, name], n)
+        for name, n in sorted(reachable.items()):
+            f["reachable"].add_metric([t, name], n)
         for kind, n in sorted(s.anomalies.items()):
             f["anomalies"].add_metric([t, kind], n)
         f["reported"].add_metric([t], s.processes_reported)
@@ -269,6 +286,8 @@ class _Families(TypedDict):
     age: HistogramMetricFamily
     operations: CounterMetricFamily
     leaked: CounterMetricFamily
+    leaked_by_class: CounterMetricFamily
+    reachable: CounterMetricFamily
     anomalies: CounterMetricFamily
     processes: GaugeMetricFamily
     reported: CounterMetricFamily
@@ -296,7 +315,18 @@ def _families() -> _Families:
         "operations": c("refcntd_operations", "Refcount operations seen (init, get, put, and "
                         "release: last put or delete)", labels=["target", "type", "operation"]),
         "leaked": c("refcntd_leaked_objects", "Objects still referenced when their process "
-                    "exited", labels=["target", "type"]),
+                    "exited, that run would fail: lost (or held by nothing) where the exit scan "
+                    "ran, every one where it did not", labels=["target", "type"]),
+        "leaked_by_class": c("refcntd_leaked_objects_by_class", "refcntd_leaked_objects of "
+                             "the types whose spec reads a class (class:), by the class the "
+                             f"exit scan read: each type's {MAX_CLASS_LABELS - 1} largest "
+                             f"classes by name, the others class=\"{OTHER_CLASSES}\", "
+                             f"unread class=\"{UNREAD}\"",
+                             labels=["target", "type", "class"]),
+        "reachable": c("refcntd_still_reachable_objects", "Objects still referenced when "
+                       "their process exited but still reachable from its memory (valgrind's "
+                       "and LeakSanitizer's \"still reachable\": not counted as leaked)",
+                       labels=["target", "type"]),
         "anomalies": c("refcntd_anomalies", "Refcount misuse caught (double put, use after "
                        "delete, ...)", labels=["target", "kind"]),
         "processes": g("refcntd_traced_processes", "Traced processes currently running",

@@ -185,8 +185,10 @@ class Targets:
     def _start(self, runtime: TargetRuntime, path: str) -> Tracer:
         """A tracer attached to the binary at `path`, reporting with its own status."""
         target = runtime.target
+        programs = _program(path)
         opts = TraceOptions(history=target.history, comm_filter=target.comm,
-                            programs=_program(path), cgroup_id=_cgroup_id(target), sites=True)
+                            programs=programs, cgroup_id=_cgroup_id(target), sites=True,
+                            leak_kinds=target.leak_kinds and bool(programs))
         # REFCNTD_PROBE_MODE, as for check/attach/run (serve has no --probe-mode)
         plan = build_plan(target.spec, path, parse_modes(os.environ.get("REFCNTD_PROBE_MODE")))
         plan.require_complete()

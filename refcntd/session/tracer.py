@@ -158,10 +158,10 @@ class Tracer:
         self.tracker = SessionTracker(self.kernel.objects, self.kernel.site_maps, stacks, sym,
                                       self._report,
                                       submit=self.worker.submit)
-        self.exit_scans = self._exit_scans(opts.leak_kinds)
         if opts.comm_filter:
             self.kernel.set_comm_filter(opts.comm_filter)
         self.programs = self._scope(opts.programs)
+        self.exit_scans = self._exit_scans(opts.leak_kinds)
         if opts.history is not None:
             self.tracker.stub_names = frozenset(
                 f for role in plan.spec.entries for f in role.functions)
@@ -184,11 +184,14 @@ class Tracer:
         return frozenset((k.dev, k.ino) for k in map(file_key, programs) if k is not None)
 
     def _exit_scans(self, wanted: bool) -> ExitScans | None:
-        """--leak-kinds: processes held at _exit (run and --pid only: system-wide it
+        """--leak-kinds: processes held at _exit (run and --pid; serve where a target
+        is a program, whose processes alone the kernel side tracks: system-wide it
         would stop every process on the host); a note when it cannot be."""
         if not wanted:
             return None
-        why = "" if self.filtered else "only for a command (run) or --pid, not system-wide"
+        why = "" if self.filtered or self.programs is not None else \
+            "only for a command (run), --pid or a serve target that is a program, " \
+            "not system-wide"
         why = why or ("" if self.kernel.holds.enabled else
                       continue_blocker() or "the kernel side cannot hold processes here "
                       "(no BTF offsets for the unwinder, or REFCNTD_UNWIND=fp)")

@@ -38,6 +38,10 @@ def test_defaults_are_loopback_and_the_default_spec(tmp_path):
     config = load_config(write(tmp_path, GOOD))
     assert config.listen_host == "127.0.0.1"
     assert config.targets[0].spec.name == "perf-stubs"
+    assert config.targets[0].leak_kinds  # held at exit and scanned, as run does
+    off = load_config(write(tmp_path, GOOD + "    leak_kinds: false\n"))
+    assert not off.targets[0].leak_kinds
+    assert off.targets[0].signature() != config.targets[0].signature()  # a reload reattaches
 
 
 @pytest.mark.parametrize("text,line,key", [
@@ -49,6 +53,7 @@ def test_defaults_are_loopback_and_the_default_spec(tmp_path):
     (GOOD + "  - name: perf\n    path: /bin/x\n", 5, "targets[1]"),
     (GOOD + "    spec: nosuch\n", 5, "targets[0].spec"),
     (GOOD + "    cgroup: system.slice\n", 5, "targets[0].cgroup"),
+    (GOOD + "    leak_kinds: sometimes\n", 5, "targets[0].leak_kinds"),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, text, line, key):
     path = write(tmp_path, text)
