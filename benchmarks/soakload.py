@@ -149,8 +149,16 @@ class Checker:
     exact: int = 0
     wrong: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
+    # reports read before their process's truth was recorded (the report of a process
+    # can be written before the churn thread, woken by its exit, records what it printed):
+    # checked again at each scan, unexpected only if still without a truth at the end
+    orphans: dict[str, tuple[str, dict]] = field(default_factory=dict)
+
+    @property
+    def unexpected(self) -> list[str]:
+        return [f"{target} {data['processes'][0]['pid']} {data['processes'][0]['state']}"
+                for target, data in self.orphans.values()]
 
     def scan(self) -> None:
         for path in sorted(self.reports.glob("*.json")) if self.reports.is_dir() else []:
@@ -162,22 +170,28 @@ class Checker:
                 continue  # pruned, or being written: next scan
             self.seen.add(path.name)
             target = path.stem.split("-")[-2]
-            self._check(target, data)
+            if not data["tracing"]["complete"] or data["tracing"]["lost"]:
+                self.incomplete.append(f"{target} {data['processes'][0]['pid']}: "
+                                       f"{data['tracing']['lost']}")
+            self.orphans[path.name] = (target, data)
+        for name, (target, data) in list(self.orphans.items()):
+            if self._check(target, data):
+                del self.orphans[name]
 
-    def _check(self, target: str, data: dict) -> None:
+    def _check(self, target: str, data: dict) -> bool:
+        """False while the process's truth is not recorded yet."""
         (process,) = data["processes"]
         pid = process["pid"]
-        if not data["tracing"]["complete"] or data["tracing"]["lost"]:
-            self.incomplete.append(f"{target} {pid}: {data['tracing']['lost']}")
         with self.churn.lock:
             truth = self.churn.take_truth(target, pid)
         if truth is None:
-            self.unexpected.append(f"{target} {pid} {process['state']}")
-        elif truth == report_summary(process):
+            return False
+        if truth == report_summary(process):
             self.exact += 1
         else:
             self.wrong.append(f"{target} {pid}: truth {truth}, report "
                               f"{report_summary(process)}")
+        return True
 
     def missing(self) -> list[str]:
         """Truths still without a report (call once the processes are gone)."""
@@ -188,6 +202,6 @@ class Checker:
         """Scan until every finished process has its report, or `timeout`."""
         deadline = time.monotonic() + timeout
         self.scan()
-        while self.missing() and time.monotonic() < deadline:
+        while (self.missing() or self.orphans) and time.monotonic() < deadline:
             time.sleep(0.25)
             self.scan()
