@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -34,12 +33,10 @@ def programs(tmp_path_factory):
 
 
 def wait_stopped(pid: int) -> None:
-    for _ in range(500):
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return
-        time.sleep(0.01)
-    pytest.fail(f"process {pid} never stopped")
+    """Every thread, not only the one that raised SIGSTOP: a thread still running when
+    the scan reads it has no stack pointer (its stack is then "of an unknown thread")."""
+    if not every_thread_stopped(pid, timeout_s=5.0):
+        pytest.fail(f"process {pid} never stopped")
 
 
 def scan_stopped(exe):
