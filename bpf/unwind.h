@@ -25,7 +25,7 @@
 #define UNWIND_DEPTH STACK_DEPTH
 #endif
 #ifndef UNWIND_CHUNK
-#define UNWIND_CHUNK 12
+#define UNWIND_CHUNK 6
 #endif
 /* The x86-64 PLT's CFA expression: rsp + 8, + 8 more from the entry's push on */
 #define PLT_ENTRY_SIZE 16
