@@ -9,9 +9,10 @@ bash scripts/setup.sh
 .venv/bin/mypy  # --strict on the package: [tool.mypy] in pyproject.toml
 .venv/bin/python -m refcntd.kernel.abigen --check \
     || { echo "refcntd/kernel/abi.py is stale: python -m refcntd.kernel.abigen" >&2; exit 1; }
-# tests/unit (no root) and tests/bpf (real kernel), in one process by default: the whole
-# suite has not yet finished once on several pytest-xdist workers (2026-12-03, a machine at
-# load 20-47: benchmarks/results/suite.md), so CI keeps the way that passed.
-# REFCNTD_TEST_WORKERS=N runs it on N workers; tests marked `serial` (the machine's global
-# BPF and pid state) then run alone (tests/conftest.py).
-.venv/bin/python -m pytest -ra -n "${REFCNTD_TEST_WORKERS:-0}" --dist loadgroup "$@"
+# tests/unit (no root) and tests/bpf (real kernel) on 2 pytest-xdist workers: the suite
+# mostly waits on the kernel (tracepoint unregistration, the verifier at each refcntd
+# start), so two workers on this 2-CPU machine take 31 min where one process took 37
+# (benchmarks/results/suite.md).  Tests marked `serial` (the machine's global BPF and pid
+# state) run alone (tests/conftest.py).  REFCNTD_TEST_WORKERS=N sets the workers; 0 runs
+# the suite in one process.
+.venv/bin/python -m pytest -ra -n "${REFCNTD_TEST_WORKERS:-2}" --dist loadgroup "$@"
