@@ -393,18 +393,27 @@ static __always_inline int probe_body(struct pt_regs *ctx)
 
 /* Whether this operation records a stack: every init, every operation with
  * history, and a get/put/delete about to be reported as an anomaly (a
- * cheap look at the object first, so counting stays cheap). */
+ * cheap look at the object first, so counting stays cheap), all in a traced
+ * process only.  A probe in a shared library fires in every process calling it;
+ * walking the others' stacks filled the store with stacks nobody reports or frees
+ * (issue 54: GLib's `performance` beside other GLib programs). */
 static __always_inline int needs_stack(struct pt_regs *ctx, struct probe_cfg *cfg)
 {
-	if (cfg->role == ROLE_INIT || KNOB(history))
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (cfg->role == ROLE_INIT) {  /* do_init's own test: no stack for a process not traced */
+		struct proc_val *proc = procs.lookup(&tgid);
+		return proc && !(proc->flags & PROC_IGNORED);
+	}
+	if (!proc_tracked(tgid))
+		return 0;
+	if (KNOB(history))
 		return 1;
 	if (cfg->role == ROLE_INIT_ENTRY || cfg->role == ROLE_OFF)
 		return 0;
-	struct obj_key key = {.tgid = bpf_get_current_pid_tgid() >> 32,
-			      .addr = arg_fetch(ctx, &cfg->obj)};
+	struct obj_key key = {.tgid = tgid, .addr = arg_fetch(ctx, &cfg->obj)};
 	struct obj_val *o = objs.lookup(&key);
-	if (!o)  /* unknown or released: reported unless seen before or not traced */
-		return !unknown_seen.lookup(&key) && proc_tracked(key.tgid);
+	if (!o)  /* unknown or released: reported unless seen before */
+		return !unknown_seen.lookup(&key);
 	if (cfg->role == ROLE_PUT)
 		return o->count <= 0;
 	return cfg->role == ROLE_DELETE && o->count != 0;
