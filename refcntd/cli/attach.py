@@ -48,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}", "attach --pid needs a running process")
     from refcntd.cli.early import early_compile, history_options
-    from refcntd.inputs.spec import load_spec
+    from refcntd.inputs.spec import load_specs
     from refcntd.kernel import setup
     from refcntd.session.options import TraceOptions
     opts = TraceOptions(max_objects=args.max_objects, max_stacks=args.max_stacks,
                         sites=True, **history_options(args))  # checkpoints and diffs
-    spec = load_spec(args.spec)
+    spec = load_specs(args.spec)
     args.web = _web_options(args)  # a bad web configuration file fails before any probe
     args.binary = os.path.abspath(args.binary)  # before bcc's compile changes cwd a moment
     setup.prepare()  # before the early compile: it needs the kernel headers

@@ -28,11 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from refcntd.binary.sitemode import parse_modes
     from refcntd.cli.stages import analyse
-    from refcntd.inputs.spec import load_spec
+    from refcntd.inputs.spec import load_specs
     from refcntd.kernel import setup
     from refcntd.kernel.kheaders import INSTALL_HINT
     from refcntd.kernel.program import kernel_choices
-    plan = analyse(load_spec(args.spec, allow_draft=True), args.binary,
+    plan = analyse(load_specs(args.spec, allow_draft=True), args.binary,
                    parse_modes(args.probe_mode))
     if args.pid is not None and not Path(f"/proc/{args.pid}").exists():
         raise UsageError(f"no process {args.pid}")

@@ -14,8 +14,10 @@ from refcntd.errors import EXIT_FINDINGS
 
 
 def spec_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", default="perf-stubs",
-                   help="bundled spec name or YAML file (default: perf-stubs)")
+    p.add_argument("--spec", action="append", metavar="SPEC",
+                   help="bundled spec name or YAML file (default: perf-stubs); given more "
+                        "than once, every spec's roles at once (a library's own spec beside "
+                        "gobject)")
     p.add_argument("--probe-mode", metavar="MODE",
                    default=os.environ.get("REFCNTD_PROBE_MODE", "auto"),
                    help="where function probes go: auto (default: call sites when the entry "

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given", "usage: refcntd run [options] -- CMD [ARGS...]")
     from refcntd.cli.early import early_compile, history_options
-    from refcntd.inputs.spec import load_spec
+    from refcntd.inputs.spec import load_specs
     from refcntd.kernel import setup
     from refcntd.outputs.policy import Policy
     from refcntd.session.options import TraceOptions
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     policy.fail_on_reachable = "reachable" in args.fail_on
     policy.judge_killed = args.judge_killed
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
-    spec = load_spec(args.spec)
+    spec = load_specs(args.spec)
     setup.prepare()  # before the early compile: it needs the kernel headers
     setup.require_host_pids()
     early = early_compile(spec, True, opts, exe)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from refcntd.errors import ConfigError
-from refcntd.inputs.spec import Spec, load_spec
+from refcntd.inputs.spec import Spec, load_spec, load_specs
 from refcntd.inputs.webconfig import WebOptions, web_section
 from refcntd.inputs.yamlnodes import YNode, load_yaml
 
@@ -149,7 +149,13 @@ def _target(node: YNode) -> Target:
 
 
 def _spec(node: YNode) -> Spec:
+    """A spec, or a list of them (as --spec given more than once)."""
     try:
+        if isinstance(node.node, yaml.SequenceNode):
+            names = [item.string() for item in node.items()]
+            if not names:
+                raise node.fail("expected a spec, or a list of specs")
+            return load_specs(names)
         return load_spec(node.string())
     except ConfigError:
         raise

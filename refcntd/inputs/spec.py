@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -216,6 +216,61 @@ def load_spec(name_or_file: str = "perf-stubs", allow_draft: bool = False) -> Sp
     """`allow_draft`: only `check` reads a draft, to explain it."""
     path = resolve_spec_path(name_or_file)
     return parse_spec(load_yaml(path, "spec"), allow_draft)
+
+
+def load_specs(names: Sequence[str], allow_draft: bool = False) -> Spec:
+    """`--spec` given more than once: one spec of them all (a GObject library's own API
+    beside the gobject spec), as if written in one file."""
+    given: dict[Path, str] = {}  # each file once, in the order given
+    for name in names or ["perf-stubs"]:
+        given.setdefault(resolve_spec_path(name).resolve(), name)
+    specs = [load_spec(name, allow_draft) for name in given.values()]
+    return specs[0] if len(specs) == 1 else compose_specs(specs)
+
+
+def compose_specs(specs: Sequence[Spec]) -> Spec:
+    """Every spec's roles and kept rules.  A function (or USDT probe) of one library in
+    two specs is probed once: kept where the entries are the same (two bundled specs
+    that both count GObjects), refused where they differ, since each call would be
+    counted twice or as two roles."""
+    roles: dict[str, list[RoleSpec]] = {}
+    seen: dict[tuple[str | None, str], tuple[RoleSpec, Spec]] = {}
+    for spec in specs:
+        for entry in spec.entries:
+            names = entry.functions or (entry.usdt or "",)
+            earlier = [seen.get((entry.library, n)) for n in names]
+            if all(e is not None and e[0] == entry for e in earlier):
+                continue  # the same entry in an earlier spec
+            for name, found in zip(names, earlier, strict=True):
+                if found is not None:
+                    path, line, key = _written_at(spec, entry, name)
+                    raise ConfigError(path, line, key, f"'{name}' is also the {found[0].role} "
+                                      f"function of {found[1].path} in another way: a "
+                                      "function given by two specs must be given the same "
+                                      "way, or by one of them")
+                seen[(entry.library, name)] = (entry, spec)
+            roles.setdefault(entry.role, []).append(entry)
+    return Spec("+".join(s.name for s in specs), ", ".join(s.path for s in specs),
+                "; ".join(s.description for s in specs if s.description),
+                {role: tuple(entries) for role, entries in roles.items()},
+                tuple(_unique([k for s in specs for k in s.kept_by_library])),
+                "count" if all(s.unknown_objects == "count" for s in specs) else "report",
+                any(s.draft for s in specs), tuple(u for s in specs for u in s.unplaced),
+                next((s.draft_line for s in specs if s.draft), 0))
+
+
+def _unique(rules: list[KeptRule]) -> list[KeptRule]:
+    """Kept rules without repeats (two specs reading one valgrind file)."""
+    out: list[KeptRule] = []
+    for rule in rules:
+        if rule not in out:
+            out.append(rule)
+    return out
+
+
+def _written_at(spec: Spec, entry: RoleSpec, name: str) -> tuple[str, int, str]:
+    return dict(zip(entry.functions, entry.written_at, strict=False)).get(
+        name, (spec.path, 0, f"roles.{entry.role}"))
 
 
 def parse_spec(root: YNode, allow_draft: bool = False) -> Spec:

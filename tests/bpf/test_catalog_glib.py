@@ -27,6 +27,15 @@ def test_leaks_are_exact(bpf, exe, tmp_path, spec):
     assert_exact_leaks(out)
 
 
+def test_two_specs_at_once_count_both_apis(bpf, exe, tmp_path):
+    """--spec gobject --spec glib: one run counts GObjects and GLib's own refcounted
+    types, each leak exact, as each spec alone does on its half."""
+    out = trace(tmp_path, ["gobject", "glib"], [str(exe), "both", "leak"])
+    assert {t for t, _ in out.truth} >= {"GObject", "GBytes"}, out.truth
+    assert_exact_leaks(out)
+    assert out.report["spec"] == "gobject+glib"
+
+
 @pytest.mark.parametrize("spec", ["gobject", "glib"])
 def test_real_double_unref_is_caught(bpf, exe, tmp_path, spec):
     assert_double_caught(trace(tmp_path, spec, [str(exe), spec, "double"]))

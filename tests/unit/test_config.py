@@ -42,6 +42,8 @@ def test_defaults_are_loopback_and_the_default_spec(tmp_path):
     off = load_config(write(tmp_path, GOOD + "    leak_kinds: false\n"))
     assert not off.targets[0].leak_kinds
     assert off.targets[0].signature() != config.targets[0].signature()  # a reload reattaches
+    both = load_config(write(tmp_path, GOOD + "    spec: [glib, gobject]\n"))
+    assert both.targets[0].spec.name == "glib+gobject"  # as --spec given twice
 
 
 @pytest.mark.parametrize("text,line,key", [
@@ -54,6 +56,7 @@ def test_defaults_are_loopback_and_the_default_spec(tmp_path):
     (GOOD + "    spec: nosuch\n", 5, "targets[0].spec"),
     (GOOD + "    cgroup: system.slice\n", 5, "targets[0].cgroup"),
     (GOOD + "    leak_kinds: sometimes\n", 5, "targets[0].leak_kinds"),
+    (GOOD + "    spec: []\n", 5, "targets[0].spec"),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, text, line, key):
     path = write(tmp_path, text)

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT, assert_one_line_error, refcntd
 
 from refcntd.errors import ConfigError
-from refcntd.inputs.spec import ExistingReturn, load_spec
+from refcntd.inputs.spec import ExistingReturn, load_spec, load_specs
 
 VALID = """\
 version: 1
@@ -235,3 +235,34 @@ def test_every_mistake_is_reported_at_once(tmp_path):
     assert [line.split(": ")[1:3] for line in lines] == [
         [f"{path}:4", "roles.init.object"], [f"{path}:6", "roles.get[0].object"],
         [f"{path}:10", "kept_by_library[0]"]], lines
+
+
+def test_two_specs_compose_into_one():
+    """--spec glib --spec gobject: both APIs' roles and kept rules, each file once."""
+    glib, gobject = load_spec("glib"), load_spec("gobject")
+    both = load_specs(["glib", "gobject"])
+    assert both.name == "glib+gobject"
+    assert both.libraries() == glib.libraries() | gobject.libraries()
+    assert set(both.entries) == set(glib.entries) | set(gobject.entries)
+    assert len(both.entries) == len(glib.entries) + len(gobject.entries)
+    assert set(both.kept_by_library) == set(glib.kept_by_library) | set(gobject.kept_by_library)
+    assert load_specs(["gobject", str(ROOT / "configs/specs/gobject.yaml")]) == gobject
+    assert load_specs([]) == load_spec("perf-stubs")
+
+
+def test_a_function_two_specs_give_differently_is_refused(tmp_path):
+    """gobject's g_object_unref as a put; a library's own spec making it a delete would
+    count each call twice: refused where the second spec writes it."""
+    path = write(tmp_path, "version: 1\nname: mine\nlibrary: libgobject-2.0.so.0\nroles:\n"
+                           "  init: {functions: [my_new], object: return, type: {name: My}}\n"
+                           "  get: {functions: [my_ref], object: arg1}\n"
+                           "  put: {functions: [my_unref], object: arg1}\n"
+                           "  delete: {functions: [g_object_unref], object: arg1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_specs(["gobject", path])
+    assert (err.value.path, err.value.lineno, err.value.key) == \
+        (path, 8, "roles.delete.functions[0]")
+    assert "'g_object_unref' is also the put function of" in err.value.problem
+    assert "gobject.yaml" in err.value.problem
+    result = refcntd(["check", "--spec", "gobject", "--spec", path, "--binary", "/bin/true"])
+    assert_one_line_error(result, f"{path}:8", "g_object_unref")
