@@ -44,6 +44,9 @@ class TargetRuntime:
     # (dev, inode, size, mtime) of the file that failed: a file seen half-copied is
     # retried once its writer is done, even at the same inode
     failed_stamp: dict[str, FileStamp | None] = field(default_factory=dict)
+    # binary path -> the other target already tracing that very file (unscoped both):
+    # retried once that target no longer traces it
+    claimed_by: dict[str, str] = field(default_factory=dict)
 
 
 class Targets:
@@ -107,6 +110,11 @@ class Targets:
         for path, ident in sorted(present.items()):
             if ident is None or path in runtime.tracers:
                 continue
+            if path in runtime.claimed_by:
+                if self._claimer(runtime, path) is not None:
+                    continue
+                runtime.claimed_by.pop(path)
+                runtime.failed.pop(path, None)  # its claimer let it go: ours now
             if path in runtime.failed and runtime.failed_stamp.get(path) == file_stamp(path):
                 continue  # failed on this very file: retry only when it changes
             runtime.failed.pop(path, None)
@@ -151,11 +159,37 @@ class Targets:
                 tracer.close()  # continues every process it held stopped
                 self.detached += 1
 
+    def _claimer(self, runtime: TargetRuntime, path: str) -> str | None:
+        """The other target already tracing the file at `path` (the same device and
+        inode, under any path), where neither target narrows its processes by `comm:`
+        or `cgroup:`: each of its processes would be traced, held, scanned and reported
+        twice, once per target.  The first target (in the config's order) keeps it."""
+        ident = file_identity(path)
+        if ident is None or runtime.target.comm or runtime.target.cgroup:
+            return None
+        for other in self.runtimes.values():
+            if other is runtime or other.target.comm or other.target.cgroup:
+                continue
+            if any(other.identity.get(p) == ident for p in other.tracers):
+                return other.target.name
+        return None
+
     def _attach_binary(self, runtime: TargetRuntime, path: str) -> None:
         target = runtime.target
         # Taken before reading the file: a binary still being copied in that fails as
         # "not an ELF file" is retried once it changed, even if the copy ends meanwhile.
         stamp = file_stamp(path)
+        claimer = self._claimer(runtime, path)
+        if claimer is not None:
+            runtime.claimed_by[path] = claimer
+            runtime.failed[path] = f"already traced by target {claimer}: a process is " \
+                "traced by one target (narrow one of them with comm: or cgroup:)"
+            runtime.identity[path] = file_identity(path)
+            runtime.failed_stamp[path] = stamp
+            runtime.stats.attach_errors = len(runtime.failed)
+            log.error("target=%s binary=%s not attached: %s", target.name, path,
+                      runtime.failed[path])
+            return
         try:
             with self._unlocked():  # readers go on meanwhile; it is not theirs yet
                 tracer = self._start(runtime, path)

@@ -278,3 +278,34 @@ def test_leaks_at_exit_counted_by_class(bpf, tmp_path):
                                            for a in g["instances"]])
     assert series(m, "refcntd_still_reachable_objects_total", "pyleak"), m
     assert f"{len(lost)} leaked objects, " in serve.log, serve.log
+
+
+def test_two_targets_on_the_same_program_trace_each_process_once(bpf, build, tmp_path):
+    """Two unscoped targets whose paths name one program (here a glob and the path
+    itself): the first in the config traces it, the second says why it does not (an
+    attach error, in the log and the metrics), so each process is held, scanned and
+    reported once; once the first goes (a reload), the second takes the program."""
+    alpha, _, spec = programs(build, tmp_path)
+    both = (f"  - name: a\n    path: {alpha}\n    spec: {spec}\n"
+            f"  - name: b\n    path: {alpha.parent}/scoped_alph*\n    spec: {spec}\n")
+    with Serve(tmp_path, both) as serve:
+        assert f"target=b binary={alpha} not attached: already traced by target a" in serve.log
+        first = Program(alpha, 1, 2)
+        first.exit()
+        serve.wait_log(f"target=a pid={first.pid} ")
+        m = serve.scrape()
+        serve.write_config(f"  - name: b\n    path: {alpha.parent}/scoped_alph*\n"
+                           f"    spec: {spec}\n")
+        serve.proc.send_signal(signal.SIGHUP)
+        serve.wait_log(f"target=b binary={alpha} attached")
+        second = Program(alpha, 1, 2)
+        second.exit()
+        serve.wait_log(f"target=b pid={second.pid} ")
+        assert serve.stop() == 0
+    assert [r["target"] for r in reports_of(serve, first.pid)] == [str(alpha)]
+    assert serve.log.count(f"pid={first.pid} ") == 1 and f"target=b pid={first.pid}" \
+        not in serve.log
+    assert metric(m, "refcntd_target_attach_errors", target="b") == 1
+    assert metric(m, "refcntd_processes_reported_total", target="a") == 1
+    assert metric(m, "refcntd_processes_reported_total", target="b") == 0
+    assert len(reports_of(serve, second.pid)) == 1
