@@ -24,6 +24,8 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           # libraries of the bundled specs (configs/specs), for their tests
           pkg-config libglib2.0-dev libgstreamer1.0-dev libvirt-dev libvirt0 libssl-dev
           libcairo2-dev
+          # json-glib, a GObject library of its own: `spec draft` is tested on it
+          libjson-glib-1.0-0
           # promtool and a real Prometheus for the rules tests (configs/prometheus)
           prometheus
           # libdw: the DWARF scan for inlined copies and clones (binary/dwarfscan.py);

@@ -27,7 +27,9 @@ from refcntd.errors import BinaryError
 PAIRS = (("_up_ref", ("_free",)), ("_ref", ("_unref", "_free", "_release")),
          ("_retain", ("_release",)), ("_reference", ("_destroy", "_unref")),
          ("Ref", ("Free", "Unref", "Release")), ("_get", ("_put",)))
-CTOR_RE = (r"^(?:{stem}_(?:new|create)\w*|{stem}_(?:dup|copy)|d2i_{stem}"
+# FOO_new*, FOO_create*, and with a word between (json_array_sized_new); FOO_alloc (the
+# allocator its constructors call: json_node_alloc); copies; OpenSSL's and libvirt's forms
+CTOR_RE = (r"^(?:{stem}_(?:[a-z0-9]+_)?(?:new|create)\w*|{stem}_(?:alloc|dup|copy)|d2i_{stem}"
            r"|{stem}(?:New|CreateXML|DefineXML|LookupBy)\w*?)(?<!ACL)$")
 SDT_VERBS = (("init", re.compile(r"(new|create|alloc|init)$")),
              ("put", re.compile(r"(unref|release|put)$")),
@@ -59,6 +61,18 @@ class Draft:
     unplaced: list[str]
 
 
+def _another_types(name: str, stem: str, names: set[str]) -> bool:
+    """FOO_WORD_new is FOO's constructor (json_array_sized_new) unless FOO_WORD names a
+    type of its own, with other functions (g_param_spec_pool_new: g_param_spec_pool_insert,
+    _lookup ...)."""
+    m = re.match(rf"{re.escape(stem)}_([a-z0-9]+)_(?:new|create)", name)
+    if m is None:
+        return False
+    prefix = f"{stem}_{m.group(1)}_"
+    return any(n.startswith(prefix) and not n[len(prefix):].startswith(("new", "create"))
+               for n in names)
+
+
 def propose(path: str) -> Draft:
     image = ElfImage(path)
     names = api_names(image)
@@ -67,7 +81,8 @@ def propose(path: str) -> Draft:
     for stem, get, put in _pairs(names):
         prop = TypeProposal(stem, get, put)
         ctor_re = re.compile(CTOR_RE.format(stem=re.escape(stem)))
-        ctors = sorted(n for n in names if ctor_re.match(n))
+        ctors = sorted(n for n in names
+                       if ctor_re.match(n) and not _another_types(n, stem, names))
         for ctor in ctors:  # a constructor that hands over to another is covered by it
             (prop.delegating if calls.targets(ctor) & (set(ctors) - {ctor})
              else prop.constructors).append(ctor)

@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="spec_command", required=True, parser_class=type(parser))
     draft = sub.add_parser("draft", help="propose a spec from a library's exported "
                                          "symbols and SDT notes (a draft to confirm)")
-    draft.add_argument("--library", required=True, help="the shared library to read")
+    draft.add_argument("--library", required=True,
+                       help="the shared library to read: a path, or a soname "
+                            "(libjson-glib-1.0.so.0) found as ld.so would")
     draft.add_argument("--name", help="the spec's name (default: LIBRARY-draft)")
     draft.add_argument("--output", metavar="FILE", type=argtypes.output_path,
                        help="write there instead of stdout")
@@ -25,9 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from refcntd.binary.specdraft import propose, render
-    if not Path(args.library).exists():
+    path = args.library
+    if not Path(path).exists() and "/" not in path:  # a soname, found as ld.so would
+        from refcntd.binary.libpaths import resolve_library
+        from refcntd.errors import BinaryError
+        try:
+            path = resolve_library(path, None)
+        except BinaryError:
+            raise UsageError(f"no file {args.library}, and no library of that name in "
+                             "the linker's directories") from None
+    if not Path(path).exists():
         raise UsageError(f"no file {args.library}")
-    draft = propose(args.library)
+    draft = propose(path)
     if not draft.types and not draft.usdt:
         raise UsageError(f"no refcount API found in {args.library}",
                          "write the spec by hand (see docs/specs.md)")

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import FIXTURES, REFCNTD, assert_one_line_error, refcntd
 
 from refcntd.binary.libpaths import resolve_library
@@ -243,3 +244,19 @@ def test_function_names_the_binary_lacks_are_spec_errors_all_at_once(tmp_path):
     assert_one_line_error(result, f"{spec}:6: roles.get.functions[1]: get: no function "
                                   f"xyzzy_frob in {lib}")
     assert "did you mean" not in result.stderr  # nothing close: no guess
+
+
+def test_json_glib_draft_names_its_allocator_and_sized_constructor():
+    """Debian's json-glib (a library no spec here was written on), named by its soname
+    as a user would: json_node_alloc (the allocator every node constructor calls) and
+    json_array_sized_new are proposed, json_node_new/copy as handing over to the
+    allocator; GObject's g_param_spec_pool_new, another type's, stays out of
+    g_param_spec (test above)."""
+    result = refcntd(["spec", "draft", "--library", "libjson-glib-1.0.so.0"])
+    assert result.returncode == 0, result.stderr
+    spec = yaml.safe_load(result.stdout)
+    inits = {f for e in spec["roles"]["init"] for f in e["functions"]}
+    assert {"json_node_alloc", "json_array_sized_new", "json_array_new",
+            "json_object_new"} <= inits, inits
+    assert not {"json_node_new", "json_node_copy"} & inits
+    assert "hand over to these: json_node_copy, json_node_new" in result.stdout
