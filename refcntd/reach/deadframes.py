@@ -1,24 +1,26 @@
 """Lost blocks a register may hold: what a live scan must not call lost.
 
 A live scan (GET /leaks) stops the process with SIGSTOP and reads no register but a
-blocked system call's arguments: a thread stopped mid-code, or at one of refcntd's own
-uprobes (their trap is where the pending SIGSTOP is taken), keeps every register out
-of sight, and a thread blocked in a system call its callee-saved ones.  An object just
-made and held only there looks lost: issue 58's healthy gst-launch-1.0 had a GstBuffer
-just made "definitely lost" in 3 of 20 scans; in the one looked into, its streaming
-thread had stopped at the `ret` after the probe in gst_mini_object_init (the buffer in
-rdi), and the buffer's address lay 744 bytes below its stack pointer, in the frames it
-had just left, and nowhere else.
+blocked system call's arguments.  A thread stopped while running (not in a system
+call: mid-code, or at one of refcntd's own uprobes, whose trap is where the pending
+SIGSTOP is taken) keeps every register out of sight, and the objects it is working on
+now are often held there only: issue 58's healthy gst-launch-1.0 had a GstBuffer just
+made "definitely lost" in 3 of 20 scans; in the one looked into, its streaming thread
+had stopped at the `ret` after the probe in gst_mini_object_init (the buffer in rdi),
+and the buffer's address lay 744 bytes below its stack pointer, in the frames it had
+just left, and nowhere else.
 
-Those frames are the evidence that ties an object to a thread: a value a function
-computed or received is spilled into its frame more often than not, and the frame
-stays below the stack pointer until the thread calls deep enough again.  So the words
-of the DEAD_WINDOW bytes below each thread's red zone are read, and a lost block they
-point into, with every lost block it reaches, is "not judged": reachable if that
+Those frames tie the object to the thread: a value a function computed or received
+is spilled into its frame more often than not, and the frame stays below the stack
+pointer until the thread calls as deep again.  So for each thread stopped while
+running, the DEAD_WINDOW bytes below its red zone are read, and a lost block they
+point into, with every lost block it reaches, is "not judged": reachable if the
 thread's registers hold what its dead frames do, lost if not, and no live scan can
-tell (exit scans, where valgrind's verdicts are compared, read no dead frames).  A
-leak just made by a thread that went on to block is so not judged until its frames
-are overwritten; one made earlier is judged as before.
+tell.  Threads blocked in a system call are not read so: their callee-saved registers
+are out of sight too, but their dead frames are those of calls long returned, and
+issue 58's python3 leaker, asleep, had there the last of its 30 lost caps (one
+object kept in a register there is still called lost).  Exit scans, where valgrind's
+verdicts are compared, read no dead frames.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ def low(m: Mapping, sp: int) -> int:
 
 
 def read(mem: ProcessMemory, maps: list[Mapping], threads: list[Thread]) -> DeadFrames:
-    """Each thread's words below its red zone (copies: the memory they come from may be
-    a live copy, dropped after the read)."""
+    """The words below the red zone of each thread stopped while running (copies: the
+    memory they come from may be a live copy, dropped after the read)."""
     out = []
     for t in threads:
+        if t.syscall != -1:
+            continue
         m = next((m for m in maps if t.sp is not None and m.start <= t.sp < m.end), None)
         if m is None or t.sp is None:
             continue

@@ -36,6 +36,7 @@ class Thread:
     sp: int | None  # None: the kernel did not say (the thread was running)
     registers: tuple[int, ...] = ()  # a blocked system call's arguments
     pc: int = 0  # where it stopped (0: not said)
+    syscall: int | None = None  # the system call it is in; -1: none, stopped while running
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ def read_threads(pid: int, proc: Path = Path("/proc")) -> list[Thread]:
             out.append(Thread(tid, comm, None))
             continue
         args = tuple(int(v, 16) for v in fields[1:-2])
-        out.append(Thread(tid, comm, int(fields[-2], 16), args, int(fields[-1], 16)))
+        out.append(Thread(tid, comm, int(fields[-2], 16), args, int(fields[-1], 16),
+                          int(fields[0])))
     return out
 
 

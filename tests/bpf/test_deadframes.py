@@ -1,12 +1,11 @@
-"""GET /leaks on an object held only by a callee-saved register of a blocked thread
+"""GET /leaks on an object held only by a register of a thread stopped while running
 (refcntd/reach/deadframes.py): not judged lost, with a note naming the thread, while
 an object lost for good in the same process stays definitely lost.  Truth by
 construction (tests/fixtures/regheld.c, -O2): the worker puts its object through
-that register once it reads a byte, which the test then sends."""
+that register once main reads a byte, which the test then sends."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
@@ -23,29 +22,18 @@ def program(tmp_path_factory):
               ["-O2", "-fomit-frame-pointer", "-pthread", "-Wl,-z,now"])
 
 
-def wait_blocked(pid: int) -> None:
-    """Until a thread of `pid` other than main is in read(2) (system call 0)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            if int(tid) != pid and open(f"/proc/{pid}/task/{tid}/syscall").read().split()[0] == "0":
-                return
-        time.sleep(0.01)
-    pytest.fail("the worker never blocked in read")
-
-
-def test_an_object_held_in_a_blocked_threads_register_is_not_judged(bpf, program, tmp_path):
+def test_an_object_held_in_a_running_threads_register_is_not_judged(bpf, program, tmp_path):
     with Serve(tmp_path, target_yaml("regheld", program)) as serve:
         proc = subprocess.Popen([str(program)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True)
         assert proc.stdin is not None and proc.stdout is not None
         try:
             printed = ""
-            while "READY" not in printed or "OBJ held" not in printed:
+            while "READY" not in printed:
                 line = proc.stdout.readline()
                 assert line, "the fixture ended early"
                 printed += line
-            wait_blocked(proc.pid)
+            time.sleep(0.5)  # the worker past sem_post, spinning
             answer = serve.leaks()
             proc.stdin.write("x")
             proc.stdin.flush()
@@ -62,6 +50,6 @@ def test_an_object_held_in_a_blocked_threads_register_is_not_judged(bpf, program
     assert listed == {made["lost"]: "definitely lost"}, process
     notes = [n for n in process.get("notes", []) if "not judged lost" in n]
     assert len(notes) == 1 and notes[0].startswith("1 object(s)"), process.get("notes")
-    worker = re.search(r"thread (\d+) \((\w+)\)", notes[0])
-    assert worker is not None and int(worker[1]) != proc.pid, notes
+    worker = re.search(r"thread (\d+) ", notes[0])
+    assert worker is not None and int(worker[1]) != proc.pid, notes  # not main
     assert put == "PUT held\n"  # the register did hold it: the worker put it through it
