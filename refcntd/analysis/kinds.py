@@ -19,11 +19,12 @@ from dataclasses import replace
 from refcntd.analysis.model import LeakedObject, LeakGroup, Pointer
 from refcntd.binary.structs import StructNames
 from refcntd.reach.holders import Slot, judged_unheld, pointers_to
-from refcntd.reach.scan import INDIRECTLY, LATE, REACHABLE, ObjectKind, ReachScan
+from refcntd.reach.scan import IN_REGISTER, INDIRECTLY, LATE, REACHABLE, ObjectKind, ReachScan
 from refcntd.symbolize.symbolizer import Frame
 
 UNHELD = "reference held by nothing"  # still reachable, count above its holders (holders.py)
-ORDER = {UNHELD: -1, "definitely lost": 0, INDIRECTLY: 1, REACHABLE: 2, LATE: 3, "": 4}
+ORDER = {UNHELD: -1, "definitely lost": 0, INDIRECTLY: 1, IN_REGISTER: 2, REACHABLE: 3, LATE: 4,
+         "": 5}
 MAX_POINTERS = 8  # pointers kept per object (counted first); `holders` counts them all
 MEMBER_FRAMES = 4  # allocation frames whose units may define a holder's struct
 
@@ -56,6 +57,7 @@ def apply_kinds(groups: list[LeakGroup], scan: ReachScan, now_ns: int | None = N
                           "one a leak as without --leak-kinds")
     _note_freed(scan, [o.address for g in groups for o in objects[id(g)]
                        if o.address not in kinds and o.address not in late])
+    _note_registers(scan, [a for a, k in kinds.items() if k.kind == IN_REGISTER])
     slots = pointers_to(scan, set(kinds))
     scan.drop_edges()
     kinds.update(late)
@@ -152,6 +154,16 @@ class Holders:
             if found:
                 return found
         return None
+
+
+def _note_registers(scan: ReachScan, held: list[int]) -> None:
+    """Objects a live scan found lost that a thread's registers may hold (deadframes.py):
+    said, by thread, rather than judged."""
+    by_thread = Counter(scan.maybe_held[b] for b in scan.block_indices(held))
+    for thread, n in sorted(by_thread.items()):
+        scan.notes.append(f"{n} object(s) unreached but not judged lost: the registers of "
+                          f"thread {thread}, which a live scan cannot read, may hold them (a "
+                          "pointer into them lies in the frames it just left)")
 
 
 def _note_freed(scan: ReachScan, unkinded: list[int]) -> None:

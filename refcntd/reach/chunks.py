@@ -28,6 +28,7 @@ import numpy as np
 from refcntd.reach.memory import ProcessMemory
 
 PREV_INUSE = 1
+HEAP_MAX = 64 << 20  # HEAP_MAX_SIZE on 64-bit: thread arenas' heaps are aligned to it
 WINDOW = 1 << 20  # bytes read at a time: the walk holds one window, never a heap
 PRUNE_ROUNDS = 3
 TAIL_SLACK = 4096  # the main heap's top chunk may end within the page before brk

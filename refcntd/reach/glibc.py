@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refcntd.reach.chunks import Chunks, follow_fastbins, missing_note, walk
+from refcntd.reach.chunks import HEAP_MAX, Chunks, follow_fastbins, missing_note, walk
 from refcntd.reach.graph import PointerFilter, Words
 from refcntd.reach.memory import Mapping, ProcessMemory
 
 IS_MMAPPED = 2
-HEAP_MAX = 64 << 20  # HEAP_MAX_SIZE on 64-bit: thread heaps are aligned to it
 HEAP_INFO = 48  # sizeof(heap_info) in 2.35+: ar_ptr, prev, size, mprotect_size, pagesize, pad
 ARENA_SIZE = 2200  # sizeof(struct malloc_state), 64-bit
 ARENA_FASTBINS, ARENA_TOP, ARENA_NEXT = 16, 96, 2160  # field offsets in malloc_state

@@ -3,7 +3,7 @@
 GET /leaks used to keep the process stopped while its chunks were walked and its words
 filtered (0.4-3.1 s for 1 GiB of 64-byte blocks).  Here the stop is a copy: the
 writable mappings the scan reads (heaps, modules' data, other writable mappings, each
-thread's stack from its stack pointer's page up) go into one buffer with
+thread's stack from the page of the frames it just left up: deadframes.py) go into one buffer with
 process_vm_readv, the process is continued, and the scan reads the copy
 (ProcessMemory.detached): the same bytes, so the same blocks and kinds.
 
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from refcntd.kernel import pagemap
+from refcntd.reach import deadframes
 from refcntd.reach.memory import IOV_MAX, Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import SKIPPED, Thread, read_threads, stack_mappings
-from refcntd.reach.stackframes import RED_ZONE
 
 LIMIT = 4 << 30  # the copy's bound unless the caller gives one (bytes)
 AVAILABLE_SHARE = 0.5  # ... and at most this share of MemAvailable
@@ -78,16 +78,17 @@ def bound(limit: int, proc: Path = Path("/proc")) -> int:
 
 def copy_spans(maps: list[Mapping], threads: list[Thread]) -> list[Span]:
     """What a scan may read, in address order: every writable mapping but the stacks,
-    which from their lowest thread's stack pointer (less the red zone) up (roots.py
-    scans no lower), and not at all when no thread is on them (glibc's cache of
-    exited threads' stacks), unless a thread's stack pointer is unknown."""
+    which from their lowest thread's stack pointer (less the red zone and the frames
+    it just left, deadframes.py; roots.py scans no lower) up, and not at all when no
+    thread is on them (glibc's cache of exited threads' stacks), unless a thread's
+    stack pointer is unknown."""
     stacks = stack_mappings(maps)
     unknown = any(t.sp is None for t in threads)
     lows: dict[int, int] = {}
     for t in threads:
         m = next((m for m in maps if t.sp is not None and m.start <= t.sp < m.end), None)
         if m is not None and t.sp is not None:
-            lows[m.start] = min(lows.get(m.start, m.end), max(m.start, t.sp - RED_ZONE))
+            lows[m.start] = min(lows.get(m.start, m.end), deadframes.low(m, t.sp))
     out = []
     for m in maps:
         if not m.writable or m.path in SKIPPED:

@@ -21,6 +21,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from refcntd.reach.chunks import HEAP_MAX
 from refcntd.reach.exitframes import ExitPath
 from refcntd.reach.memory import Mapping
 from refcntd.reach.stackframes import RED_ZONE, StackFrame, frame_of
@@ -35,6 +36,7 @@ class Thread:
     sp: int | None  # None: the kernel did not say (the thread was running)
     registers: tuple[int, ...] = ()  # a blocked system call's arguments
     pc: int = 0  # where it stopped (0: not said)
+    syscall: int | None = None  # the system call it is in; -1: none, stopped while running
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ def read_threads(pid: int, proc: Path = Path("/proc")) -> list[Thread]:
             out.append(Thread(tid, comm, None))
             continue
         args = tuple(int(v, 16) for v in fields[1:-2])
-        out.append(Thread(tid, comm, int(fields[-2], 16), args, int(fields[-1], 16)))
+        out.append(Thread(tid, comm, int(fields[-2], 16), args, int(fields[-1], 16),
+                          int(fields[0])))
     return out
 
 
@@ -144,13 +147,24 @@ def find_roots(maps: list[Mapping], threads: list[Thread], pid: int,
 
 def stack_mappings(maps: list[Mapping]) -> set[int]:
     """Anonymous writable mappings right above an inaccessible one: glibc's thread
-    stacks with their guard page (cached ones too)."""
+    stacks with their guard page (cached ones too).  Not a thread arena's heap, which
+    lies so when the kernel maps it right above the previous heap's reserve (a live
+    copy left such a heap out, and the GSlice slabs in it: issue 58)."""
     out = set()
-    for below, m in zip(maps, maps[1:], strict=False):
+    for i, (below, m) in enumerate(zip(maps, maps[1:], strict=False)):
         if (not m.path and m.writable and below.end == m.start and not below.path
-                and below.perms.startswith("---")):
+                and below.perms.startswith("---") and not _arena_heap(maps, i + 1)):
             out.add(m.start)
     return out
+
+
+def _arena_heap(maps: list[Mapping], i: int) -> bool:
+    """Whether maps[i] is a thread arena's heap (glibc's new_heap): HEAP_MAX bytes at
+    a HEAP_MAX boundary, its part not yet in use inaccessible."""
+    m, rest = maps[i], maps[i + 1] if i + 1 < len(maps) else None
+    end = rest.end if rest is not None and rest.start == m.end and not rest.path and \
+        rest.perms.startswith("---") else m.end
+    return m.start % HEAP_MAX == 0 and end == m.start + HEAP_MAX
 
 
 def _containing(maps: list[Mapping], address: int) -> Mapping | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from refcntd.reach import glibc, graph, gslice, livecopy, stackframes
+from refcntd.reach import deadframes, glibc, graph, gslice, livecopy, stackframes
 from refcntd.reach.exitframes import ExitPath, walk_exit
 from refcntd.reach.memory import Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import Root, Thread, describe, find_roots, read_threads
@@ -25,6 +25,7 @@ REACHABLE = "still reachable"
 DEFINITELY = "definitely lost"
 INDIRECTLY = "indirectly lost"
 LATE = "created after the scan"  # by a thread still running once the scan was over
+IN_REGISTER = "maybe held in a register"  # live: not judged (deadframes.py)
 KIND_OF_STATE = {graph.REACHABLE: REACHABLE, graph.POSSIBLE: REACHABLE,
                  graph.UNREACHED: DEFINITELY, graph.INDIRECT: INDIRECTLY}
 
@@ -65,6 +66,10 @@ class ReachScan:
     direct_exit: bool = False  # held at `_exit` reached without exit() (exitframes.py)
     classes: dict[int, str] = field(default_factory=dict)  # object -> its class (gtypes.py)
     slabs: gslice.Slabs | None = None  # GLib's slice allocator, read; `finish` cuts them
+    dead: deadframes.DeadFrames = field(default_factory=list)  # live: the frames each
+    #                                     thread just left, read; `finish` drops them
+    maybe_held: dict[int, str] = field(default_factory=dict)  # lost block -> the thread
+    #                                     whose registers may hold it (deadframes.py)
 
     @property
     def blocks(self) -> int:
@@ -83,6 +88,11 @@ class ReachScan:
                 out[address] = self._kind(address, b)
         return out
 
+    def block_indices(self, objects: list[int]) -> list[int]:
+        """The index of the block holding each object (each inside one)."""
+        found = np.searchsorted(self.heap.starts, np.array(objects, np.uint64), "right")
+        return [int(b) - 1 for b in found]
+
     def drop_edges(self) -> None:
         """The pointer graph is read once, for the holders of the objects reported: a
         heap of millions of blocks has as many edges, not to be kept with the scan."""
@@ -99,6 +109,11 @@ class ReachScan:
 
     def _kind(self, address: int, block: int) -> ObjectKind:
         assert self.kinds is not None
+        if block in self.maybe_held:  # not judged: a register may hold it (deadframes.py)
+            return ObjectKind(IN_REGISTER, f"the registers of thread {self.maybe_held[block]}"
+                              " (a pointer into its lost blocks lies in the frames it just "
+                              "left)", own_block=address == int(self.heap.starts[block]),
+                              block=int(self.heap.starts[block]))
         state = int(self.kinds.state[block])
         root = ""
         if state in (graph.REACHABLE, graph.POSSIBLE):
@@ -170,7 +185,7 @@ def read_copy(copied: Copied) -> ReachScan:
     out.notes += copied.prep.notes
     try:
         if copied.maps:
-            _read_from(mem, out, copied.maps, copied.threads, {})
+            _read_from(mem, out, copied.maps, copied.threads, {}, live=True)
         else:
             _gone(out)
     finally:
@@ -194,11 +209,11 @@ def _read(mem: ProcessMemory, out: ReachScan, proc: Path, at_exit: bool = False)
     mem.snapshot(maps)
     threads = read_threads(out.pid, proc)
     exiting = _exit_frames(mem, maps, threads, out) if at_exit else {}
-    _read_from(mem, out, maps, threads, exiting)
+    _read_from(mem, out, maps, threads, exiting, live=not at_exit)
 
 
 def _read_from(mem: ProcessMemory, out: ReachScan, maps: list[Mapping],
-               threads: list[Thread], exiting: dict[int, ExitPath]) -> None:
+               threads: list[Thread], exiting: dict[int, ExitPath], live: bool) -> None:
     out.words = graph.Words()
     out.heap = glibc.read_heap(mem, maps, out.words)
     out.notes += out.heap.notes
@@ -208,6 +223,8 @@ def _read_from(mem: ProcessMemory, out: ReachScan, maps: list[Mapping],
         return
     out.slabs = gslice.read_slabs(mem, maps, out.heap.runs)
     out.unseen_threads = sum(1 for t in threads if t.tid not in exiting)
+    if live:
+        out.dead = deadframes.read(mem, maps, threads)
     frames = {t.tid: stackframes.walk(mem, maps, t.sp, t.pc) for t in threads
               if t.sp is not None and t.pc}
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting, frames)
@@ -250,6 +267,8 @@ def finish(out: ReachScan) -> None:
     out.words = None
     out.kinds = graph.classify(len(starts), edges)
     out.edges = edges
+    out.maybe_held = deadframes.maybe_held(out.dead, starts, ends, out.kinds, edges)
+    out.dead = []
     out.heap_bytes = int((ends - starts).sum()) if len(starts) else 0
     out.lost_blocks = int(np.count_nonzero((out.kinds.state == graph.UNREACHED)
                                            | (out.kinds.state == graph.INDIRECT)))

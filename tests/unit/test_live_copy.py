@@ -16,6 +16,8 @@ import pytest
 
 from refcntd.kernel import pagemap
 from refcntd.reach import livecopy
+from refcntd.reach.memory import Mapping
+from refcntd.reach.roots import Thread
 from refcntd.reach.scan import copy_process
 
 PAGE = mmap.PAGESIZE
@@ -130,3 +132,19 @@ def test_the_ioctl_and_the_entries_tell_the_same_pages() -> None:
     if works is not None:  # 6.8+
         assert by_ioctl == by_entries
     area.close()
+
+
+def test_a_thread_arena_heap_above_another_heaps_reserve_is_copied() -> None:
+    """The maps of a failing GET /leaks (issue 58): the second thread arena's heap lies
+    right above the first one's reserve, as a thread stack lies above its guard page.
+    It is a heap, copied whole; the cached stack no thread is on is not copied, the
+    live one from a page below its stack pointer (the frames it just left)."""
+    anon = [(0x7F4F78000000, 0x7F4F78021000, "rw-p"), (0x7F4F78021000, 0x7F4F7C000000, "---p"),
+            (0x7F4F7C000000, 0x7F4F7C021000, "rw-p"), (0x7F4F7C021000, 0x7F4F80000000, "---p"),
+            (0x7F4F80000000, 0x7F4F80001000, "---p"), (0x7F4F80001000, 0x7F4F80801000, "rw-p"),
+            (0x7F4F80801000, 0x7F4F80802000, "---p"), (0x7F4F80802000, 0x7F4F81002000, "rw-p")]
+    maps = [Mapping(start, end, perms, 0, 0, "") for start, end, perms in anon]
+    live = Thread(2, "pool", 0x7F4F81001000)
+    spans = [(start, end) for _, start, end in livecopy.copy_spans(maps, [live])]
+    assert spans == [(0x7F4F78000000, 0x7F4F78021000), (0x7F4F7C000000, 0x7F4F7C021000),
+                     (0x7F4F80FFF000, 0x7F4F81002000)]
