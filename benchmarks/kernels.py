@@ -73,10 +73,48 @@ def version_key(release: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", release))
 
 
-def debian_kernels() -> list[str]:
-    """The newest linux-image-*-amd64 of each series the archive offers (6.1, 6.12)."""
-    listing = sh(["apt-cache", "search", "--names-only", r"^linux-image-[0-9].*-amd64$"])
+APT: list[str] = []  # apt's options for the suites given with --suite (apt_suites)
+
+
+def apt_suites(work: Path, suites: list[str]) -> None:
+    """Debian suites beside the host's own (trixie-backports, sid: the newest kernels
+    Debian offers), read into a private apt state under WORK: the host's sources and
+    lists stay as they are."""
+    if not suites:
+        return
+    state = work / "apt"
+    (state / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    sources = state / "sources.list"
+    host = [line for f in [Path("/etc/apt/sources.list"),
+                           *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+            if f.is_file() for line in _deb_lines(f.read_text())]
+    sources.write_text("\n".join([*host, *(f"deb http://deb.debian.org/debian {s} main"
+                                           for s in suites)]) + "\n")
+    APT[:] = ["-o", f"Dir::Etc::sourcelist={sources}", "-o", "Dir::Etc::sourceparts=-",
+              "-o", f"Dir::State::Lists={state / 'lists'}"]
+    sh(["apt-get", "-qq", *APT, "update"])
+
+
+def _deb_lines(text: str) -> list[str]:
+    """One-line `deb` entries of a sources file, deb822 stanzas (Debian 12's) included."""
+    out = [line.strip() for line in text.splitlines() if line.strip().startswith("deb ")]
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                      if ":" in line and not line.startswith((" ", "#")))
+        if fields.get("Types", "").strip() == "deb" and "URIs" in fields:
+            for suite in fields.get("Suites", "").split():
+                out.append(f"deb {fields['URIs'].strip()} {suite} "
+                           f"{fields.get('Components', 'main').strip()}")
+    return out
+
+
+def debian_kernels(exact: tuple[str, ...] = ()) -> list[str]:
+    """The newest linux-image-*-amd64 of each series the archive offers (6.1, 6.12, and
+    with --suite the newer ones), and the releases named exactly (`exact`: the oldest
+    the archive still offers, say)."""
+    listing = sh(["apt-cache", *APT, "search", "--names-only", r"^linux-image-[0-9].*-amd64$"])
     newest: dict[tuple[int, ...], str] = {}
+    named = []
     for line in listing.splitlines():
         match = IMAGE.match(line.split(" - ")[0].strip())
         if match:
@@ -84,7 +122,10 @@ def debian_kernels() -> list[str]:
             series = version_key(release)[:2]
             if series not in newest or version_key(release) > version_key(newest[series]):
                 newest[series] = release
-    return [newest[s] for s in sorted(newest)]
+            if release in exact:
+                named.append(release)
+    found = {newest[s] for s in newest} | set(named)
+    return sorted(found, key=version_key)
 
 
 def unpack(work: Path, release: str) -> Path:
@@ -95,10 +136,11 @@ def unpack(work: Path, release: str) -> Path:
     debs = work / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     headers = f"linux-headers-{release}"
-    depends = sh(["apt-cache", "depends", headers])
+    depends = sh(["apt-cache", *APT, "depends", headers])
     extra = sorted(set(re.findall(r"Depends: (linux-(?:headers-\S+-common|kbuild-\S+))",
                                   depends)))
-    sh(["apt-get", "download", "-qq", f"linux-image-{release}", headers, *extra], cwd=debs)
+    sh(["apt-get", "download", "-qq", *APT, f"linux-image-{release}", headers, *extra],
+       cwd=debs)
     for deb in sorted(debs.glob("*.deb")):
         name = deb.name.split("_")[0]
         if name in (f"linux-image-{release}", headers, *extra):
@@ -215,6 +257,9 @@ def main() -> int:
     parser.add_argument("--kernel", action="append", default=[],
                         help="a release, or a series prefix (6.1); default: each series")
     parser.add_argument("--case", action="append", default=[], help="default: all")
+    parser.add_argument("--suite", action="append", default=[],
+                        help="a Debian suite whose kernels are offered too (trixie-backports, "
+                             "sid), read into a private apt state under --work")
     parser.add_argument("--no-host", action="store_true", help="skip the host's own kernel")
     parser.add_argument("--work", type=Path, default=WORK)
     parser.add_argument("--results", type=Path, default=HERE / "results" / "kernels.md")
@@ -228,7 +273,8 @@ def main() -> int:
     cases = args.case or list(CASES)
     args.work.mkdir(parents=True, exist_ok=True)
     vng = install_tools(args.work)
-    available = debian_kernels()
+    apt_suites(args.work, args.suite)
+    available = debian_kernels(tuple(args.kernel))
     wanted = [k for k in available if not args.kernel or any(
         k == w or k.startswith(w + ".") or k.startswith(w + "-") for w in args.kernel)]
     rows = []
