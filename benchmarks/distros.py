@@ -8,12 +8,16 @@ and a clone of this repository at its HEAD commit.  Then, as root inside the
 chroot on the host's kernel: `bash scripts/demo.sh` (the report must be exact:
 exit 23, 8 objects of 3 types, nothing lost, an ld.so probe) and `bash
 scripts/test.sh tests/unit` (ruff, import-linter, mypy, the ABI check and the
-unit tier; `--case bpf` adds the given BPF test files).  Writes
-benchmarks/results/distros.md and .json.  Everything it mounts is unmounted at
-the end, also after a failure.
+unit tier; `--case bpf` adds the given BPF test files; `--case suite` is the
+whole `bash scripts/test.sh`, BPF tier included, with REFCNTD_REQUIRE_BPF=1, its
+output kept in the chroot's /root/suite.log as it runs).  Writes
+benchmarks/results/distros.md and .json; a release not run keeps its earlier
+row, with the date and commit it was measured at.  Everything it mounts is
+unmounted at the end, also after a failure.
 
     python benchmarks/distros.py                                   # both releases
     python benchmarks/distros.py --release trixie --case demo --case unit   # CI's step
+    python benchmarks/distros.py --release trixie --case suite --keep       # the whole suite
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ ROOT = HERE.parent
 MIRROR = "http://deb.debian.org/debian"
 SECURITY = "http://deb.debian.org/debian-security"
 NAMES = {"bookworm": "Debian 12", "trixie": "Debian 13"}
-CASES = ("demo", "unit", "bpf")
+CASES = ("demo", "unit", "suite", "bpf")
+SUITE_TIMEOUT = 4 * 3600  # the whole suite took 31 min on the host at load 4-7
 HOST_CA = Path("/usr/local/share/ca-certificates")
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -133,10 +138,12 @@ def demo(root: Path) -> dict[str, object]:
             "notes": notes, "tail": out.strip().splitlines()[-3:]}
 
 
-def pytest_case(root: Path, command: str) -> dict[str, object]:
-    code, out, secs = chroot(root, f"cd /root/refcntd && {command}")
+def pytest_case(root: Path, command: str, timeout: float = 3600) -> dict[str, object]:
+    code, out, secs = chroot(root, f"cd /root/refcntd && {command}", timeout)
+    totals = [line for line in out.splitlines()
+              if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)]
     counts = {k: int(v) for v, k in re.findall(
-        r"(\d+) (passed|failed|skipped|errors?|xfailed)", out.splitlines()[-1] if out else "")}
+        r"(\d+) (passed|failed|skipped|errors?|xfailed)", totals[-1] if totals else "")}
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
     return {"ok": code == 0, "exit": code, "seconds": round(secs, 1), "counts": counts,
             "failed": failed, "tail": out.strip().splitlines()[-3:]}
@@ -160,6 +167,10 @@ def run_release(work: Path, release: str, cases: list[str], bpf_tests: list[str]
         if "unit" in cases:
             result["unit"] = pytest_case(root, "bash scripts/test.sh tests/unit -q -p "
                                                "no:cacheprovider")
+        if "suite" in cases:
+            result["suite"] = pytest_case(
+                root, "set -o pipefail; bash scripts/test.sh -q -p no:cacheprovider 2>&1"
+                      " | tee /root/suite.log", SUITE_TIMEOUT)
         if "bpf" in cases and bpf_tests:
             result["bpf"] = pytest_case(root, ".venv/bin/python -m pytest -q -p "
                                               "no:cacheprovider " + " ".join(bpf_tests))
@@ -186,30 +197,51 @@ def cell(case: object) -> str:
     return f"{verdict} {case.get('seconds')} s" + (f" ({detail})" if detail else "")
 
 
+def merged(results: list[dict[str, object]], meta: dict[str, object],
+           out: Path) -> list[dict[str, object]]:
+    """This run's releases, each stamped with `meta`, and the earlier rows of the others."""
+    earlier: list[dict[str, object]] = []
+    if out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        for r in old.get("releases", []):
+            r.setdefault("measured", old.get("meta", {}))  # rows written before per-row stamps
+            earlier.append(r)
+    now = {str(r["release"]): {**r, "measured": meta} for r in results}
+    kept = [r for r in earlier if r["release"] not in now]
+    return sorted([*kept, *now.values()], key=lambda r: list(NAMES).index(str(r["release"])))
+
+
 def write(results: list[dict[str, object]], meta: dict[str, object], out: Path) -> None:
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "releases": results},
-                                                   indent=1) + "\n")
+    rows = merged(results, meta, out)
+    out.with_suffix(".json").write_text(json.dumps({"releases": rows}, indent=1) + "\n")
     lines = ["# The README's commands on fresh Debian userlands (benchmarks/distros.py)", "",
              "Each release made fresh with `debootstrap --variant=minbase` from the Debian",
              "registry, run as a chroot on this machine's kernel (proc, sys, dev mounted in),",
-             "from a clone of the repository at the commit below.  `demo` is `bash",
+             "from a clone of the repository at the commit given.  `demo` is `bash",
              "scripts/demo.sh` (exact: exit 23, 8 objects of 3 types, nothing lost, an ld.so",
              "probe); `unit` is `bash scripts/test.sh tests/unit` (ruff, import-linter, mypy,",
-             "the ABI check, the unit tier).  Seconds are wall time; setup includes apt.", "",
-             f"Measured {meta['date']} at commit {meta['commit']} on {meta['machine']}; "
-             f"load average before: {meta['load_before']}, after: {meta['load_after']}.", "",
-             "| release | userland | debootstrap | setup | demo | unit | bpf |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
+             "the ABI check, the unit tier); `suite` is the whole `bash scripts/test.sh`, BPF",
+             "tier included (REFCNTD_REQUIRE_BPF=1, 2 pytest-xdist workers).  Seconds are wall",
+             "time; setup includes apt.", ""]
+    for r in rows:
+        m = r["measured"]
+        assert isinstance(m, dict)
+        lines.append(f"{r['name']} measured {m.get('date')} at commit {m.get('commit')} on "
+                     f"{m.get('machine')}; load average before: {m.get('load_before')}, "
+                     f"after: {m.get('load_after')}.")
+        lines.append("")
+    lines += ["| release | userland | debootstrap | setup | demo | unit | suite | bpf |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
         lines.append(f"| {r['name']} ({r['release']}) | {r.get('debian_version', '?')}, "
                      f"{r.get('python', '?')} | {r.get('debootstrap_s', '?')} s | "
-                     f"{cell(r.get('setup'))} | {cell(r.get('demo'))} | {cell(r.get('unit'))}"
-                     f" | {cell(r.get('bpf'))} |")
+                     + " | ".join(cell(r.get(c)) for c in ("setup", "demo", "unit", "suite",
+                                                           "bpf")) + " |")
     lines.append("")
-    for r in results:
+    for r in rows:
         if "error" in r:
             lines.append(f"* {r['name']}: **error**: {r['error']}")
-        for case in ("demo", "unit", "bpf"):
+        for case in ("demo", "unit", "suite", "bpf"):
             c = r.get(case)
             if isinstance(c, dict):
                 for f in c.get("failed", []) or []:
@@ -226,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", choices=sorted(NAMES),
                         help="default: bookworm and trixie")
     parser.add_argument("--case", action="append", choices=CASES,
-                        help="default: demo and unit")
+                        help="default: demo and unit; suite is the whole test.sh")
     parser.add_argument("--bpf-test", action="append", default=[],
                         help="a tests/bpf file or node id for --case bpf")
     parser.add_argument("--work", type=Path, default=Path("/var/lib/refcntd-distros"))

@@ -50,7 +50,11 @@ PACKAGES=(python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 python3-venv
           libglib2.0-tests gstreamer1.0-tools gstreamer1.0-plugins-base libvirt-clients
           librsvg2-bin poppler-utils
           # strace: whether a test script's processes load libglib at all (its truth)
-          strace)
+          strace
+          # the oracles of the tests: valgrind's leak kinds (test_leak_kinds, test_reach_scan,
+          # test_gslice_kinds), gdb's stack (test_unwind_openssl); ss (iproute2) for the
+          # corpus's sockets.  A minbase userland (benchmarks/distros.py) has none of them
+          valgrind gdb iproute2)
 # Every installed package of the list, asked of dpkg once (not a dpkg-query and a grep per
 # package: 90 processes, 20 s of a busy machine's wall time).
 declare -A INSTALLED=()

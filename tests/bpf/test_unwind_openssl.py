@@ -66,7 +66,7 @@ def test_stack_under_a_uretprobe_matches_gdb(bpf, cert, tmp_path):
     and on to _start; before, it stopped at ASN1_item_d2i_ex, "outside every
     executable mapping" (the trampoline's page)."""
     if shutil.which("gdb") is None:
-        pytest.skip("gdb not installed")
+        pytest.fail("gdb (Debian's gdb package) is the oracle of this test: run scripts/setup.sh")
     exe = cc(tmp_path / "pemleak", [FIXTURES / "pemleak.c"], ["-O2", "-lcrypto"])
     result = refcntd([*RUN, "--spec", "openssl", "--", str(exe), str(cert)],
                      tmp_path / "r.json")
