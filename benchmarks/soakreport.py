@@ -124,7 +124,7 @@ def judge(rows: list[dict], end: dict, warmup: int) -> list[dict]:
     ]
 
 
-def _slope(rows: list[dict]) -> float:
+def slope(rows: list[dict]) -> float:
     """MiB per minute of RSS, least squares."""
     if len(rows) < 2:
         return 0.0
@@ -168,7 +168,7 @@ def write(out: Path, stem: str, args: argparse.Namespace, rows: list[dict], end:
             f"{end['launched']} processes launched ({end['exact']} reports checked exact; "
             f"{end['launched'] / max(1.0, rows[-1]['t_s'] / 60):.0f} a minute achieved of "
             f"{args.rate:.0f} asked), "
-            f"RSS slope after the warm-up {_slope(after):+.2f} MiB/min.", "",
+            f"RSS slope after the warm-up {slope(after):+.2f} MiB/min.", "",
             "| goal | met | figure |", "|---|---|---|"]
     text += [f"| {v['goal']} | {'yes' if v['met'] else '**no**'} | {v['figure']} |"
              for v in verdict]
