@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +32,7 @@ sys.path.insert(0, str(HERE))
 
 from gstpipes import GST, PIPELINES, Pipeline, alive, leaks_env  # noqa: E402
 from gstsoakreport import judge, write  # noqa: E402
+from run import machine  # noqa: E402
 from soakrig import Prometheus, ServeProcess  # noqa: E402
 from soaksample import maps, process  # noqa: E402
 
@@ -211,7 +213,8 @@ class GstSoak:
         for kind, r in self.runs.items():
             self.checked.append(self._guarded(f"{kind} last run", lambda r=r: r.finish(
                 self.serve), {"kind": kind, "exact": False, "why": "check failed"}))
-        end = {"runs": self.checked, "errors": self.errors,
+        end = {"runs": self.checked, "errors": self.errors, "machine": machine(),
+               "commit": _commit(),
                "others": self._others(), "serve_exit": self.serve.stop()}
         self.prom.stop()
         return end
@@ -221,6 +224,12 @@ class GstSoak:
         ours = {r["pid"] for r in self.checked if "pid" in r}
         return sum(1 for p in self.serve.reports.glob(f"*-{TARGET}-*.json")
                    if int(p.stem.rsplit("-", 1)[1]) not in ours)
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"],
+                         capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 def main() -> int:
@@ -235,6 +244,8 @@ def main() -> int:
     parser.add_argument("--stem", default="gst-soak")
     parser.add_argument("--work", type=Path, help="keep the work files here")
     parser.add_argument("--from-raw", type=Path, help="judge a finished run's raw.json again")
+    parser.add_argument("--cost", type=Path, action="append",
+                        help="a gstcost.py result to show on the page (again for more)")
     args = parser.parse_args()
     if args.short:
         args.minutes, args.warmup, args.restart_every = 3, 1, 2

@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from gstcost import cost_table
 from run import machine
 from soakreport import RSS_GOAL, SCRAPE_GOAL_MS, slope
 
@@ -119,20 +120,26 @@ def _runs_table(runs: list[dict]) -> list[str]:
 def write(out: Path, stem: str, args: argparse.Namespace, rows: list[dict], end: dict,
           verdict: list[dict]) -> None:
     after = _after(rows, args.warmup)
-    m = machine()
+    m = end.get("machine") or machine()  # as it ran (a page made again from raw.json)
     text = [f"# `refcntd serve` on real GStreamer pipelines for {args.minutes} minutes "
             f"({stem})", "",
             f"{m['date']}, {m['cpus']} vCPU {m['cpu']}, Linux {m['kernel']}, "
             f"{m['memory_gib']} GiB; load average {min(r['load'] for r in rows):.1f}-"
             f"{max(r['load'] for r in rows):.1f} over the run (other work shares the two "
             f"cores). Command: `benchmarks/gstsoak.py --minutes {args.minutes} --warmup "
-            f"{args.warmup} --restart-every {args.restart_every} --program {args.program}`.",
+            f"{args.warmup} --restart-every {args.restart_every} --program {args.program}` "
+            f"at {end.get('commit', '?')}.",
             "", f"RSS slope after the warm-up {slope(after):+.2f} MiB/min.", "",
             "| goal | met | figure |", "|---|---|---|"]
     text += [f"| {v['goal']} | {'yes' if v['met'] else '**no**'} | {v['figure']} |"
              for v in verdict]
     text += ["", *_shown(rows, end), "", "Each pipeline run, checked when it was restarted "
-             "or at the end:", "", *_runs_table(end["runs"]), "",
+             "or at the end:", "", *_runs_table(end["runs"]), ""]
+    for path in args.cost or []:
+        cost = json.loads(path.read_text())
+        text += [f"CPU cost (benchmarks/gstcost.py, {path.name}, {cost['args'].get('rounds')} "
+                 "rounds of the four arms, alternated):", "", *cost_table(cost), ""]
+    text += [
              "Each minute (the /leaks scan first, then serve's figures; a restart after "
              "them):", "", *_rows_table(rows)]
     out.mkdir(parents=True, exist_ok=True)
