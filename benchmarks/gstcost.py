@@ -56,6 +56,7 @@ class Serve:
             config = self.own.config
         text = config.read_text()
         port = int(text.split("listen: ", 1)[1].split("\n", 1)[0].rsplit(":", 1)[1])
+        self.program = Path(text.split("path: ", 1)[1].split("\n", 1)[0])  # its target
         self.http = Http(port)
         self.pid = self.own.proc.pid if self.own else _pid_of(config)
 
@@ -117,8 +118,8 @@ def _pid_of(config: Path) -> int:
     raise RuntimeError(f"no refcntd serve running with {config}")
 
 
-def arm_setup(work: Path) -> dict[str, tuple[Path, dict[str, str]]]:
-    """Program and environment of each arm."""
+def arm_setup(work: Path, target: Path) -> dict[str, tuple[Path, dict[str, str]]]:
+    """Program and environment of each arm (`target`: serve's)."""
     copy = work / "bin" / "gst-launch-1.0"
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(GST, copy)
@@ -127,7 +128,7 @@ def arm_setup(work: Path) -> dict[str, tuple[Path, dict[str, str]]]:
     libs = {"LD_LIBRARY_PATH": str(private_libs(work / "lib")),
             "GST_REGISTRY": str(work / "registry.bin"), "GST_PLUGIN_SYSTEM_PATH": PLUGINS,
             "GST_PLUGIN_SCANNER": SCANNER}
-    return {"untraced": (copy, libs), "probed": (copy, {}), "traced": (GST, {}),
+    return {"untraced": (copy, libs), "probed": (copy, {}), "traced": (target, {}),
             "leaks": (copy, libs | {"GST_TRACERS": "leaks"})}
 
 
@@ -199,7 +200,15 @@ def window(serve: Serve, arm: str, setup: tuple[Path, dict[str, str]], warm: flo
             "counters_per_s": {k: round((v - c0.get(k, 0)) / took, 1) for k, v in c1.items()
                                if v != c0.get(k, 0)},
             "private_libs_mapped": private if arm in ("untraced", "leaks") else None,
-            "exit": codes, "load": os.getloadavg()[0]}
+            "exit": codes, "load": os.getloadavg()[0], "tracers_on_host": _tracers()}
+
+
+def _tracers() -> int:
+    """BPF programs named on_probe on the host: every refcntd tracer (another's too: its
+    uprobes on the same libraries fire in these pipelines as well)."""
+    shown = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True,
+                                      text=True, check=True).stdout)
+    return sum(1 for p in shown if p.get("name") == "on_probe")
 
 
 def summary(rows: list[dict], length: float) -> list[dict]:
@@ -248,7 +257,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gstcost-") as tmp:
         work = Path(tmp)
         serve = Serve(work, args.serve_config)
-        arms, rows = arm_setup(work), []
+        arms, rows = arm_setup(work, serve.program), []
         per_function = calls(arms["probed"][0], args.calls_for, args.warm)
         print(json.dumps(per_function), flush=True)
         STATS.write_text("1")

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE))
 from gstpipes import GST, PIPELINES, Pipeline, alive, leaks_env  # noqa: E402
 from gstsoakreport import judge, write  # noqa: E402
 from run import machine  # noqa: E402
-from soakrig import Prometheus, ServeProcess  # noqa: E402
+from soakreport import publish  # noqa: E402
+from soakrig import Prometheus, ServeProcess, run_soak  # noqa: E402
 from soaksample import maps, process  # noqa: E402
 
 TARGET = "gst"
@@ -251,23 +252,13 @@ def main() -> int:
         args.minutes, args.warmup, args.restart_every = 3, 1, 2
     if args.from_raw:
         raw = json.loads(args.from_raw.read_text())
-        return _finish(args, raw["rows"], raw["end"])
-    with tempfile.TemporaryDirectory(prefix="gstsoak-") as tmp:
-        work = args.work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        soak = GstSoak(args, work)
-        try:
-            soak.run()
-        finally:
-            end = soak.finish()
-        (work / "raw.json").write_text(json.dumps({"rows": soak.rows, "end": end}))
-    return _finish(args, soak.rows, end)
-
-
-def _finish(args: argparse.Namespace, rows: list[dict], end: dict) -> int:
-    verdict = judge(rows, end, args.warmup)
-    write(args.out, args.stem, args, rows, end, verdict)
-    return 0 if all(v["met"] for v in verdict) else 1
+        return publish(args, raw["rows"], raw["end"], judge, write)
+    # SIGTERM (and SIGINT, ignored in a background job) stop it as Ctrl-C would: the
+    # pipelines and serve stopped, what ran judged and written
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.default_int_handler)
+    rows, end = run_soak(args.work, "gstsoak-", lambda work: GstSoak(args, work))
+    return publish(args, rows, end, judge, write)
 
 
 if __name__ == "__main__":

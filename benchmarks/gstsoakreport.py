@@ -10,11 +10,7 @@ from pathlib import Path
 
 from gstcost import cost_table
 from run import machine
-from soakreport import RSS_GOAL, SCRAPE_GOAL_MS, slope
-
-
-def _after(rows: list[dict], warmup: int) -> list[dict]:
-    return [r for r in rows if r["minute"] > warmup] or rows[-1:]
+from soakreport import RSS_GOAL, SCRAPE_GOAL_MS, after_warmup, machine_line, save, slope
 
 
 def _spread(rows: list[dict], key: str) -> tuple[float, float]:
@@ -29,7 +25,7 @@ def _scans_ok(r: dict) -> bool:
 
 
 def judge(rows: list[dict], end: dict, warmup: int) -> list[dict]:
-    after = _after(rows, warmup)
+    after = after_warmup(rows, warmup)
     base, top = after[0]["process"]["rss_mib"], max(r["process"]["rss_mib"] for r in after)
     runs = end["runs"]
     wrong = [f"{r['kind']} {r.get('run')}: {r['why']}" for r in runs if not r["exact"]]
@@ -119,14 +115,12 @@ def _runs_table(runs: list[dict]) -> list[str]:
 
 def write(out: Path, stem: str, args: argparse.Namespace, rows: list[dict], end: dict,
           verdict: list[dict]) -> None:
-    after = _after(rows, args.warmup)
+    after = after_warmup(rows, args.warmup)
     m = end.get("machine") or machine()  # as it ran (a page made again from raw.json)
     text = [f"# `refcntd serve` on real GStreamer pipelines for {args.minutes} minutes "
             f"({stem})", "",
-            f"{m['date']}, {m['cpus']} vCPU {m['cpu']}, Linux {m['kernel']}, "
-            f"{m['memory_gib']} GiB; load average {min(r['load'] for r in rows):.1f}-"
-            f"{max(r['load'] for r in rows):.1f} over the run (other work shares the two "
-            f"cores). Command: `benchmarks/gstsoak.py --minutes {args.minutes} --warmup "
+            machine_line(m, rows) +
+            f" Command: `benchmarks/gstsoak.py --minutes {args.minutes} --warmup "
             f"{args.warmup} --restart-every {args.restart_every} --program {args.program}` "
             f"at {end.get('commit', '?')}.",
             "", f"RSS slope after the warm-up {slope(after):+.2f} MiB/min.", "",
@@ -142,9 +136,5 @@ def write(out: Path, stem: str, args: argparse.Namespace, rows: list[dict], end:
     text += [
              "Each minute (the /leaks scan first, then serve's figures; a restart after "
              "them):", "", *_rows_table(rows)]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text("\n".join(text) + "\n")
-    (out / f"{stem}.json").write_text(json.dumps(
-        {"machine": m, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-         "end": end, "verdict": verdict}, indent=1))
-    print("\n".join(text))
+    save(out, stem, text, {"machine": m, "args": {k: str(v) for k, v in vars(args).items()},
+                           "rows": rows, "end": end, "verdict": verdict})

@@ -9,10 +9,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = ROOT / "benchmarks" / "soakgen.c"
@@ -235,3 +238,27 @@ class Prometheus:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+class Soaking(Protocol):
+    rows: list[dict]
+
+    def run(self) -> None: ...
+
+    def finish(self) -> dict: ...
+
+
+def run_soak(work: Path | None, prefix: str,
+             start: Callable[[Path], Soaking]) -> tuple[list[dict], dict]:
+    """(rows, end) of a soak started in `work` (a temporary folder without one), stopped
+    and finished even when interrupted; its raw.json kept there for --from-raw."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        folder = work or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        soak = start(folder)
+        try:
+            soak.run()
+        finally:
+            end = soak.finish()
+        (folder / "raw.json").write_text(json.dumps({"rows": soak.rows, "end": end}))
+    return soak.rows, end
