@@ -127,6 +127,7 @@ def _wait_report(serve: GstServe, pid: int) -> list[dict]:
 class GstSoak:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
+        self.commit = _commit()  # what runs: the tree may move on during the hour
         self.serve = GstServe(work, args.program)
         self.prom = Prometheus(work, self.serve.port)
         self.runs = {k: Run(k, 1, args.program, work) for k in PIPELINES}
@@ -215,7 +216,7 @@ class GstSoak:
             self.checked.append(self._guarded(f"{kind} last run", lambda r=r: r.finish(
                 self.serve), {"kind": kind, "exact": False, "why": "check failed"}))
         end = {"runs": self.checked, "errors": self.errors, "machine": machine(),
-               "commit": _commit(),
+               "commit": self.commit,
                "others": self._others(), "serve_exit": self.serve.stop()}
         self.prom.stop()
         return end
