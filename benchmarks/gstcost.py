@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from gstpipes import GST, PIPELINES, Pipeline, cpu_ticks, private_libs  # noqa: E402
+from run import machine  # noqa: E402
 from soakrig import Http  # noqa: E402
 
 ARMS = ("untraced", "probed", "traced", "leaks")
@@ -254,6 +255,9 @@ def main() -> int:
     parser.add_argument("--stem", default="gst-cost")
     args = parser.parse_args()
     was = STATS.read_text().strip()
+    commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"],
+                            capture_output=True, text=True).stdout.strip()
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="gstcost-") as tmp:
         work = Path(tmp)
         serve = Serve(work, args.serve_config)
@@ -271,7 +275,9 @@ def main() -> int:
         finally:
             STATS.write_text(was)
             serve.stop()
-    result = {"args": {k: str(v) for k, v in vars(args).items()},
+    result = {"machine": machine(), "commit": commit, "started_utc": started,
+              "ended_utc": time.strftime("%H:%M:%S", time.gmtime()),
+              "args": {k: str(v) for k, v in vars(args).items()},
               "started_serve": args.serve_config is None, "calls_per_s": per_function,
               "rows": rows,
               "summary": summary(rows, args.window)}
