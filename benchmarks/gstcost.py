@@ -298,14 +298,18 @@ def cost_table(result: dict) -> list[str]:
     hits = {k: round(sum(v.values())) for k, v in calls.items()}
     window = result["summary"][0]["window_s"] if result["summary"] else 30
     lines = [f"| arm | audio ticks / {window:.0f} s | video ticks / {window:.0f} s | serve ticks "
-             f"/ {window:.0f} s | on_probe runs/s above untraced | BPF ns per on_probe run "
-             "| load | windows |", "|---|---|---|---|---|---|---|---|"]
+             f"/ {window:.0f} s | on_probe runs/s, whole host | BPF ns per on_probe run "
+             "| refcntd tracers on the host | load | windows |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in result["summary"]:
-        t = s["ticks"]
+        t, mine = s["ticks"], [r for r in result["rows"] if r["arm"] == s["arm"]]
+        runs = statistics.median(_uprobe(r)[0] for r in mine)
+        tracers = sorted({r.get("tracers_on_host") for r in mine} - {None})
         lines.append(
             f"| {s['arm']} | {_cell(t['audio'])} | {_cell(t['video'])} | "
-            f"{_cell(s['serve_ticks'])} | {s['uprobe_runs_per_s_above_untraced']} | "
-            f"{s['uprobe_bpf_ns_per_run']} | {_cell(s['load'])} | {s['windows']} |")
+            f"{_cell(s['serve_ticks'])} | {runs:.0f} | {s['uprobe_bpf_ns_per_run']} | "
+            f"{'-'.join(map(str, tracers[::max(1, len(tracers) - 1)])) or 'not counted'} | "
+            f"{_cell(s['load'])} | {s['windows']} |")
     lines += ["", "Calls per second of each probed function (perf's uprobes on the one "
               f"process, --calls-for s): audio {hits.get('audio')}, video {hits.get('video')}:",
               "", "| function | audio | video |", "|---|---|---|"]
@@ -317,4 +321,4 @@ def cost_table(result: dict) -> list[str]:
 
 
 def _cell(c: dict[str, float]) -> str:
-    return f"{c['median']} ({c['min']}-{c['max']})"
+    return f"{c['median']:.1f} ({c['min']:.1f}-{c['max']:.1f})"
