@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -32,8 +31,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from soakload import Checker, Churn  # noqa: E402
-from soakreport import SCRAPE_GOAL_MS, SVC_REQUESTS, judge, write  # noqa: E402
-from soakrig import Binaries, Prometheus, Serve, build_id  # noqa: E402
+from soakreport import SCRAPE_GOAL_MS, SVC_REQUESTS, judge, publish, write  # noqa: E402
+from soakrig import Binaries, Prometheus, Serve, build_id, run_soak  # noqa: E402
 from soaksample import maps, process  # noqa: E402
 
 MIN_CHURN_S = 40  # requests (one leaked conn each) between a checkpoint and its diff
@@ -203,23 +202,9 @@ def main() -> int:
         args.minutes, args.warmup, args.upgrade_every, args.reload_every = 3, 1, 1, 1
     if args.from_raw:
         raw = json.loads(args.from_raw.read_text())
-        return _finish(args, raw["rows"], raw["end"])
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        work = args.work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        soak = Soak(args, work)
-        try:
-            soak.run()
-        finally:
-            end = soak.finish()
-        (work / "raw.json").write_text(json.dumps({"rows": soak.rows, "end": end}))
-    return _finish(args, soak.rows, end)
-
-
-def _finish(args: argparse.Namespace, rows: list[dict], end: dict) -> int:
-    verdict = judge(rows, end, args.warmup)
-    write(args.out, args.stem, args, rows, end, verdict)
-    return 0 if all(v["met"] for v in verdict) else 1
+        return publish(args, raw["rows"], raw["end"], judge, write)
+    rows, end = run_soak(args.work, "soak-", lambda work: Soak(args, work))
+    return publish(args, rows, end, judge, write)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from run import machine
@@ -24,7 +25,7 @@ PROC_STATS_BOUND = 64  # live processes with counters at a pause, on this shared
 SVC_REQUESTS = 20  # the service's requests between a checkpoint and its diff
 
 
-def _after(rows: list[dict], warmup: int) -> list[dict]:
+def after_warmup(rows: list[dict], warmup: int) -> list[dict]:
     return [r for r in rows if r["minute"] > warmup] or rows[-1:]
 
 
@@ -70,7 +71,7 @@ def _fd_growth(settled: list[dict]) -> str:
 
 
 def judge(rows: list[dict], end: dict, warmup: int) -> list[dict]:
-    after = _after(rows, warmup)
+    after = after_warmup(rows, warmup)
     rss = _rss(after)
     # a pause whose reports were still being written (the workers behind) holds their
     # processes' entries: the floor is read where every process was reported
@@ -124,7 +125,7 @@ def judge(rows: list[dict], end: dict, warmup: int) -> list[dict]:
     ]
 
 
-def _slope(rows: list[dict]) -> float:
+def slope(rows: list[dict]) -> float:
     """MiB per minute of RSS, least squares."""
     if len(rows) < 2:
         return 0.0
@@ -156,28 +157,46 @@ def _table(rows: list[dict]) -> list[str]:
 
 def write(out: Path, stem: str, args: argparse.Namespace, rows: list[dict], end: dict,
           verdict: list[dict]) -> None:
-    after = _after(rows, args.warmup)
+    after = after_warmup(rows, args.warmup)
     m = machine()
     text = [f"# Soak: `refcntd serve` for {args.minutes} minutes ({stem})", "",
-            f"{m['date']}, {m['cpus']} vCPU {m['cpu']}, Linux {m['kernel']}, "
-            f"{m['memory_gib']} GiB; load average {min(r['load'] for r in rows):.1f}-"
-            f"{max(r['load'] for r in rows):.1f} over the run (other engineers' work shares "
-            "the two cores). Command: `benchmarks/soak.py "
+            machine_line(m, rows) + " Command: `benchmarks/soak.py "
             f"--minutes {args.minutes} --warmup {args.warmup} --rate {args.rate:.0f} "
             f"--upgrade-every {args.upgrade_every} --reload-every {args.reload_every}`.", "",
             f"{end['launched']} processes launched ({end['exact']} reports checked exact; "
             f"{end['launched'] / max(1.0, rows[-1]['t_s'] / 60):.0f} a minute achieved of "
             f"{args.rate:.0f} asked), "
-            f"RSS slope after the warm-up {_slope(after):+.2f} MiB/min.", "",
+            f"RSS slope after the warm-up {slope(after):+.2f} MiB/min.", "",
             "| goal | met | figure |", "|---|---|---|"]
     text += [f"| {v['goal']} | {'yes' if v['met'] else '**no**'} | {v['figure']} |"
              for v in verdict]
     text += ["", "Each minute, taken while the churn pauses (its processes gone and "
              "reported): entries are summed over the tracers (one per attached binary).", ""]
     text += _table(rows)
+    save(out, stem, text, {"machine": m, "args": {k: str(v) for k, v in vars(args).items()},
+                           "rows": rows, "end": end, "verdict": verdict})
+
+
+def machine_line(m: dict, rows: list[dict]) -> str:
+    """Where and under what load a soak ran, for the top of its page."""
+    return (f"{m['date']}, {m['cpus']} vCPU {m['cpu']}, Linux {m['kernel']}, "
+            f"{m['memory_gib']} GiB; load average {min(r['load'] for r in rows):.1f}-"
+            f"{max(r['load'] for r in rows):.1f} over the run (other engineers' work shares "
+            "the two cores).")
+
+
+def save(out: Path, stem: str, text: list[str], payload: dict) -> None:
+    """The page (stem.md, also printed) and its figures (stem.json)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.md").write_text("\n".join(text) + "\n")
-    (out / f"{stem}.json").write_text(json.dumps(
-        {"machine": m, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-         "end": end, "verdict": verdict}, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
     print("\n".join(text))
+
+
+def publish(args: argparse.Namespace, rows: list[dict], end: dict,
+            judge: Callable[[list[dict], dict, int], list[dict]],
+            write: Callable[..., None]) -> int:
+    """Judge a soak's rows, write its page; 0 when every goal is met."""
+    verdict = judge(rows, end, args.warmup)
+    write(args.out, args.stem, args, rows, end, verdict)
+    return 0 if all(v["met"] for v in verdict) else 1

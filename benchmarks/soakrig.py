@@ -9,10 +9,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = ROOT / "benchmarks" / "soakgen.c"
@@ -94,33 +97,31 @@ class Http:
         return dict(json.loads(self.get(path)[1]))
 
 
-class Serve:
-    """`refcntd serve` with targets gen, genlib (its library), svc and, while `extra`
-    is on, extra; its log in work/serve.log.  Waits are long: on this shared 2-core
-    machine an attach under load has taken over a minute."""
+class ServeProcess:
+    """`refcntd serve` with the targets of `targets_yaml()` (a subclass's), GET /leaks
+    and /checkpoint on; its log in work/serve.log.  Waits are long: on this shared
+    2-core machine an attach under load has taken over a minute."""
 
-    def __init__(self, work: Path, bins: Binaries, max_reports: int) -> None:
-        self.work, self.bins, self.max_reports = work, bins, max_reports
+    def __init__(self, work: Path, max_reports: int) -> None:
+        self.work, self.max_reports = work, max_reports
         self.port = free_port()
         self.http = Http(self.port)
         self.config = work / "refcntd.yaml"
         self.reports = work / "reports"
-        self.extra = False
         self._write_config()
         self.log = open(work / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([str(ROOT / ".venv/bin/refcntd"), "serve", "--config",
                                       str(self.config)], cwd=ROOT, stderr=self.log)
         self._wait(lambda: self._ready(), 180, "serve did not become ready")
 
+    def targets_yaml(self) -> str:
+        raise NotImplementedError
+
     def _write_config(self) -> None:
-        b = self.bins
-        targets = [("gen", b.gen, ""), ("genlib", b.lib, "    history: true\n"),
-                   ("svc", b.svc, "")] + ([("extra", b.extra, "")] if self.extra else [])
         self.config.write_text(
             f"version: 1\nlisten: 127.0.0.1:{self.port}\nweb:\n  enable_checkpoint: true\n"
             f"report_dir: {self.reports}\nretention:\n  max_reports: {self.max_reports}\n"
-            "targets:\n" + "".join(f"  - name: {n}\n    path: {p}\n    spec: perf-stubs\n{x}"
-                                   for n, p, x in targets))
+            "targets:\n" + self.targets_yaml())
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -139,6 +140,35 @@ class Serve:
                 raise RuntimeError(what)
             time.sleep(0.2)
 
+    def status(self) -> dict:
+        return self.http.json("/status")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.log.close()
+        return code
+
+
+class Serve(ServeProcess):
+    """The soak's serve: targets gen, genlib (its library), svc and, while `extra` is
+    on, extra."""
+
+    def __init__(self, work: Path, bins: Binaries, max_reports: int) -> None:
+        self.bins, self.extra = bins, False
+        super().__init__(work, max_reports)
+
+    def targets_yaml(self) -> str:
+        b = self.bins
+        targets = [("gen", b.gen, ""), ("genlib", b.lib, "    history: true\n"),
+                   ("svc", b.svc, "")] + ([("extra", b.extra, "")] if self.extra else [])
+        return "".join(f"  - name: {n}\n    path: {p}\n    spec: perf-stubs\n{x}"
+                       for n, p, x in targets)
+
     def set_extra(self, on: bool) -> float:
         """Add or remove the `extra` target by a config reload (SIGHUP); seconds until
         /status shows it done."""
@@ -150,9 +180,6 @@ class Serve:
                    (("extra" in self.status()["targets"]) == on), 300, "reload not applied")
         return time.monotonic() - start
 
-    def status(self) -> dict:
-        return self.http.json("/status")
-
     def attached_build_ids(self, target: str) -> set[str]:
         attached = self.status()["targets"].get(target, {}).get("attached", {})
         return {bid for a in attached.values() for bid in a["build_ids"].values()}
@@ -162,16 +189,6 @@ class Serve:
         self._wait(lambda: bid in self.attached_build_ids(target), 300,
                    f"{target} never attached build-id {bid}")
         return time.monotonic() - start
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.log.close()
-        return code
 
 
 def _answered(ok: object) -> bool:
@@ -221,3 +238,27 @@ class Prometheus:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+class Soaking(Protocol):
+    rows: list[dict]
+
+    def run(self) -> None: ...
+
+    def finish(self) -> dict: ...
+
+
+def run_soak(work: Path | None, prefix: str,
+             start: Callable[[Path], Soaking]) -> tuple[list[dict], dict]:
+    """(rows, end) of a soak started in `work` (a temporary folder without one), stopped
+    and finished even when interrupted; its raw.json kept there for --from-raw."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        folder = work or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        soak = start(folder)
+        try:
+            soak.run()
+        finally:
+            end = soak.finish()
+        (folder / "raw.json").write_text(json.dumps({"rows": soak.rows, "end": end}))
+    return soak.rows, end
