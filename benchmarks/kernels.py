@@ -139,6 +139,11 @@ def unpack(work: Path, release: str) -> Path:
     depends = sh(["apt-cache", *APT, "depends", headers])
     extra = sorted(set(re.findall(r"Depends: (linux-(?:headers-\S+-common|kbuild-\S+))",
                                   depends)))
+    # Debian 13's newer kernels split the image: vmlinuz in linux-binary-R, the modules
+    # in linux-modules-R (linux-image-R only depends on them)
+    image = sh(["apt-cache", *APT, "depends", f"linux-image-{release}"])
+    extra += sorted(set(re.findall(rf"Depends: (linux-(?:binary|modules)-{re.escape(release)})\b",
+                                   image)))
     sh(["apt-get", "download", "-qq", *APT, f"linux-image-{release}", headers, *extra],
        cwd=debs)
     for deb in sorted(debs.glob("*.deb")):
