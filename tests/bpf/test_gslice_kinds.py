@@ -129,23 +129,42 @@ def test_valgrinds_truth(truth):
     assert truth["held_caps"] == {"indirectly lost": 12}
 
 
-def test_kinds_at_exit_equal_valgrinds(bpf, exe, truth, tmp_path):
+def one_stale_pointer(got: dict[str, dict[str, int]], want: dict[str, dict[str, int]]) -> bool:
+    """Whether `got` differs from `want` by one lost object alone, found still reachable
+    (or not listed): a dead copy of its pointer left in memory, the stale-pointer effect
+    of docs/leak-kinds.md, seen in about 1 run in 20 of this fixture (its cause in this
+    program not found).  Such a run is run once more, and that run must be exact."""
+    diff = [site for site in set(got) | set(want) if got.get(site) != want.get(site)]
+    if len(diff) != 1:
+        return False
+    g, w = got.get(diff[0], {}), want.get(diff[0], {})
+    kept = {k: n for k, n in g.items() if k != LOST}
+    return g.get(LOST, 0) == w.get(LOST, 0) - 1 and sum(kept.values()) == 1 and \
+        sum(g.values()) == sum(w.values())
+
+
+def exit_kinds(exe: Path, tmp_path: Path) -> tuple[dict[str, Counter[str]], dict, str]:
     result = refcntd(["run", "--spec", "gstreamer", "--", str(exe), "exit"],
                      tmp_path / "r.json", env={**os.environ, "G_SLICE": ""}, timeout=600)
     assert result.report is not None, result.stderr
     (process,) = [p for p in result.report["processes"]
                   if p.get("command", [""])[0] == str(exe)]
-    got = by_site(objects(result.stdout), process)
+    return by_site(objects(result.stdout), process), result.report, " ".join(process.get(
+        "notes", []))
+
+
+def test_kinds_at_exit_equal_valgrinds(bpf, exe, truth, tmp_path):
+    got, report, notes = exit_kinds(exe, tmp_path)
+    if one_stale_pointer(lost_or_not(got), lost_or_not(truth)):
+        (tmp_path / "again").mkdir()
+        got, report, notes = exit_kinds(exe, tmp_path / "again")
     assert lost_or_not(got) == lost_or_not(truth), (got, truth)
     assert got["held_caps"] == truth["held_caps"]
-    notes = " ".join(result.report["tracing"]["notes"] + process.get("notes", []))
+    notes = " ".join(report["tracing"]["notes"]) + " " + notes
     assert "sharing a malloc block" not in notes and "GSlice slab" not in notes, notes
 
 
-def test_leaks_live_equal_valgrinds(bpf, exe, truth, tmp_path):
-    """GET /leaks on the process while it runs: the objects lost now are the lost ones
-    valgrind names at exit (nothing the fixture made is lost later), and the kept ones
-    are not listed (still reachable is no leak of a live process)."""
+def live_kinds(exe: Path, tmp_path: Path) -> dict[str, Counter[str]]:
     with Serve(tmp_path, target_yaml("gsk", exe, spec="gstreamer"),
                env={"G_SLICE": ""}) as serve:
         proc, printed = start_hanging(exe, env={**os.environ, "G_SLICE": ""})
@@ -158,9 +177,18 @@ def test_leaks_live_equal_valgrinds(bpf, exe, truth, tmp_path):
         assert serve.stop() == 0
     target = answer["targets"]["gsk"]
     (process,) = [p for p in target["run"]["processes"] if p["pid"] == proc.pid]
-    made = objects(printed)
-    got = by_site(made, process)
+    return by_site(objects(printed), process)
+
+
+def test_leaks_live_equal_valgrinds(bpf, exe, truth, tmp_path):
+    """GET /leaks on the process while it runs: the objects lost now are the lost ones
+    valgrind names at exit (nothing the fixture made is lost later), and the kept ones
+    are not listed (still reachable is no leak of a live process)."""
     lost = {s: c for s, c in lost_or_not(truth).items() if LOST in c}
+    got = live_kinds(exe, tmp_path)
+    if one_stale_pointer({s: c for s, c in lost_or_not(got).items() if s in lost}, lost):
+        (tmp_path / "again").mkdir()
+        got = live_kinds(exe, tmp_path / "again")
     assert {s: c for s, c in lost_or_not(got).items() if s in lost} == lost, got
     assert {s: dict(c) for s, c in got.items() if s not in lost} == \
         {"kept_caps": {"not listed": 20}, "kept_objects_": {"not listed": 6}}, got
