@@ -128,10 +128,17 @@ def debian_kernels(exact: tuple[str, ...] = ()) -> list[str]:
     return sorted(found, key=version_key)
 
 
+def vmlinuz(root: Path, release: str) -> Path:
+    """The kernel image: /boot's (Debian 12's packages), else the modules directory's
+    (Debian 13's linux-binary-R)."""
+    boot = root / "boot" / f"vmlinuz-{release}"
+    return boot if boot.exists() else root / "usr/lib/modules" / release / "vmlinuz"
+
+
 def unpack(work: Path, release: str) -> Path:
     """The kernel image, its modules and both halves of its headers under WORK/root-R."""
     root = work / f"root-{release}"
-    if (root / "boot" / f"vmlinuz-{release}").exists() and (root / "usr/src").is_dir():
+    if vmlinuz(root, release).exists() and (root / "usr/src").is_dir():
         return root
     debs = work / "debs"
     debs.mkdir(parents=True, exist_ok=True)
@@ -219,7 +226,7 @@ def boot(vng: Path, work: Path, release: str, out: Path, fx: Path, cases: list[s
         f"cd {ROOT}",
         shlex.join([str(ROOT / ".venv/bin/python"), str(HERE / "kernels_guest.py"), str(out),
                     str(fx), *cases])])
-    cmd = [str(vng), "--run", str(root / "boot" / f"vmlinuz-{release}"), "--disable-kvm",
+    cmd = [str(vng), "--run", str(vmlinuz(root, release)), "--disable-kvm",
            "--force-9p", "--memory", "4G", "--cpus", "2", "--rwdir", str(out),
            "--rwdir", f"/var/cache/refcntd={cache}", "--exec", guest]
     t0 = time.monotonic()
