@@ -11,8 +11,8 @@ bash scripts/setup.sh
     || { echo "refcntd/kernel/abi.py is stale: python -m refcntd.kernel.abigen" >&2; exit 1; }
 # tests/unit (no root) and tests/bpf (real kernel) on 2 pytest-xdist workers: the suite
 # mostly waits on the kernel (tracepoint unregistration, the verifier at each refcntd
-# start), so two workers on this 2-CPU machine took 26 min (1282 tests, load 3-7) where
-# one process took 37 (benchmarks/results/suite.md).  Tests marked `serial` (the machine's global BPF and pid
+# start), so two workers on this 2-CPU machine took 16 min (1284 tests, load 2; 26 at
+# load 3-7) where one process took 37 (benchmarks/results/suite.md).  Tests marked `serial` (the machine's global BPF and pid
 # state) run alone (tests/conftest.py).  REFCNTD_TEST_WORKERS=N sets the workers; 0 runs
 # the suite in one process.
 .venv/bin/python -m pytest -ra -n "${REFCNTD_TEST_WORKERS:-2}" --dist loadgroup "$@"
