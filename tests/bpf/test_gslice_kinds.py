@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -164,19 +165,29 @@ def test_kinds_at_exit_equal_valgrinds(bpf, exe, truth, tmp_path):
     assert "sharing a malloc block" not in notes and "GSlice slab" not in notes, notes
 
 
+def leaks_of(serve: Serve, name: str, proc: subprocess.Popen, after_s: float,
+             ready: Callable[[], str] = str) -> tuple[dict, str]:
+    """`ready()` (what the process printed up to then), GET /leaks `after_s` seconds on,
+    then the process killed (even when a step fails) and serve stopped: the process's
+    report under target `name`, and what `ready` read."""
+    try:
+        printed = ready()
+        time.sleep(after_s)
+        answer = serve.leaks(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert serve.stop() == 0
+    (process,) = [p for p in answer["targets"][name]["run"]["processes"]
+                  if p["pid"] == proc.pid]
+    return process, printed
+
+
 def live_kinds(exe: Path, tmp_path: Path) -> dict[str, Counter[str]]:
     with Serve(tmp_path, target_yaml("gsk", exe, spec="gstreamer"),
                env={"G_SLICE": ""}) as serve:
         proc, printed = start_hanging(exe, env={**os.environ, "G_SLICE": ""})
-        try:
-            time.sleep(0.5)
-            answer = serve.leaks(timeout=120)
-        finally:
-            proc.kill()
-            proc.wait()
-        assert serve.stop() == 0
-    target = answer["targets"]["gsk"]
-    (process,) = [p for p in target["run"]["processes"] if p["pid"] == proc.pid]
+        process, _ = leaks_of(serve, "gsk", proc, 0.5)
     return by_site(objects(printed), process)
 
 
@@ -204,21 +215,16 @@ def live_leaks(tmp_path: Path, name: str, path: Path, argv: list[str]
     with Serve(tmp_path, target_yaml(name, path, spec="gstreamer")) as serve:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         assert proc.stdout is not None
-        try:
+        out = proc.stdout
+
+        def until_ready() -> str:
             printed = ""
-            if argv[0].endswith("capsleak"):
-                while "READY" not in printed:
-                    line = proc.stdout.readline()
-                    assert line, "the leaker ended early"
-                    printed += line
-            time.sleep(3)
-            answer = serve.leaks(timeout=120)
-        finally:
-            proc.kill()
-            proc.wait()
-        assert serve.stop() == 0
-    (process,) = [p for p in answer["targets"][name]["run"]["processes"]
-                  if p["pid"] == proc.pid]
+            while argv[0].endswith("capsleak") and "READY" not in printed:
+                line = out.readline()
+                assert line, "the leaker ended early"
+                printed += line
+            return printed
+        process, printed = leaks_of(serve, name, proc, 3, until_ready)
     return process, printed, proc.pid
 
 
