@@ -93,6 +93,7 @@ class Slabs:
     notes: list[str] = field(default_factory=list)
     split: int = 0  # slabs cut into chunks
     whole: int = 0  # slabs left one block (colour unknown, books not adding up)
+    why: dict[str, int] = field(default_factory=dict)  # reason: slabs left whole for it
     live: int = 0  # chunks in use: blocks
     freed: int = 0  # chunks free (slab lists and magazines): no block
 
@@ -344,8 +345,9 @@ def split(heap: Heap, slabs: Slabs | None, words: Words | None = None) -> None:
     for slab, index in zip(slabs.slabs, np.searchsorted(heap.starts, pages).tolist(),
                            strict=True):
         cut = _cut(heap, index, slab, slabs.cached.get(slab.page, set()))
-        if cut is None:
+        if isinstance(cut, str):
             slabs.whole += 1
+            slabs.why[cut] = slabs.why.get(cut, 0) + 1
             continue
         used, unused = cut
         drop.append(index)
@@ -353,9 +355,9 @@ def split(heap: Heap, slabs: Slabs | None, words: Words | None = None) -> None:
         free.append(unused)
     slabs.split = len(drop)
     if slabs.whole:
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(slabs.why.items()))
         slabs.notes.append(f"{slabs.whole} of {len(slabs.slabs)} GSlice slab(s) left one "
-                           "block (where their chunks start not told, or their books do not "
-                           "add up): objects sharing one get no kind")
+                           f"block ({why}): objects sharing one get no kind")
     if not drop:
         return
     keep = np.ones(len(heap.starts), bool)
@@ -374,23 +376,24 @@ def split(heap: Heap, slabs: Slabs | None, words: Words | None = None) -> None:
 
 
 def _cut(heap: Heap, index: int, slab: Slab, cached: set[int]
-         ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
-    """((starts, ends) of the slab's chunks in use, of its free ones), None when it
-    cannot be cut: colour unknown, no block of its own at the page (`index`: where it
-    would be), free chunks off its grid, or a count handed out other than n_allocated."""
-    if slab.color is None or index >= len(heap.starts) or \
-            int(heap.starts[index]) != slab.page or \
+         ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | str:
+    """((starts, ends) of the slab's chunks in use, of its free ones), or why it cannot
+    be cut: colour unknown, no block of its own at the page (`index`: where it would
+    be), free chunks off its grid, or a count handed out other than n_allocated."""
+    if slab.color is None:
+        return f"where the chunks of {slab.chunk} bytes start not told"
+    if index >= len(heap.starts) or int(heap.starts[index]) != slab.page or \
             int(heap.ends[index]) < slab.page + slab.page_size - SLAB_INFO:
-        return None
+        return "no malloc block of its own"
     first = slab.page + slab.color
     free = np.zeros(slab.count, bool)
     for chunk in set(slab.free) | cached:
         at, off = divmod(chunk - first, slab.chunk)
         if off or not 0 <= at < slab.count:
-            return None
+            return "a free chunk off its grid"
         free[at] = True
     if slab.count - len(set(slab.free)) != slab.allocated:
-        return None
+        return "books that do not add up"
     chunks = np.uint64(first) + np.arange(slab.count, dtype=np.uint64) * np.uint64(slab.chunk)
     size = np.uint64(slab.chunk)
     return (chunks[~free], chunks[~free] + size), (chunks[free], chunks[free] + size)
@@ -398,9 +401,11 @@ def _cut(heap: Heap, index: int, slab: Slab, cached: set[int]
 
 def _told_by_pointers(slabs: list[Slab], words: Words) -> None:
     """The colour of a full slab holding no instance (GLists, arrays ...) from the
-    pointers into it: a colour is ruled out by a pointer before its first chunk or
-    after its last, and the one left that most pointers point at a chunk's start of
-    is taken when no other has as many."""
+    pointers into it: each colour scores the pointers at one of its chunks' starts,
+    less twice those before its first chunk or after its last (no chunk is there: for
+    the true colour such a value is a stray word, seen in 1 of ~20 runs of
+    gslicekinds.c, so it counts against a colour without ruling it out); the colour
+    with the best score above 0 is taken when no other has as much."""
     if not slabs or not words.values:
         return
     values = np.concatenate(words.values).astype(np.uint64, copy=False)
@@ -411,8 +416,8 @@ def _told_by_pointers(slabs: list[Slab], words: Words) -> None:
         score = {}
         for color in range(0, slab.padding, P2):
             within = (offsets >= color) & (offsets < color + slab.count * slab.chunk)
-            if within.all():
-                score[color] = int(np.count_nonzero((offsets - color) % slab.chunk == 0))
+            starts = within & ((offsets - color) % slab.chunk == 0)
+            score[color] = int(np.count_nonzero(starts)) - 2 * int(np.count_nonzero(~within))
         best = sorted(score.items(), key=lambda kv: -kv[1])
-        if best and best[0][1] and (len(best) == 1 or best[1][1] < best[0][1]):
+        if best and best[0][1] > 0 and (len(best) == 1 or best[1][1] < best[0][1]):
             slab.color = best[0][0]
