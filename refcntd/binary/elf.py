@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -70,7 +71,14 @@ class ElfImage:
         self._relocations: dict[int, list[tuple[int, int, str, int]]] = {}
         try:
             from io import BytesIO
-            self._elf = ELFFile(BytesIO(self._data))
+            stream = BytesIO(self._data)
+            # pyelftools' ELFFile lives in reference cycles (its structs, sections and
+            # stream): only a full collection frees it, and the daemon runs those every
+            # ten minutes (service/gcpauses.py).  The stream holds the whole file; closed
+            # when this image goes, the bytes go with it.  Each report of a GStreamer
+            # process left ~26 such files (~20 MiB) for the next full collection.
+            weakref.finalize(self, stream.close)
+            self._elf = ELFFile(stream)
             self.segments = self._load_segments()
         except (ELFError, ValueError, IndexError) as err:  # truncated or corrupt headers
             raise BinaryError(f"{self.path}: corrupt ELF file ({err})") from None
