@@ -180,3 +180,19 @@ def test_a_scrape_does_not_count_the_frozen_objects(monkeypatch):
     monkeypatch.setattr(gc, "get_freeze_count", walked)
     (gauge,) = [m for m in freezer.pauses.collect() if m.name == "refcntd_gc_frozen_objects"]
     assert gauge.samples[0].value == 5
+
+
+def test_the_minutes_freeze_collects_cycles_that_outlived_the_young_collections():
+    """A report's or a scan's cycle lives seconds, long enough to reach the oldest
+    generation; when it dies, the next minute's freeze must collect it rather than
+    freeze it (before: only the next refreeze, up to ten minutes on)."""
+    gc.collect()
+    node = _Node()
+    gc.collect(1)  # survived the young generations: now in the oldest
+    dead = weakref.ref(node)
+    del node
+    try:
+        gcpauses.freeze_new()
+        assert dead() is None
+    finally:
+        gc.unfreeze()
