@@ -215,7 +215,7 @@ def serve(m: Machine, docs: dict[str, str], program: Path, work: Path,
                  "config": text, "ok": False}
     if keeper is not None:
         row["root"] = ("/proc/1/root cannot be read here (this sandbox's PID 1 refuses): "
-                       f"the root of `sleep` (pid {pid}), a process of the host's root")
+                       f"the root of a sleep process (pid {pid}) of the host's root")
     try:
         started = time.monotonic()
         done = bash(command, work, timeout=120)
