@@ -8,6 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from refcntd.inputs import rootpaths
 from refcntd.inputs.spec import Spec
 from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
@@ -26,7 +27,7 @@ def _hint_key(binary: str, spec: Spec) -> str | None:
         st = os.stat(binary)
     except OSError:
         return None
-    return f"{os.path.realpath(binary)}|{st.st_size}|{st.st_mtime_ns}|{spec_key(spec)}"
+    return f"{rootpaths.resolve(binary)}|{st.st_size}|{st.st_mtime_ns}|{spec_key(spec)}"
 
 
 def _hints(cache_dir: Path | None) -> dict[str, list[int | bool]]:

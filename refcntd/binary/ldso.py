@@ -16,6 +16,7 @@ from pathlib import Path
 from refcntd.binary import probepoint
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
+from refcntd.inputs.rootpaths import beside
 from refcntd.paths import CACHE_DIR
 
 
@@ -37,8 +38,8 @@ DEFAULT_LDSO = "/lib64/ld-linux-x86-64.so.2"
 def find_ldso_probe(exe: ElfImage) -> LdsoProbe | None:
     """Locate the calls to _dl_debug_state and _r_debug in the program's ld.so."""
     interp = exe.interpreter() or DEFAULT_LDSO
-    try:
-        ldso = ElfImage(Path(interp).resolve())
+    try:  # the program's own ld.so: in its root when it is named through another one
+        ldso = ElfImage(Path(beside(exe.path, interp)))
     except BinaryError:
         return None
     state = ldso.symbols.get("_dl_debug_state")

@@ -21,6 +21,7 @@ from refcntd.binary.callsites import needed
 from refcntd.binary.elf import ElfImage, read_build_id
 from refcntd.binary.libpaths import resolve_library
 from refcntd.errors import BinaryError
+from refcntd.inputs import rootpaths
 
 MAX_LOAD_SET = 512  # libraries followed from one program (a real desktop program: ~150)
 
@@ -58,7 +59,7 @@ def loaded_copy(library: ElfImage, exe: ElfImage) -> Copy | None:
     file than `library` (None: `exe` does not need it, or needs that very file).  A
     traced library of that name (`attach --binary ./libfoo.so`) is its own copy."""
     name = library_name(library)
-    path = str(exe.path.resolve()) if library_name(exe) == name else _find_needed(name, exe)
+    path = rootpaths.resolve(exe.path) if library_name(exe) == name else _find_needed(name, exe)
     if path is None or _same_file(Path(path), library.path):
         return None
     try:
@@ -73,8 +74,8 @@ def copy_of(path: str, library: ElfImage) -> Copy | None:
     is that file, or another library altogether (another name)."""
     if _same_file(Path(path), library.path):
         return None
-    names = {library.path.name, library.path.resolve().name, library.soname()}
-    if Path(path).name not in names and Path(path).resolve().name not in names:
+    names = {library.path.name, Path(rootpaths.resolve(library.path)).name, library.soname()}
+    if Path(path).name not in names and Path(rootpaths.resolve(path)).name not in names:
         return None
     build_id = read_build_id(path)
     if library.build_id or build_id:
@@ -88,7 +89,7 @@ def copy_of(path: str, library: ElfImage) -> Copy | None:
 def _find_needed(name: str, exe: ElfImage) -> str | None:
     """Breadth first through DT_NEEDED as ld.so loads them: the path resolved for the
     first importer of `name`."""
-    queue, seen = [exe], {str(exe.path.resolve())}
+    queue, seen = [exe], {rootpaths.resolve(exe.path)}
     while queue and len(seen) < MAX_LOAD_SET:
         module = queue.pop(0)
         for soname in needed(module):

@@ -24,6 +24,7 @@ from refcntd.binary.libpaths import resolve_spec_library
 from refcntd.binary.probesite import CrossModule, ProbeSite, entry_sites, needed_args
 from refcntd.binary.usdtplan import plan_usdt
 from refcntd.errors import ConfigError, ConfigErrors, ProbeError
+from refcntd.inputs.rootpaths import resolve
 from refcntd.inputs.spec import RoleSpec, Spec
 
 FP_SAMPLE = 400
@@ -96,11 +97,11 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
     if probe_modes:
         plan.probe_modes = probe_modes
     main = ElfImage(binary)
-    images: dict[str, ElfImage] = {str(main.path.resolve()): main}
+    images: dict[str, ElfImage] = {resolve(main.path): main}
     facts: dict[str, DwarfFacts] = {}
     libraries = {name: _traced_library(plan, name, main, images)
                  for name in dict.fromkeys(r.library for r in spec.entries if r.library)}
-    modules: dict[str, str | None] = {"": str(main.path.resolve()), **libraries}
+    modules: dict[str, str | None] = {"": resolve(main.path), **libraries}
     spec, skipped = specchecks.for_this_build(spec, modules, images)
     plan.spec = spec
     plan.notes += skipped
@@ -111,7 +112,7 @@ def build_plan(spec: Spec, binary: str, probe_modes: dict[str, str] | None = Non
         for role in spec.entries:
             if role.role in plan.deferred and not role.library and not role.usdt:
                 continue
-            module = str(main.path.resolve())
+            module = resolve(main.path)
             if role.library:
                 module = libraries[role.library]
             if role.usdt:

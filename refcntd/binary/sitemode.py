@@ -24,6 +24,7 @@ from refcntd.binary import callsites, probepoint
 from refcntd.binary.callsites import KIND_CALL, KIND_JMP, ModuleScan, Site, TargetScan
 from refcntd.binary.elf import ElfImage, Symbol
 from refcntd.errors import BinaryError, UsageError
+from refcntd.inputs import rootpaths
 from refcntd.inputs.files import FileStamp, file_stamp
 from refcntd.paths import CACHE_DIR, read_cache_json, write_cache_json
 
@@ -204,7 +205,7 @@ def importer_plan(module: ElfImage, name: str, is_return: bool, saves_args: bool
 
 
 def _same_file(a: ElfImage, b: ElfImage) -> bool:
-    return a.path.resolve() == b.path.resolve()
+    return rootpaths.resolve(a.path) == rootpaths.resolve(b.path)
 
 
 def _points(image: ElfImage, site: Site, is_return: bool, saves_args: bool,
@@ -329,16 +330,16 @@ def _read_load_set(binary: str, image: ElfImage, resolve: Callable[[str, ElfImag
         return module
     roots = [read(binary)] if binary and binary != str(image.path) else []
     for start in [*roots, image]:  # the traced library last, if the program lacks it
-        if start.path.resolve() in seen:
+        if Path(rootpaths.resolve(start.path)) in seen:
             continue
-        seen.add(start.path.resolve())
+        seen.add(Path(rootpaths.resolve(start.path)))
         queue = [start]
         while queue:
             module = queue.pop(0)
             order.append(module)
             for soname in callsites.needed(module):
                 with contextlib.suppress(BinaryError):
-                    real = Path(resolve(soname, module)).resolve()
+                    real = Path(rootpaths.resolve(resolve(soname, module)))
                     if real not in seen:  # each file read once, not once per importer
                         seen.add(real)
                         queue.append(read(real))

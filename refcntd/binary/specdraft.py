@@ -22,6 +22,7 @@ from elftools.elf.sections import SymbolTableSection
 from refcntd.binary.elf import ElfImage
 from refcntd.binary.sdt import SdtProbe, sdt_probes
 from refcntd.errors import BinaryError
+from refcntd.inputs import rootpaths
 
 # (get suffix, put suffixes in order of preference)
 PAIRS = (("_up_ref", ("_free",)), ("_ref", ("_unref", "_free", "_release")),
@@ -99,13 +100,13 @@ def spec_library(image: ElfImage) -> str:
     (its soname or file name, as the bundled specs say `libgobject-2.0.so.0`), or else
     its absolute path, so that the spec names the file that was read and no other."""
     from refcntd.binary.libpaths import resolve_library
-    path = image.path.resolve()
+    path = Path(rootpaths.resolve(image.path))
     for name in dict.fromkeys(n for n in (image.soname(), image.path.name) if n):
         try:
             found = Path(resolve_library(name, None))
         except BinaryError:
             continue
-        if found.resolve() == path:
+        if Path(rootpaths.resolve(found)) == path:
             return name
     return str(path)
 

@@ -37,6 +37,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from refcntd.inputs import rootpaths
 from refcntd.paths import write_cache_json
 
 FORMAT = 2  # 2: a layout per option set, maps created without bcc
@@ -124,7 +125,7 @@ def sizes_maps_only(text: str, flag: str) -> bool:
 def file_identity(path: str | Path) -> str:
     """A file as a key part: its real path, size and mtime (a package upgrade changes them)."""
     try:
-        real = os.path.realpath(path)
+        real = rootpaths.resolve(path)
         st = os.stat(real)
     except OSError:
         return f"{path}: missing"

@@ -22,7 +22,6 @@ from an atexit handler, would scan those stale words too: refcntd follows valgri
 from __future__ import annotations
 
 import json
-import os
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 
 from refcntd.binary.elf import ElfImage, read_build_id
 from refcntd.errors import BinaryError
+from refcntd.inputs import rootpaths
 from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, atomic_write, open_untrusted
 from refcntd.kernel.cfi import CIE_LINE, FDE_LINE, readelf_frames
 from refcntd.paths import CACHE_DIR, read_cache_json
@@ -137,7 +137,7 @@ def libc_frames(path: str) -> _Table | None:
     """libc's CFI rows and its exit functions (file-relative: libc's first mapping is at
     its vaddr 0), read once per libc file (by its real path); None when it cannot be
     read."""
-    return _frames(os.path.realpath(path))
+    return _frames(rootpaths.resolve(path))
 
 
 @cache

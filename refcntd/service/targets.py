@@ -24,6 +24,7 @@ from refcntd.binary.sitemode import parse_modes
 from refcntd.errors import ConfigError, RefcntdError
 from refcntd.inputs.config import Target
 from refcntd.inputs.files import FileStamp, file_identity, file_stamp
+from refcntd.inputs.rootpaths import beside, split_root
 from refcntd.service.metrics import TargetStats
 from refcntd.session.options import TraceOptions
 from refcntd.session.tracer import Tracer
@@ -126,17 +127,23 @@ class Targets:
         runtime.stats.attach_errors = len(runtime.failed)
 
     def on_exec(self, tgid: int, exe: str) -> None:
-        """A newly exec'd program matching a target's glob is attached at once."""
+        """A newly exec'd program matching a target's glob is attached at once.  `exe` is
+        the path the kernel reports, as the process's root names it: for a target named
+        through /proc/PID/root it is taken in that root."""
         for runtime in self.runtimes.values():
-            if exe in runtime.identity and runtime.identity[exe] != file_identity(exe):
-                self.follow(runtime)  # replaced since attached: don't wait for the timer
-            retry = exe not in runtime.failed or \
-                runtime.failed_stamp.get(exe) != file_stamp(exe)
-            if exe not in runtime.tracers and retry and \
-                    fnmatch.fnmatch(exe, runtime.target.path):
-                runtime.failed.pop(exe, None)
-                log.info("target=%s new binary %s (pid %d)", runtime.target.name, exe, tgid)
-                self._attach_binary(runtime, exe)
+            if split_root(runtime.target.path)[0]:
+                self._on_exec(runtime, tgid, beside(runtime.target.path, exe))
+            else:
+                self._on_exec(runtime, tgid, exe)
+
+    def _on_exec(self, runtime: TargetRuntime, tgid: int, exe: str) -> None:
+        if exe in runtime.identity and runtime.identity[exe] != file_identity(exe):
+            self.follow(runtime)  # replaced since attached: don't wait for the timer
+        retry = exe not in runtime.failed or runtime.failed_stamp.get(exe) != file_stamp(exe)
+        if exe not in runtime.tracers and retry and fnmatch.fnmatch(exe, runtime.target.path):
+            runtime.failed.pop(exe, None)
+            log.info("target=%s new binary %s (pid %d)", runtime.target.name, exe, tgid)
+            self._attach_binary(runtime, exe)
 
     def _detach_binary(self, runtime: TargetRuntime, path: str) -> None:
         tracer = runtime.tracers.pop(path)

@@ -20,6 +20,7 @@ from refcntd.analysis.model import (
 from refcntd.binary.plan import Plan
 from refcntd.binary.probesite import ProbeSite
 from refcntd.inputs.files import file_identity
+from refcntd.inputs.rootpaths import resolve, seen_inside
 from refcntd.inputs.spec import ClassSource
 from refcntd.kernel.abi import FNV_OFFSET, FNV_PRIME, EventKind, Stat
 from refcntd.kernel.decode import file_key, pack_probe_cfgs, process_path
@@ -391,8 +392,9 @@ class Tracer:
 def _processes_mapping(modules: Iterable[str],
                        programs: frozenset[tuple[int, int]] | None = None) -> list[int]:
     """Running processes that map one of `modules` (their stacks need seeded mappings),
-    and run one of `programs` ((dev, inode)) when given."""
-    names = {str(Path(m).resolve()) for m in modules}
+    and run one of `programs` ((dev, inode)) when given.  A module named through another
+    root (/proc/PID/root/...) is mapped under the name its processes see."""
+    names = {seen_inside(resolve(m)) for m in modules}
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and names & {m[0] for m in exec_mappings(entry / "maps")} \

@@ -23,6 +23,7 @@ from refcntd.binary.elf import ElfImage
 from refcntd.binary.libpaths import resolve_library
 from refcntd.binary.sitemode import load_set
 from refcntd.errors import BinaryError, ScriptError
+from refcntd.inputs import rootpaths
 from refcntd.kernel import cfi
 from refcntd.kernel.cfi import CfiTable
 from refcntd.kernel.decode import file_key, names_file
@@ -166,7 +167,7 @@ def _table_or_error(module: str) -> CfiTable | BinaryError | OSError:
 def command_path(command: list[str]) -> str | None:
     """The command's file, or None if not found."""
     found = shutil.which(command[0]) if command else None
-    return str(Path(found).resolve()) if found else None
+    return rootpaths.resolve(found) if found else None
 
 
 def linked_libraries(path: str) -> list[str]:
@@ -178,7 +179,8 @@ def linked_libraries(path: str) -> list[str]:
         modules = load_set(path, image, resolve_library)
     except BinaryError:
         return []
-    return [str(m.path) for m in modules if m.path.resolve() != image.path.resolve()]
+    own = rootpaths.resolve(image.path)
+    return [str(m.path) for m in modules if rootpaths.resolve(m.path) != own]
 
 
 def exec_mappings(maps_file: Path) -> list[tuple[str, int, int, int, int, int]]:

@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 from refcntd.binary.elf import ElfImage
 from refcntd.errors import BinaryError
+from refcntd.inputs import rootpaths
 from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted, trusted_dir
 from refcntd.symbolize.debuginfod import DebuginfodClient, Pending
 from refcntd.text import visible
@@ -125,10 +126,10 @@ class DebugFileFinder:
 
     def debuglink_paths(self, module: Path, link: str) -> list[tuple[str, bool]]:
         """(path, may follow links): beside the module, then under each trusted root."""
-        here = module.resolve().parent
+        here = Path(rootpaths.resolve(module)).parent
         out = [(str(here / link), False), (str(here / ".debug" / link), False)]
         out += [(f"{root}{here}/{link}", True) for root in self.trusted_roots()]
-        return [(p, follow) for p, follow in out if p != str(module.resolve())]
+        return [(p, follow) for p, follow in out if p != rootpaths.resolve(module)]
 
     def trusted_roots(self) -> tuple[str, ...]:
         """The debug roots only root can change; the others once in the notes."""

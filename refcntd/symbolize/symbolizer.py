@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from refcntd.binary.elf import read_build_id
 from refcntd.errors import BinaryError
 from refcntd.inputs.files import file_identity, file_stamp
+from refcntd.inputs.rootpaths import split_root
 from refcntd.inputs.safefs import ELF_LIMIT, UntrustedFileError, open_untrusted
 from refcntd.kernel.records import RawFrame
 from refcntd.symbolize.debugfiles import DebugFileFinder
@@ -134,7 +135,12 @@ class BuildIdIndex:
 
     def add(self, path: str, tgid: int | None = None) -> str | None:
         """Index the file at `path` (links followed: ld.so's names are links); a refusal
-        is a note for process `tgid`."""
+        is a note for process `tgid`.  A path through another root (/proc/PID/root/...)
+        is held open: the name its descriptor shows is that root's, not ours."""
+        root, inner = split_root(path)
+        if root:
+            self._add_rooted(root, inner, tgid)
+            return None
         try:
             with open_untrusted(path, ELF_LIMIT, what="library", follow_symlinks=True) as f:
                 st = os.fstat(f.file.fileno())
@@ -152,6 +158,16 @@ class BuildIdIndex:
             self._by_id.setdefault(build_id, real)
             self.add_search_dir(str(Path(real).parent))
         return build_id
+
+    def _add_rooted(self, root: str, inner: str, tgid: int | None) -> None:
+        try:
+            fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            self.add_foreign(fd, root, inner, tgid)
+        finally:
+            os.close(fd)
 
     def note(self, tgid: int, text: str) -> None:
         notes = self._notes.get(tgid) or []

@@ -33,12 +33,14 @@ class Serve:
     """A running `refcntd serve`; stopped (SIGKILL if need be) even when a test fails."""
 
     def __init__(self, tmp: Path, targets: str, env: dict[str, str] | None = None,
-                 web: str = "web:\n  enable_checkpoint: true\n") -> None:
+                 web: str = "web:\n  enable_checkpoint: true\n",
+                 wrap: tuple[str, ...] = ()) -> None:
+        """`wrap`: a command that execs its arguments (a mount namespace of its own)."""
         self.port, self.web = free_port(), web
         self.config = tmp / "refcntd.yaml"
         self.reports = tmp / "reports"
         self.write_config(targets)
-        self.proc = subprocess.Popen([*REFCNTD, "serve", "--config", str(self.config)],
+        self.proc = subprocess.Popen([*wrap, *REFCNTD, "serve", "--config", str(self.config)],
                                      cwd=ROOT, stderr=subprocess.PIPE,
                                      env={**os.environ, **(env or {})})
         self.log = ""

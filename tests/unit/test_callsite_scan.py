@@ -253,7 +253,8 @@ def test_ldconfig_runs_once_per_version_of_its_cache(tmp_path, monkeypatch):
     cache.write_text("1")
     runs: list[int] = []
     monkeypatch.setattr(libpaths, "LD_SO_CACHE", str(cache))
-    monkeypatch.setattr(libpaths, "_run_ldconfig", lambda: runs.append(1) or [f"/lib{len(runs)}"])
+    monkeypatch.setattr(libpaths, "_run_ldconfig",
+                        lambda _cache: runs.append(1) or [f"/lib{len(runs)}"])
     monkeypatch.setattr(libpaths, "_LDCONFIG", {})
     assert libpaths._ldconfig_dirs() == libpaths._ldconfig_dirs() == ["/lib1"]
     os.utime(cache, ns=(1, 10**18))
