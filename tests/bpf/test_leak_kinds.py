@@ -163,3 +163,20 @@ def test_a_pointer_in_a_blocks_last_word_holds(bpf, programs, tmp_path):
     assert (name, truth[size]) == ("tail_held", ["still reachable"])
     assert inst["kind"] == "still reachable", (inst, result.stderr)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_stale_pointer_in_stdios_buffer_holds_nothing(bpf, programs, tmp_path):
+    """stdout's buffer is a block malloc reused: its last word, where no character
+    reached, is a freed block's copy of the only pointer to stdio_lost.  At exit glibc
+    keeps the buffer (`_freeres_buf`), so a scan of its words found stdio_lost still
+    reachable from `_IO_2_1_stdout_` (Debian 13's GstCaps); valgrind, whose malloc does
+    not reuse the block, says definitely lost, and so must refcntd (reach/stdio.py)."""
+    exe, vg = programs
+    truth = valgrind_kinds([str(vg), "stdio"])
+    result, process = kinds_run(bpf, exe, tmp_path, "stdio")
+    assert "BUFFER reused" in result.stdout, result.stdout  # the case under test
+    ((address, (name, size)),) = fixture_objects(result.stdout).items()
+    _, inst = instances(process)[address]
+    assert (name, truth[size]) == ("stdio_lost", ["definitely lost"])
+    assert inst["kind"] == "definitely lost", (inst, result.stderr)
+    assert result.returncode == 23, result.stderr
