@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +212,27 @@ def refcntd(args: list[str], json_path: Path | None = None, timeout: float = 120
                           cwd=ROOT, env=env)
     report = json.loads(json_path.read_text()) if json_path and json_path.exists() else None
     return Result(proc.returncode, proc.stdout, proc.stderr, report)
+
+
+def refcntd_peak(args: list[str], json_path: Path, timeout: float = 120) -> tuple[Result, int]:
+    """`refcntd(args, json_path)` and its peak RSS in KiB, from wait4 on it: its own and
+    that of the children it waited for.  RUSAGE_CHILDREN would be the largest of every
+    child this test process ever waited for (an xdist worker's earlier tests' too)."""
+    args = [args[0], "--json", str(json_path), *args[1:]]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([*REFCNTD, *args], stdout=out, stderr=err, text=True,
+                                cwd=ROOT)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
+        out.seek(0)
+        err.seek(0)
+        report = json.loads(json_path.read_text()) if json_path.exists() else None
+        return Result(proc.returncode, out.read(), err.read(), report), usage.ru_maxrss
 
 
 LIBRARY_SPEC = """version: 1

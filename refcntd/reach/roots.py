@@ -217,7 +217,7 @@ def global_at(path: str, offset: int) -> str | None:
 
 def symbol_at(path: str, offset: int) -> tuple[str, int] | None:
     """The data symbol covering `offset` and the offset into it."""
-    table = _objects(path)
+    table = data_symbols(path)
     i = bisect_right(table, (offset, "\uffff")) - 1
     if i < 0:
         return None
@@ -226,7 +226,7 @@ def symbol_at(path: str, offset: int) -> tuple[str, int] | None:
 
 
 @cache
-def _objects(path: str) -> list[tuple[int, str, int]]:
+def data_symbols(path: str) -> list[tuple[int, str, int]]:
     """(file-relative address, name, size) of data symbols, .symtab before .dynsym."""
     try:
         with open(path, "rb") as f:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from refcntd.reach import deadframes, glibc, graph, gslice, livecopy, stackframes
+from refcntd.reach import deadframes, glibc, graph, gslice, livecopy, stackframes, stdio
 from refcntd.reach.exitframes import ExitPath, walk_exit
 from refcntd.reach.memory import Mapping, ProcessMemory, read_maps
 from refcntd.reach.roots import Root, Thread, describe, find_roots, read_threads
@@ -70,6 +70,8 @@ class ReachScan:
     #                                     thread just left, read; `finish` drops them
     maybe_held: dict[int, str] = field(default_factory=dict)  # lost block -> the thread
     #                                     whose registers may hold it (deadframes.py)
+    stdio: list[tuple[int, int]] = field(default_factory=list)  # streams' buffers, read;
+    #                                     `finish` drops the words in them (stdio.py)
 
     @property
     def blocks(self) -> int:
@@ -229,6 +231,7 @@ def _read_from(mem: ProcessMemory, out: ReachScan, maps: list[Mapping],
               if t.sp is not None and t.pc}
     out.roots, notes = find_roots(maps, threads, out.pid, out.heap.regions, exiting, frames)
     out.notes += notes
+    out.stdio = stdio.read_buffers(mem, out.roots)
     graph.read_words(mem, out.heap.span, out.roots, out.heap.regions, out.heap.covered,
                      out.words)
 
@@ -263,6 +266,7 @@ def finish(out: ReachScan) -> None:
     if out.slabs is not None:
         out.notes += out.slabs.notes
     starts, ends = out.heap.starts, out.heap.ends
+    stdio.drop_words(out.words, out.stdio, starts, out.heap.tails)
     edges = graph.find_edges(out.words, starts, ends, out.heap.tails)
     out.words = None
     out.kinds = graph.classify(len(starts), edges)

@@ -1,4 +1,5 @@
-"""Bundled spec openssl on Debian's OpenSSL 3.0 (libcrypto.so.3, libssl.so.3)."""
+"""Bundled spec openssl on Debian's OpenSSL 3 (libcrypto.so.3, libssl.so.3): 3.0 on
+Debian 12, 3.5 on Debian 13."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Leak kinds of objects in GSlice's slabs (GLib 2.74 without G_SLICE=always-malloc):
 refcntd reads the slabs (refcntd/reach/gslice.py) and must give each GstCaps and
 GObject the kind valgrind gives it with G_SLICE=always-malloc, where each has a
-malloc block of its own, at exit (`run`) and live (`GET /leaks`).
+malloc block of its own, at exit (`run`) and live (`GET /leaks`).  GLib 2.76 and
+later (Debian 13's 2.84) have no slabs (g_slice_alloc is g_malloc): there the same
+comparison checks the kinds of plain malloc blocks, and valgrind's records name a
+GstCaps by gst_caps_new_empty calling the allocator, without g_slice_alloc's frame.
 
 tests/fixtures/gslicekinds.c makes each kind in a function of its own, so valgrind's
 loss records name the objects by that frame.  Lost or reachable is compared object
@@ -13,7 +16,6 @@ cycle decides it (caps held only by a lost GPtrArray)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -23,17 +25,13 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, cc, pkg_config_flags, refcntd, start_hanging
+from reachtruth import ALLOCATORS, gobject_requests, is_gobject, loss_records
 from test_serve import Serve, target_yaml
 
 SITES = ("lost_caps", "kept_caps", "held_caps", "lost_objects", "kept_objects_")
 LOST, REACHABLE = "lost", "still reachable"
 TRUTH = {"lost_caps": {LOST: 40}, "kept_caps": {REACHABLE: 20}, "held_caps": {LOST: 12},
          "lost_objects": {LOST: 12}, "kept_objects_": {REACHABLE: 6}}
-RECORD = re.compile(r"==\d+== [\d,]+ (?:\([\d,]+ direct, [\d,]+ indirect\) )?bytes in "
-                    r"([\d,]+) blocks are (still reachable|definitely lost|indirectly lost|"
-                    r"possibly lost) in loss record[^\n]*\n((?:==\d+==    (?:at|by)[^\n]*\n)+)")
-FRAME = re.compile(r"(?:at|by) 0x([0-9A-F]+): (\S+)")
-ALLOCATORS = {"malloc", "calloc", "g_malloc", "g_malloc0", "g_slice_alloc", "g_slice_alloc0"}
 PRIVATE = ["libglib-2.0.so.0", "libgobject-2.0.so.0", "libgmodule-2.0.so.0", "libc.so.6",
            "libgstreamer-1.0.so.0"]
 
@@ -66,31 +64,25 @@ def truth(exe, tmp_path_factory):
 
 
 def valgrind_sites(text: str) -> dict[str, Counter[str]]:
-    """The blocks that are the fixture's objects, by site: a GstCaps's (g_slice_alloc
-    called by gst_caps_new_empty), a GObject's (allocated under g_type_create_instance
-    by the allocators only, not inside another object's init; for a class with private
-    data, GLib's first client request there: the instance)."""
-    requests = [int(a, 16) for a in re.findall(r"   at 0x([0-9A-F]+): g_type_create_instance ",
-                                                text)]
+    """The blocks that are the fixture's objects, by site: a GstCaps's (allocated by
+    gst_caps_new_empty through the allocators only: not its GArray's), a GObject's
+    (reachtruth.is_gobject)."""
+    requests = gobject_requests(text)
     out: dict[str, Counter[str]] = {}
-    for m in RECORD.finditer(text):
-        frames = FRAME.findall(m.group(3))
+    for kind, blocks, frames in loss_records(text):
         names = [f for _, f in frames]
         site = next((n for n in names if n in SITES), None)
-        if site is not None and _is_object(names, int(frames[0][0], 16), requests):
-            out.setdefault(site, Counter())[m.group(2)] += int(m.group(1).replace(",", ""))
+        if site is not None and _is_object(names, frames[0][0], requests):
+            out.setdefault(site, Counter())[kind] += blocks
     return out
 
 
 def _is_object(names: list[str], top: int, requests: list[int]) -> bool:
-    if "gst_caps_new_empty" in names:
+    if "gst_caps_new_empty" in names:  # its own block, not its GArray's
         at = names.index("gst_caps_new_empty")
-        if at and names[at - 1] == "g_slice_alloc":
+        if at and set(names[:at]) <= ALLOCATORS:
             return True
-    if names.count("g_type_create_instance") != 1:  # none, or made inside another's init
-        return False
-    at = names.index("g_type_create_instance")
-    return top == min(requests) if at == 0 else set(names[:at]) <= ALLOCATORS
+    return is_gobject(names, top, requests)
 
 
 def objects(stdout: str) -> dict[int, str]:

@@ -26,7 +26,7 @@ def run(tmp_path, exe, variant: str) -> Outcome:
              (line.split() for line in result.stdout.splitlines()) if w[:1] == ["leak"]}
     leaks = {(g["type"], int(i["address"], 16)): i["count"]
              for g in process["groups"] for i in g["instances"]}
-    return Outcome(result.returncode, truth, [], leaks, process["anomalies"], process,
+    return Outcome(result.returncode, truth, [], set(), leaks, process["anomalies"], process,
                    result.report, result.stderr)
 
 
