@@ -64,6 +64,20 @@ class Source:
 
 EXISTING_MODES = ("get", "counted")
 GTYPE_INSTANCE = "instance"
+GTYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_+-]{2,127}")  # GLib's check_type_name_I
+
+
+@dataclass(frozen=True)
+class KeptFlag:
+    """A `class:`'s `may_be_leaked: {is_a: T, offset: N, mask: M}`: an object whose class
+    is-a GType T carries the library's "may be leaked" flag in the 32-bit word at +N
+    under M.  Read where refcntd reads the process anyway (the exit scan, GET /leaks),
+    not by a probe per call (a `check` role): the object is then set aside as that
+    probe would (kernel/objects.py set_aside)."""
+
+    is_a: str
+    offset: int
+    mask: int
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,7 @@ class ClassSource:
 
     instance: bool = False
     offset: int = 0
+    kept: KeptFlag | None = None  # the library's "may be leaked" flag, read at the scan
 
     def describe(self) -> str:
         return "its GType's name (GTypeInstance)" if self.instance else \
@@ -521,15 +536,31 @@ def _class_source(node: YNode | None, type_name: Source | None) -> ClassSource |
         return None
     if type_name is None or type_name.constant is None:
         raise node.fail("class: needs a constant type ({name: X}): the class refines it")
-    gtype = node.mapping({"gtype"}, {"gtype"})["gtype"]
+    fields = node.mapping({"gtype", "may_be_leaked"}, {"gtype"})
+    gtype, kept = fields["gtype"], _kept_flag(fields.get("may_be_leaked"))
     if gtype.scalar() == GTYPE_INSTANCE:
-        return ClassSource(instance=True)
+        return ClassSource(instance=True, kept=kept)
     if isinstance(gtype.scalar(), str):
         raise gtype.fail(f"expected {GTYPE_INSTANCE} or an offset in 0..4096")
     offset = gtype.integer(0, 4096)
     if offset % 8:
         raise gtype.fail("a GType is 8 bytes, aligned: the offset must be a multiple of 8")
-    return ClassSource(offset=offset)
+    return ClassSource(offset=offset, kept=kept)
+
+
+def _kept_flag(node: YNode | None) -> KeptFlag | None:
+    """{is_a: GTypeName, offset: N, mask: M}: a 32-bit word, 4-byte aligned."""
+    if node is None:
+        return None
+    fields = node.mapping({"is_a", "offset", "mask"}, {"is_a", "offset", "mask"})
+    is_a = fields["is_a"].string()
+    if not GTYPE_NAME.fullmatch(is_a):
+        raise fields["is_a"].fail(f"expected a GType name (letters, digits, _+-), got {is_a!r}")
+    offset = fields["offset"].integer(0, 4096)
+    if offset % 4:
+        raise fields["offset"].fail("the flag is a 32-bit word: the offset must be a "
+                                    "multiple of 4")
+    return KeptFlag(is_a, offset, fields["mask"].integer(1, (1 << 32) - 1))
 
 
 def _inside_last_put(node: YNode | None) -> str | None:
