@@ -139,6 +139,8 @@ class RoleSpec:
     quiet_unknown: bool = False  # the spec's unknown_objects: count
     may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
     revives: bool = False  # get: the object this thread's last put released comes back
+    unless_scanned: bool = False  # check: not probed where processes are scanned at exit
+    #                               (the scan reads the flag: a class's may_be_leaked)
     may_return_existing: ExistingReturn | None = None  # init at return: see ExistingReturn
     class_source: ClassSource | None = None  # init: the object's class, read at the scan
     # functions of this entry that call or jump to one of these in the traced build are
@@ -209,6 +211,16 @@ class Spec:
         return {str(r.type_name.constant): r.class_source for r in self.entries
                 if r.class_source is not None and r.type_name is not None
                 and r.type_name.constant is not None}
+
+    def scanned(self) -> Spec:
+        """The spec probed where each process is scanned at exit (`run` and serve's
+        program targets with leak kinds): its `check` entries marked `unless_scanned`
+        dropped, their flag read by the scans (a `class:`'s may_be_leaked) instead of a
+        probe per call.  Where nothing is scanned at exit (--no-leak-kinds, `attach`)
+        the whole spec is probed."""
+        roles = {role: kept for role, group in self.roles.items()
+                 if (kept := tuple(e for e in group if not e.unless_scanned))}
+        return replace(self, roles=roles)
 
     def constant_types(self) -> set[str]:
         return {str(r.type_name.constant) for r in self.entries
@@ -454,7 +466,7 @@ def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
              "get": {"may_be_leaked", "revives"},
              "put": {"frees_at_zero", "may_be_leaked", "absorbs_inner_put"},
              "delete": {"inside_last_put"},
-             "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
+             "sink": {"floating_flag"}, "check": {"may_be_leaked", "unless_scanned"}}
     required = {"object"} | ({"type"} if role == "init" else set())
     required |= {"floating_flag"} if role == "sink" else set()
     required |= {"may_be_leaked"} if role == "check" else set()
@@ -492,7 +504,9 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     may_return_existing=_existing(fields.get("may_return_existing"), obj),
                     class_source=_class_source(fields.get("class"), type_name),
                     skip_if_calls=_skip_if_calls(fields.get("skip_if_calls"), functions),
-                    quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
+                    quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count",
+                    unless_scanned=fields["unless_scanned"].boolean()
+                    if "unless_scanned" in fields else False)
 
 
 def _skip_if_calls(node: YNode | None, functions: tuple[str, ...]) -> tuple[str, ...]:

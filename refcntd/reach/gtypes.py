@@ -185,8 +185,7 @@ class _Reader:
         out = {}
         for address, first in firsts.items():
             gtype = gtypes_of.get(first) if objects[address].instance and first else first
-            name = self.type_name(gtype) if gtype else None
-            if name is not None:
+            if gtype and (name := self.type_name(gtype)) is not None:
                 out[address] = name
                 self._gtype_of[address] = gtype
         return out
