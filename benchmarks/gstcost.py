@@ -48,12 +48,13 @@ SCANNER = "/usr/lib/x86_64-linux-gnu/gstreamer1.0/gstreamer-1.0/gst-plugin-scann
 class Serve:
     """The serve measured against: a running one (its config) or one of our own."""
 
-    def __init__(self, work: Path, config: Path | None) -> None:
+    def __init__(self, work: Path, config: Path | None, source: Path | None = None) -> None:
+        """`source`: the tree whose refcntd serves when it starts its own (default this)."""
         self.own = None
         self._names: dict[int, str] = {}
         if config is None:
             from gstsoak import GstServe
-            self.own = GstServe(work, GST)
+            self.own = GstServe(work, GST, *(() if source is None else (source,)))
             config = self.own.config
         text = config.read_text()
         port = int(text.split("listen: ", 1)[1].split("\n", 1)[0].rsplit(":", 1)[1])

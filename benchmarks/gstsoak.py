@@ -34,7 +34,7 @@ from gstpipes import GST, PIPELINES, Pipeline, alive, leaks_env  # noqa: E402
 from gstsoakreport import judge, write  # noqa: E402
 from run import machine  # noqa: E402
 from soakreport import publish  # noqa: E402
-from soakrig import Prometheus, ServeProcess, run_soak  # noqa: E402
+from soakrig import ROOT, Prometheus, ServeProcess, run_soak  # noqa: E402
 from soaksample import maps, process  # noqa: E402
 
 TARGET = "gst"
@@ -43,9 +43,9 @@ REPORT_WAIT_S = 120  # an exit's report on a loaded machine (symbolizing the fir
 
 
 class GstServe(ServeProcess):
-    def __init__(self, work: Path, program: Path) -> None:
+    def __init__(self, work: Path, program: Path, source: Path = ROOT) -> None:
         self.program = program
-        super().__init__(work, max_reports=1000)
+        super().__init__(work, max_reports=1000, source=source)
 
     def targets_yaml(self) -> str:
         return f"  - name: {TARGET}\n    path: {self.program}\n    spec: gstreamer\n"

@@ -102,7 +102,9 @@ class ServeProcess:
     and /checkpoint on; its log in work/serve.log.  Waits are long: on this shared
     2-core machine an attach under load has taken over a minute."""
 
-    def __init__(self, work: Path, max_reports: int) -> None:
+    def __init__(self, work: Path, max_reports: int, source: Path = ROOT) -> None:
+        """`source`: the tree whose refcntd serves (another checkout: benchmarks/gstflag.py
+        runs main's beside this one's, through this venv with its PYTHONPATH)."""
         self.work, self.max_reports = work, max_reports
         self.port = free_port()
         self.http = Http(self.port)
@@ -110,8 +112,9 @@ class ServeProcess:
         self.reports = work / "reports"
         self._write_config()
         self.log = open(work / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
+        env = None if source == ROOT else {**os.environ, "PYTHONPATH": str(source)}
         self.proc = subprocess.Popen([str(ROOT / ".venv/bin/refcntd"), "serve", "--config",
-                                      str(self.config)], cwd=ROOT, stderr=self.log)
+                                      str(self.config)], cwd=source, stderr=self.log, env=env)
         self._wait(lambda: self._ready(), 180, "serve did not become ready")
 
     def targets_yaml(self) -> str:

@@ -108,15 +108,12 @@ static __always_inline int obj_is_static(struct probe_cfg *cfg, __u64 addr)
 	return 1;
 }
 
-/* The library's own "may be leaked" flag is set on `o`: stop counting it,
- * and let later operations on it pass (PF_MAY_LEAK_FLAG). */
-static __always_inline int obj_set_aside(struct probe_cfg *cfg, struct obj_key *key)
+/* An object the library flags "may be leaked": not counted any more, and later
+ * operations on it pass.  By its probes (obj_set_aside), or by user space, which
+ * read the flag in the process's memory at a scan (on_set_aside). */
+static __always_inline void obj_put_aside(struct obj_key *key)
 {
-	__u32 word = 0, one = 1;
-	if (!(cfg->flags & PF_MAY_LEAK_FLAG) ||
-	    bpf_probe_read_user(&word, sizeof(word), (void *)(key->addr + cfg->kept_offset)) != 0 ||
-	    !(word & cfg->kept_mask))
-		return 0;
+	__u32 one = 1;
 	if (KNOB(sites)) {
 		struct obj_val *o = objs.lookup(key);
 		if (o)
@@ -124,7 +121,19 @@ static __always_inline int obj_set_aside(struct probe_cfg *cfg, struct obj_key *
 	}
 	objs.delete(key);
 	may_leak.update(key, &one);
-	stat_count(ST_MAY_BE_LEAKED);
+	stat_count_of(key->tgid, ST_MAY_BE_LEAKED);
+}
+
+/* The library's own "may be leaked" flag is set on `o`: set it aside
+ * (PF_MAY_LEAK_FLAG). */
+static __always_inline int obj_set_aside(struct probe_cfg *cfg, struct obj_key *key)
+{
+	__u32 word = 0;
+	if (!(cfg->flags & PF_MAY_LEAK_FLAG) ||
+	    bpf_probe_read_user(&word, sizeof(word), (void *)(key->addr + cfg->kept_offset)) != 0 ||
+	    !(word & cfg->kept_mask))
+		return 0;
+	obj_put_aside(key);
 	return 1;
 }
 

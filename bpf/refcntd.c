@@ -501,6 +501,20 @@ int on_unwind_more(struct pt_regs *ctx)
 	return continue_unwind(ctx, rec, maps, st);
 }
 
+/* User space read the library's "may be leaked" flag of object args[1] of process
+ * args[0] where it reads that process's memory anyway (the exit scan, GET /leaks:
+ * the process is stopped), instead of a probe per call reading it: set it aside as
+ * that probe would.  Never attached: run by BPF_PROG_TEST_RUN (a raw tracepoint
+ * program is the kind that can be).  1: it was live and is set aside. */
+int on_set_aside(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct obj_key key = {.tgid = (__u32)ctx->args[0], .addr = ctx->args[1]};
+	if (!objs.lookup(&key))
+		return 0;
+	obj_put_aside(&key);
+	return 1;
+}
+
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
 	__u32 parent = bpf_get_current_pid_tgid() >> 32;

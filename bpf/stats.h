@@ -14,12 +14,13 @@
 BPF_PERCPU_ARRAY(stats, __u64, ST_COUNT);
 BPF_HASH(proc_stats, struct proc_stat_key, __u64, MAX_PROC_STATS);
 
-static __always_inline void stat_count(int which)
+/* Counts `which` in the totals and for process `tgid`. */
+static __always_inline void stat_count_of(__u32 tgid, int which)
 {
 	__u64 *v = stats.lookup(&which);
 	if (v)
 		*v += 1;
-	struct proc_stat_key k = {.tgid = bpf_get_current_pid_tgid() >> 32, .stat = which};
+	struct proc_stat_key k = {.tgid = tgid, .stat = which};
 	__u64 one = 1, *own = proc_stats.lookup(&k);
 	if (own) {
 		__sync_fetch_and_add(own, 1);
@@ -36,6 +37,11 @@ static __always_inline void stat_count(int which)
 		if (f)
 			*f += 1;
 	}
+}
+
+static __always_inline void stat_count(int which)
+{
+	stat_count_of(bpf_get_current_pid_tgid() >> 32, which);
 }
 
 #endif

@@ -70,6 +70,9 @@ def render_check(plan: Plan, pid: int | None = None) -> str:
                      f"+{site.probe_offset} (file offset 0x{site.file_offset:x}, {site.cost}"
                      f"{', return probe' if site.is_return else ''})")
         lines.append(f"         why: {site.reason}")
+        if site.spec_role.unless_scanned:
+            lines.append("         only without an exit scan (--no-leak-kinds, attach): "
+                         "`run` reads the flag at the scan instead (unless_scanned)")
         caller = ("in the kernel's stack walk" if site.caller_sp_offset < 0
                   else f"read from [rsp+{site.caller_sp_offset}] at the probe")
         lines.append(f"         caller: {caller}")

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     policy.judge_killed = args.judge_killed
     exe = os.path.abspath(_resolve_command(command[0]))  # before bcc's compile changes cwd
     spec = load_specs(args.spec)
+    spec = spec.scanned() if args.leak_kinds else spec  # the scan reads what checks would
     setup.prepare()  # before the early compile: it needs the kernel headers
     setup.require_host_pids()
     early = early_compile(spec, True, opts, exe)

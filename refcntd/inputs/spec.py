@@ -64,6 +64,20 @@ class Source:
 
 EXISTING_MODES = ("get", "counted")
 GTYPE_INSTANCE = "instance"
+GTYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_+-]{2,127}")  # GLib's check_type_name_I
+
+
+@dataclass(frozen=True)
+class KeptFlag:
+    """A `class:`'s `may_be_leaked: {is_a: T, offset: N, mask: M}`: an object whose class
+    is-a GType T carries the library's "may be leaked" flag in the 32-bit word at +N
+    under M.  Read where refcntd reads the process anyway (the exit scan, GET /leaks),
+    not by a probe per call (a `check` role): the object is then set aside as that
+    probe would (kernel/objects.py set_aside)."""
+
+    is_a: str
+    offset: int
+    mask: int
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,7 @@ class ClassSource:
 
     instance: bool = False
     offset: int = 0
+    kept: KeptFlag | None = None  # the library's "may be leaked" flag, read at the scan
 
     def describe(self) -> str:
         return "its GType's name (GTypeInstance)" if self.instance else \
@@ -124,6 +139,8 @@ class RoleSpec:
     quiet_unknown: bool = False  # the spec's unknown_objects: count
     may_be_leaked: tuple[int, int] | None = None  # get/put: the library's (offset, mask) flag
     revives: bool = False  # get: the object this thread's last put released comes back
+    unless_scanned: bool = False  # check: not probed where processes are scanned at exit
+    #                               (the scan reads the flag: a class's may_be_leaked)
     may_return_existing: ExistingReturn | None = None  # init at return: see ExistingReturn
     class_source: ClassSource | None = None  # init: the object's class, read at the scan
     # functions of this entry that call or jump to one of these in the traced build are
@@ -194,6 +211,16 @@ class Spec:
         return {str(r.type_name.constant): r.class_source for r in self.entries
                 if r.class_source is not None and r.type_name is not None
                 and r.type_name.constant is not None}
+
+    def scanned(self) -> Spec:
+        """The spec probed where each process is scanned at exit (`run` and serve's
+        program targets with leak kinds): its `check` entries marked `unless_scanned`
+        dropped, their flag read by the scans (a `class:`'s may_be_leaked) instead of a
+        probe per call.  Where nothing is scanned at exit (--no-leak-kinds, `attach`)
+        the whole spec is probed."""
+        roles = {role: kept for role, group in self.roles.items()
+                 if (kept := tuple(e for e in group if not e.unless_scanned))}
+        return replace(self, roles=roles)
 
     def constant_types(self) -> set[str]:
         return {str(r.type_name.constant) for r in self.entries
@@ -439,7 +466,7 @@ def _allowed_keys(role: str) -> tuple[set[str], set[str]]:
              "get": {"may_be_leaked", "revives"},
              "put": {"frees_at_zero", "may_be_leaked", "absorbs_inner_put"},
              "delete": {"inside_last_put"},
-             "sink": {"floating_flag"}, "check": {"may_be_leaked"}}
+             "sink": {"floating_flag"}, "check": {"may_be_leaked", "unless_scanned"}}
     required = {"object"} | ({"type"} if role == "init" else set())
     required |= {"floating_flag"} if role == "sink" else set()
     required |= {"may_be_leaked"} if role == "check" else set()
@@ -477,7 +504,9 @@ def _parse_role(role: str, node: YNode, default_library: str | None) -> RoleSpec
                     may_return_existing=_existing(fields.get("may_return_existing"), obj),
                     class_source=_class_source(fields.get("class"), type_name),
                     skip_if_calls=_skip_if_calls(fields.get("skip_if_calls"), functions),
-                    quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count")
+                    quiet_unknown=_unknown_objects(fields.get("unknown_objects")) == "count",
+                    unless_scanned=fields["unless_scanned"].boolean()
+                    if "unless_scanned" in fields else False)
 
 
 def _skip_if_calls(node: YNode | None, functions: tuple[str, ...]) -> tuple[str, ...]:
@@ -521,15 +550,31 @@ def _class_source(node: YNode | None, type_name: Source | None) -> ClassSource |
         return None
     if type_name is None or type_name.constant is None:
         raise node.fail("class: needs a constant type ({name: X}): the class refines it")
-    gtype = node.mapping({"gtype"}, {"gtype"})["gtype"]
+    fields = node.mapping({"gtype", "may_be_leaked"}, {"gtype"})
+    gtype, kept = fields["gtype"], _kept_flag(fields.get("may_be_leaked"))
     if gtype.scalar() == GTYPE_INSTANCE:
-        return ClassSource(instance=True)
+        return ClassSource(instance=True, kept=kept)
     if isinstance(gtype.scalar(), str):
         raise gtype.fail(f"expected {GTYPE_INSTANCE} or an offset in 0..4096")
     offset = gtype.integer(0, 4096)
     if offset % 8:
         raise gtype.fail("a GType is 8 bytes, aligned: the offset must be a multiple of 8")
-    return ClassSource(offset=offset)
+    return ClassSource(offset=offset, kept=kept)
+
+
+def _kept_flag(node: YNode | None) -> KeptFlag | None:
+    """{is_a: GTypeName, offset: N, mask: M}: a 32-bit word, 4-byte aligned."""
+    if node is None:
+        return None
+    fields = node.mapping({"is_a", "offset", "mask"}, {"is_a", "offset", "mask"})
+    is_a = fields["is_a"].string()
+    if not GTYPE_NAME.fullmatch(is_a):
+        raise fields["is_a"].fail(f"expected a GType name (letters, digits, _+-), got {is_a!r}")
+    offset = fields["offset"].integer(0, 4096)
+    if offset % 4:
+        raise fields["offset"].fail("the flag is a 32-bit word: the offset must be a "
+                                    "multiple of 4")
+    return KeptFlag(is_a, offset, fields["mask"].integer(1, (1 << 32) - 1))
 
 
 def _inside_last_put(node: YNode | None) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any
 NR_BPF = 321  # x86_64
 
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY = 0, 1, 2, 3, 4
-PROG_LOAD, OBJ_GET_INFO_BY_FD, BTF_LOAD, BTF_GET_FD_BY_ID = 5, 15, 18, 19
+PROG_LOAD, PROG_TEST_RUN, OBJ_GET_INFO_BY_FD, BTF_LOAD, BTF_GET_FD_BY_ID = 5, 10, 15, 18, 19
 MAP_LOOKUP_BATCH, MAP_UPDATE_BATCH, MAP_DELETE_BATCH = 24, 26, 27
 FIRST_BATCH = 256  # entries of a batch read's first buffers
 LINK_CREATE = 28
@@ -33,7 +33,8 @@ PER_CPU = frozenset({MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_LRU_PERCPU_HASH})
 ARRAYS = frozenset({MAP_ARRAY, MAP_PROG_ARRAY, MAP_PERCPU_ARRAY})
 OBJ_NAME_MAX = 15  # BPF_OBJ_NAME_LEN, NUL aside: the name a map or program gets
 
-PROG_KPROBE, PROG_TRACEPOINT = 2, 5
+PROG_KPROBE, PROG_TRACEPOINT, PROG_RAW_TRACEPOINT = 2, 5, 17
+MAX_ARGS = 12  # MAX_BPF_FUNC_ARGS: a raw tracepoint program's context, u64 each
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -68,6 +69,15 @@ class _ProgLoad(ctypes.Structure):
                 ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
                 ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
                 ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32)]
+
+
+class _TestRun(ctypes.Structure):
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64)]
 
 
 class _InfoByFd(ctypes.Structure):
@@ -185,6 +195,16 @@ def load_program(name: str, prog_type: int, code: bytes, attach_type: int = -1) 
         tail = " / ".join(log.value.decode(errors="replace").strip().splitlines()[-3:])
         raise OSError(err.errno, f"Failed to load BPF program {name}: {err.strerror}"
                                  f"{'; verifier: ' + tail if tail else ''}") from None
+
+
+def run_raw(fd: int, args: list[int]) -> int:
+    """Run a raw tracepoint program once with these arguments (its ctx->args), in this
+    thread (BPF_PROG_TEST_RUN, Linux 5.10+): its return value."""
+    ctx = (ctypes.c_uint64 * MAX_ARGS)(*args[:MAX_ARGS])
+    attr = _TestRun(prog_fd=fd, ctx_size_in=8 * min(len(args), MAX_ARGS),
+                    ctx_in=ctypes.addressof(ctx))
+    call(PROG_TEST_RUN, attr)
+    return int(attr.retval)
 
 
 def _kernel_version() -> int:

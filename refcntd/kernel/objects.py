@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from refcntd.kernel import abi, decode
+from refcntd.kernel import abi, bpfsys, decode
 from refcntd.kernel import columns as objcols
 from refcntd.kernel.abi import Role, Stat
 from refcntd.kernel.columns import ColumnBuilder, LiveSite, ObjectColumns
@@ -121,6 +121,17 @@ class BpfObjects:
         one walk of it, its columns compared in C (the exit scan names their classes
         while the process is held: reach/gtypes.py)."""
         return [(addr, tid) for _, addr, tid, _ in self.live_of_types(type_ids, tgid)]
+
+    def set_aside(self, tgid: int, addresses: list[int]) -> int:
+        """Objects of `tgid` its library flags "may be leaked", the flag read in its
+        memory at a scan (the process stopped): set aside in the kernel as a probe
+        reading the flag does (bpf/refcntd.c on_set_aside), so the report, the note
+        and the metrics are the same.  How many were live and are now aside."""
+        if not addresses:
+            return 0
+        self._pending.wait()
+        fd = self.program.load_func("on_set_aside", bpfsys.PROG_RAW_TRACEPOINT)
+        return sum(bpfsys.run_raw(fd, [tgid, address]) for address in addresses)
 
     def live_of_types(self, type_ids: frozenset[int], tgid: int | None = None
                       ) -> list[tuple[int, int, int, int]]:

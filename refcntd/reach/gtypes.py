@@ -12,6 +12,14 @@ is the GType that led to it, a quark below GLib's count, a name as GLib allows
 them), nothing is followed twice or in a loop, and an object whose class cannot be
 read keeps the spec's type name.  Cost: one word per object (IOV_MAX per system
 call) and about four reads per distinct class.
+
+A `class:` with `may_be_leaked: {is_a: T, offset, mask}` also asks whether each such
+object's class is-a T and, if so, for the library's "may be leaked" word at +offset
+(GstObject.flags): the objects flagged are `kept`, set aside by the caller.  Is-a
+follows GLib's NODE_IS_ANCESTOR: the node's `supers[]` lists the GType, its parent,
+... the fundamental, then 0 (type_node_any_new_W copies the parent's, terminator
+included); T is one of them whose own node names it T and whose own `supers[]` is the
+tail of this one.  Cost: one read per distinct class and one word per object of it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ MAX_NAME = 128  # bytes of a type name read (GLib's names are identifiers)
 MAX_TYPES = 4096  # distinct GTypes named per scan; further ones are not read
 MAX_QUARKS = 1 << 24  # a quark count above this is not GLib's
 NAME_RE = re.compile(rb"[A-Za-z_][A-Za-z0-9_+-]{2,}")  # GLib's check_type_name_I
+MAX_SUPERS = 257  # supers[] words read: a node's GType, 255 ancestors (MAX_N_SUPERS), 0
 
 
 @dataclass
@@ -46,6 +55,8 @@ class ClassNames:
     """What a read found: the class of each object named, and why others were not."""
 
     names: dict[int, str] = field(default_factory=dict)  # object address -> class
+    kept: list[int] = field(default_factory=list)  # objects the library flags "may be
+    #                                                leaked" (ClassSource.kept)
     unread: int = 0  # objects whose class could not be read (they keep the type name)
     problem: str = ""  # why none could be (no libgobject mapped, its code not as expected)
     reads: int = 0
@@ -111,6 +122,7 @@ def read_class_names(mem: ProcessMemory, maps: list[Mapping], objects: dict[int,
     reader = _Reader(mem, maps, found)
     out.names = reader.names(objects)
     out.unread = len(objects) - len(out.names)
+    out.kept = reader.kept(objects)
     return out
 
 
@@ -155,6 +167,9 @@ class _Reader:
         self._ends_array = np.array(self._ends, np.uint64)
         self._by_gtype: dict[int, str | None] = {}
         self._quarks: tuple[int, int] | None = None  # (count, array), read once
+        self._gtype_of: dict[int, int] = {}  # object -> its GType (those named)
+        self._supers: dict[int, tuple[int, ...] | None] = {}
+        self._is_a: dict[tuple[int, str], bool] = {}
 
     def names(self, objects: dict[int, ClassSource]) -> dict[int, str]:
         where = {a: a + s.offset for a, s in objects.items()}
@@ -170,10 +185,50 @@ class _Reader:
         out = {}
         for address, first in firsts.items():
             gtype = gtypes_of.get(first) if objects[address].instance and first else first
-            name = self.type_name(gtype) if gtype else None
-            if name is not None:
+            if gtype and (name := self.type_name(gtype)) is not None:
                 out[address] = name
+                self._gtype_of[address] = gtype
         return out
+
+    def kept(self, objects: dict[int, ClassSource]) -> list[int]:
+        """After names(): the objects whose class is-a their source's `kept.is_a` and
+        whose flag word has a bit of its mask set."""
+        flagged = {a: s.kept for a, s in objects.items() if s.kept is not None
+                   and a in self._gtype_of and self.is_a(self._gtype_of[a], s.kept.is_a)}
+        where = {a: a + (k.offset & ~7) for a, k in flagged.items()}
+        wanted = [a for a, ok in zip(where, self.all_readable(list(where.values())),
+                                     strict=True) if ok]
+        words = self.mem.gather([where[a] for a in wanted])
+        return [a for a, word in zip(wanted, words, strict=True) if word is not None
+                and (word >> (8 * (flagged[a].offset % 8))) & flagged[a].mask]
+
+    def is_a(self, gtype: int, name: str) -> bool:
+        """g_type_is_a(gtype, the type named `name`), from the nodes' supers[]."""
+        key = (gtype, name)
+        if key not in self._is_a:
+            chain = self.ancestry(gtype) or ()
+            self._is_a[key] = any(self.type_name(t) == name and self.ancestry(t) == chain[k:]
+                                  for k, t in enumerate(chain))
+        return self._is_a[key]
+
+    def ancestry(self, gtype: int) -> tuple[int, ...] | None:
+        """The GType and its ancestors, itself first (the node's supers[] up to its 0)."""
+        if gtype not in self._supers:
+            if len(self._supers) >= MAX_TYPES:
+                return None
+            self._supers[gtype] = self._read_supers(gtype)
+        return self._supers[gtype]
+
+    def _read_supers(self, gtype: int) -> tuple[int, ...] | None:
+        node = self._node(gtype)
+        start = node + self.where.gobject.supers if node is not None else 1
+        i = bisect_right(self._starts, start) - 1
+        if start % 8 or i < 0 or start >= self._ends[i]:
+            return None
+        words = self.mem.words(start, min(MAX_SUPERS, (self._ends[i] - start) // 8))
+        if not words or words[0] != gtype or 0 not in words:  # NODE_TYPE; terminated
+            return None
+        return tuple(words[:words.index(0)])
 
     def all_readable(self, addresses: list[int]) -> list[bool]:
         """readable(a, 8) of each, at once."""

@@ -64,6 +64,8 @@ SECONDS_PER_GIB_NUMPY, SECONDS_PER_BLOCK_NUMPY = 1.2, 0.05e-6
 # ran at 0.8-1.3 s per GiB (load 6-16): stops there exceed it (leak-kinds.md)
 COPY_SECONDS_PER_GIB = SECONDS_PER_GIB
 LOST = ("definitely lost", INDIRECTLY, UNHELD)  # UNHELD: a reference nobody holds
+SetAside = Callable[[int, list[int]], int]  # (pid, objects flagged): kernel/objects.py
+Classing = tuple[dict[str, ClassSource], SetAside | None]  # what _read_classes needs
 
 
 @dataclass
@@ -154,7 +156,8 @@ def scan_tracer(tracer: Tracer, budget_s: float, blocker: str | None,
             out.append(LiveScan(pid, skipped=f"not stopped: {blocker}"))
             continue
         out.append(scan_live(pid, budget_s, partial(_objects_of, tracer, pid), copy_limit,
-                             classes=tracer.plan.spec.class_sources()))
+                             classes=tracer.plan.spec.class_sources(),
+                             set_aside=tracer.kernel.objects.set_aside))
     return out
 
 
@@ -187,14 +190,17 @@ def expected_stop_s(writable_bytes: int, blocks: int) -> float:
 def scan_live(pid: int, budget_s: float,
               objects: Callable[[], list[ObjectRecord]] = list,
               copy_limit: int = livecopy.LIMIT, pre_copy: bool | None = None,
-              classes: dict[str, ClassSource] | None = None) -> LiveScan:
+              classes: dict[str, ClassSource] | None = None,
+              set_aside: SetAside | None = None) -> LiveScan:
     """Stop `pid`, read its objects, copy its memory (livecopy.py; with soft-dirty pages
     only what changed since a copy made while it ran), continue it, then scan the copy
     and find the kinds (of the stopped moment): unless over the budget.  Over the
     copy's bound (`copy_limit` bytes, 0: never copy) it is scanned while stopped, as
     before.  A process that was already stopped (by a hold, by its user) stays
     stopped.  `pre_copy`: with soft-dirty pages or not (None: where the kernel has them).
-    `classes`: the types whose objects' class is read in the stop (gtypes.py)."""
+    `classes`: the types whose objects' class is read in the stop (gtypes.py);
+    `set_aside(pid, objects)`: those the library flags "may be leaked" then, removed
+    from the kernel's live objects (kernel/objects.py) and from the scan's."""
     if classes:
         prepare_for(pid)  # GLib's layouts decoded before the stop, not during it
     size = livecopy.copy_size(pid) if copy_limit else 0
@@ -209,15 +215,15 @@ def scan_live(pid: int, budget_s: float,
         if copy_limit else "the copy is off (copy_mib=0)"
     if isinstance(prep, str):
         return _scan_stopped(pid, budget_s, objects, f"scanned while stopped: {prep}",
-                             classes or {})
-    live = _stopped(pid, lambda: _copy(pid, prep, objects, classes or {}))
+                             (classes or {}, set_aside))
+    live = _stopped(pid, lambda: _copy(pid, prep, objects, (classes or {}, set_aside)))
     if live.scan is not None:
         finish(live.scan)  # the graph of what was read: the process runs meanwhile
     return live
 
 
 def _copy(pid: int, prep: livecopy.Prepared, objects: Callable[[], list[ObjectRecord]],
-          classes: dict[str, ClassSource]) -> Callable[[], LiveScan]:
+          classes: Classing) -> Callable[[], LiveScan]:
     """In the stop: the objects, their classes and the copy; what to do once continued."""
     live = LiveScan(pid, objects=objects(), how="soft-dirty" if prep.soft_dirty else "copy")
     _read_classes(live, classes)
@@ -244,7 +250,7 @@ def expected_copy_s(size: int) -> float:
 
 
 def _scan_stopped(pid: int, budget_s: float, objects: Callable[[], list[ObjectRecord]],
-                  why: str, classes: dict[str, ClassSource]) -> LiveScan:
+                  why: str, classes: Classing) -> LiveScan:
     """Today's scan (before the copy): read while stopped, the kinds made after."""
     expected, size, blocks = estimate_s(pid)
     if expected > budget_s:
@@ -265,13 +271,19 @@ def _scan_stopped(pid: int, budget_s: float, objects: Callable[[], list[ObjectRe
     return live
 
 
-def _read_classes(live: LiveScan, classes: dict[str, ClassSource]) -> None:
-    """While stopped: the class of each of its objects whose type the spec reads."""
+def _read_classes(live: LiveScan, classing: Classing) -> None:
+    """While stopped: the class of each of its objects whose type the spec reads; those
+    the library flags "may be leaked" set aside, as the flag's probes would."""
+    classes, set_aside = classing
     wanted = {o.addr: classes[o.type_name] for o in live.objects
               if o.type_name in classes}
     if wanted:
         found = read_classes(live.pid, wanted)
         live.classes, live.class_notes = found.names, note(found)
+        if found.kept and set_aside is not None:
+            set_aside(live.pid, found.kept)
+            kept = set(found.kept)
+            live.objects = [o for o in live.objects if o.addr not in kept]
 
 
 def _keep_classes(live: LiveScan) -> None:

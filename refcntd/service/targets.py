@@ -231,7 +231,8 @@ class Targets:
                             programs=programs, cgroup_id=_cgroup_id(target), sites=True,
                             leak_kinds=target.leak_kinds and bool(programs))
         # REFCNTD_PROBE_MODE, as for check/attach/run (serve has no --probe-mode)
-        plan = build_plan(target.spec, path, parse_modes(os.environ.get("REFCNTD_PROBE_MODE")))
+        spec = target.spec.scanned() if opts.leak_kinds else target.spec
+        plan = build_plan(spec, path, parse_modes(os.environ.get("REFCNTD_PROBE_MODE")))
         plan.require_complete()
 
         def on_report(p: ProcessReport) -> None:

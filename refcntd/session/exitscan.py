@@ -34,10 +34,13 @@ class ExitScans:
     """Holding at _exit: attach, scan each held process, hand the scan to its report."""
 
     def __init__(self, probes: Probes, binary: str,
-                 classed: Callable[[int], dict[int, ClassSource]] | None = None) -> None:
+                 classed: Callable[[int], dict[int, ClassSource]] | None = None,
+                 set_aside: Callable[[int, list[int]], int] | None = None) -> None:
         """`classed(tgid)`: the process's live objects whose class the spec reads
-        (`class:`), named while it is held (reach/gtypes.py)."""
+        (`class:`), named while it is held (reach/gtypes.py); `set_aside(tgid, objects)`:
+        those the library flags "may be leaked" (kernel/objects.py)."""
         self.probes, self.binary, self.classed = probes, binary, classed
+        self.set_aside = set_aside
         self.results: dict[int, ReachScan] = {}
         self.problem = ""  # why processes are not held at exit, if they are not
         self.scanned = 0
@@ -101,6 +104,8 @@ class ExitScans:
         began = time.monotonic()
         objects = self.classed(tgid)
         found = gtypes.read_classes(tgid, objects) if objects else gtypes.ClassNames()
+        if found.kept and self.set_aside is not None:
+            self.set_aside(tgid, found.kept)  # before its report drains its objects
         scan.classes = found.names
         scan.notes += gtypes.note(found)
         self.class_seconds += time.monotonic() - began

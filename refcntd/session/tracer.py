@@ -196,7 +196,8 @@ class Tracer:
         why = why or ("" if self.kernel.holds.enabled else
                       continue_blocker() or "the kernel side cannot hold processes here "
                       "(no BTF offsets for the unwinder, or REFCNTD_UNWIND=fp)")
-        scans = ExitScans(self.kernel.probes, self.plan.binary, self._classed())
+        scans = ExitScans(self.kernel.probes, self.plan.binary, self._classed(),
+                          self.kernel.objects.set_aside)
         if why:
             scans.problem = why
             self.plan.notes += scans.notes()

@@ -39,12 +39,12 @@ def build(tmp_path: Path, source: str, pkgs: list[str], extra: list[str] | None 
               ["-O2", "-fomit-frame-pointer", "-s", *flags, *(extra or [])])
 
 
-def trace(tmp_path: Path, spec: str | list[str], argv: list[str], env: dict | None = None
-          ) -> Outcome:
-    """`spec`: one, or several (--spec given once each)."""
+def trace(tmp_path: Path, spec: str | list[str], argv: list[str], env: dict | None = None,
+          options: tuple[str, ...] = ()) -> Outcome:
+    """`spec`: one, or several (--spec given once each); `options`: run's own."""
     json_path = tmp_path / f"{'-'.join(Path(a).name for a in argv)}.json"
     specs = [a for s in ([spec] if isinstance(spec, str) else spec) for a in ("--spec", s)]
-    result = refcntd(["run", *specs, "--", *argv], json_path, env=env)
+    result = refcntd(["run", *options, *specs, "--", *argv], json_path, env=env)
     assert result.report is not None, result.stderr
     (process,) = [p for p in result.report["processes"] if p["pid"]][:1] or [None]
     truth, doubles, made = {}, [], set()

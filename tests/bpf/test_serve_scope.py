@@ -357,3 +357,40 @@ def test_another_programs_process_leaves_no_stack(bpf, tmp_path):
     (report,) = reports_of(serve, traced.pid)  # the target's own stacks still recorded
     assert report["tracing"]["complete"], report["tracing"]
     assert all(g["stack"] for p in report["processes"] for g in p["groups"])
+
+
+def test_get_leaks_sets_aside_the_gstobjects_gstreamer_flags(bpf, tmp_path):
+    """A program target scans at exit, so the spec's check probes on gst_object_* are
+    not planned: GET /leaks reads GstObject's may-be-leaked flag in its stop and sets
+    the objects flagged (pad templates, the system clock) aside as those probes did.
+    They leave the live GObjects and join the kernel note; a second GET finds none."""
+    prog = tmp_path / "gstc"
+    shutil.copy(gst_launch(), prog)
+    pipeline = ["audiotestsrc", "is-live=true", "!", "audioconvert", "!", "fakesink"]
+    with Serve(tmp_path, f"  - name: gstc\n    path: {prog}\n    spec: gstreamer\n") as serve:
+        run = subprocess.Popen([str(prog), *pipeline], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(5)
+            before = serve.scrape()
+            first = serve.leaks()["targets"]["gstc"]["scans"]
+            after = serve.scrape()
+            serve.leaks()
+            again = serve.scrape()
+        finally:
+            run.kill()
+            run.wait()
+        assert serve.stop() == 0
+    assert [s["pid"] for s in first] == [run.pid]
+    assert not [p for p in serve.log.splitlines() if "probe not installed" in p]
+
+    def noted(m: dict) -> float:
+        return metric(m, "refcntd_kernel_notes_total", target="gstc",
+                      note="may_be_leaked") or 0.0
+
+    def live(m: dict) -> float:
+        return series(m, "refcntd_live_objects", "gstc")["GObject"]
+    aside = noted(after) - noted(before)
+    assert aside >= 2, (noted(before), noted(after))  # a pad template per pad at least
+    assert live(before) - live(after) == aside, (live(before), live(after))
+    assert (noted(again), live(again)) == (noted(after), live(after))

@@ -10,7 +10,7 @@ import pytest
 from refcntd.analysis.classes import apply_classes
 from refcntd.analysis.model import LeakedObject, LeakGroup, ProcessReport, RunResult
 from refcntd.errors import ConfigError
-from refcntd.inputs.spec import ClassSource, load_spec
+from refcntd.inputs.spec import ClassSource, KeptFlag, load_spec
 from refcntd.outputs import ciformats, report, reportjson, runjson
 from refcntd.outputs.policy import collect_findings
 from refcntd.reach.gtypes import ClassNames
@@ -39,14 +39,25 @@ def test_class_sources_of_the_spec(tmp_path) -> None:
         "GObject": ClassSource(instance=True)}
     assert spec_with(tmp_path, "{gtype: 16}").class_sources() == {
         "GObject": ClassSource(offset=16)}
+    assert spec_with(tmp_path, "{gtype: instance, may_be_leaked: {is_a: GstObject, offset: "
+                     "52, mask: 0x10}}").class_sources() == {
+        "GObject": ClassSource(instance=True, kept=KeptFlag("GstObject", 52, 16))}
     assert load_spec("gstreamer").class_sources() == {
-        "GObject": ClassSource(instance=True), "GstMiniObject": ClassSource(offset=0)}
+        "GObject": ClassSource(instance=True, kept=KeptFlag("GstObject", 48, 1)),
+        "GstMiniObject": ClassSource(offset=0)}
     assert load_spec("gobject").class_sources() == {"GObject": ClassSource(instance=True)}
 
 
 @pytest.mark.parametrize("value, problem", [
     ("{gtype: 12}", "multiple of 8"), ("{gtype: klass}", "expected instance"),
-    ("{offset: 0}", "gtype"), ("{gtype: 99999}", "out of range")])
+    ("{offset: 0}", "gtype"), ("{gtype: 99999}", "out of range"),
+    ("{gtype: instance, may_be_leaked: {is_a: GstObject, offset: 50, mask: 1}}",
+     "multiple of 4"),
+    ("{gtype: instance, may_be_leaked: {is_a: 'Gst Object', offset: 48, mask: 1}}",
+     "a GType name"),
+    ("{gtype: instance, may_be_leaked: {offset: 48, mask: 1}}", "is_a"),
+    ("{gtype: instance, may_be_leaked: {is_a: GstObject, offset: 48, mask: 0}}",
+     "out of range")])
 def test_bad_class_keys_name_the_line(tmp_path, value, problem) -> None:
     with pytest.raises(ConfigError, match=problem) as err:
         spec_with(tmp_path, value)

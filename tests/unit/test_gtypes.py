@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from refcntd.binary.gtypelayout import GObjectLayout, QuarkLayout, gobject_layout, quark_layout
-from refcntd.inputs.spec import ClassSource
+from refcntd.inputs.spec import ClassSource, KeptFlag
 from refcntd.reach import gtypes
 from refcntd.reach.memory import Mapping, ProcessMemory
 
@@ -59,6 +59,7 @@ class FakeGlib:
         self.glib = Area(max(quarks.seq_id, quarks.quarks) + 16)
         self.heap = Area(1 << 16)
         self.strings: list[int] = [0]  # quark 0 is no quark
+        self.ancestry: dict[int, tuple[int, ...]] = {}  # GType -> supers[] before the 0
         self.quark_array = self.heap.add(b"\0" * 8 * 64)
         self.glib.put(quarks.quarks, q(self.quark_array))
         self.seq_at = quarks.seq_id
@@ -74,14 +75,17 @@ class FakeGlib:
         self._count()
         return index
 
-    def node(self, name: bytes, fundamental: int = 0) -> int:
-        """A TypeNode named `name`: its GType (the node's address, or `fundamental`)."""
-        size = self.layout.supers + 16
+    def node(self, name: bytes, fundamental: int = 0, parent: int = 0) -> int:
+        """A TypeNode named `name`: its GType (the node's address, or `fundamental`);
+        its supers[] are its GType, `parent`'s supers[] and their 0, as GLib copies them."""
+        ancestors = self.ancestry[parent] if parent else ()
+        size = self.layout.supers + 8 * (len(ancestors) + 2)
         raw = bytearray(size)
         raw[self.layout.qname:self.layout.qname + 4] = struct.pack("<I", self.quark(name))
         node = self.heap.add(bytes(raw))
         gtype = fundamental or node
-        self.heap.put(node - self.heap.base + self.layout.supers, q(gtype))
+        self.ancestry[gtype] = (gtype, *ancestors)
+        self.heap.put(node - self.heap.base + self.layout.supers, q(gtype, *ancestors, 0))
         if fundamental:
             self.gobject.put(self.layout.fundamental_nodes + (fundamental >> 2) * 8, q(node))
         return gtype
@@ -241,3 +245,84 @@ def test_random_memory_names_nothing_and_raises_nothing(glib) -> None:
                for _ in range(2000)}
     found = names(fake, proc, objects)
     assert found.names == {} and found.unread == len(objects)
+
+
+GST_FLAGS = 48  # GstObject.flags: GObject (24 bytes), lock, name, parent
+MAY_BE_LEAKED = ClassSource(instance=True, kept=KeptFlag("GstObject", GST_FLAGS, 1))
+
+
+def gst_object(fake: FakeGlib, gtype: int, flags: int) -> int:
+    """An instance of `gtype` whose word at GST_FLAGS is `flags`."""
+    cls = fake.heap.add(q(gtype, 0, 0, 0))
+    return fake.heap.add(q(cls, 1, 0, 0, 0, 0, flags))
+
+
+def gst_types(fake: FakeGlib) -> dict[str, int]:
+    """GObject <- GInitiallyUnowned <- GstObject <- GstElement <- GstPipeline, and GTask."""
+    out = {"GObject": fake.node(b"GObject", fundamental=G_TYPE_OBJECT)}
+    for name, parent in [("GInitiallyUnowned", "GObject"), ("GstObject", "GInitiallyUnowned"),
+                         ("GstElement", "GstObject"), ("GstPipeline", "GstElement"),
+                         ("GTask", "GObject")]:
+        out[name] = fake.node(name.encode(), parent=out[parent])
+    return out
+
+
+def test_the_flag_is_read_on_objects_whose_class_is_a_the_type(glib) -> None:
+    """GLib's is-a from supers[]: a flagged GstPipeline and GstObject are kept; the
+    same bit on a GTask (not a GstObject), a clear flag, another bit, and an object
+    whose source reads no flag are not."""
+    fake, proc = glib
+    t = gst_types(fake)
+    pipeline, obj = gst_object(fake, t["GstPipeline"], 1), gst_object(fake, t["GstObject"], 0x21)
+    clear, other_bit = gst_object(fake, t["GstElement"], 0), gst_object(fake, t["GstElement"], 2)
+    task, unasked = gst_object(fake, t["GTask"], 1), gst_object(fake, t["GstPipeline"], 1)
+    high = gst_object(fake, t["GstPipeline"], 1 << 32)  # the 32-bit word's neighbour
+    found = names(fake, proc, {pipeline: MAY_BE_LEAKED, obj: MAY_BE_LEAKED,
+                               clear: MAY_BE_LEAKED, other_bit: MAY_BE_LEAKED,
+                               task: MAY_BE_LEAKED, unasked: INSTANCE, high: MAY_BE_LEAKED})
+    assert sorted(found.kept) == sorted([pipeline, obj])
+    assert found.names[pipeline] == "GstPipeline" and found.names[task] == "GTask"
+
+
+def test_the_ancestry_read_from_the_nodes_as_glib_lays_them_out(glib) -> None:
+    fake, proc = glib
+    t = gst_types(fake)
+    mem = ProcessMemory(os.getpid())
+    try:
+        found = gtypes._globals(os.getpid(), fake.maps(), proc)
+        assert not isinstance(found, str), found
+        reader = gtypes._Reader(mem, fake.maps(), found)
+        assert reader.ancestry(t["GstPipeline"]) == (
+            t["GstPipeline"], t["GstElement"], t["GstObject"], t["GInitiallyUnowned"],
+            G_TYPE_OBJECT)
+        assert reader.ancestry(G_TYPE_OBJECT) == (G_TYPE_OBJECT,)
+        assert [reader.is_a(t["GstPipeline"], n) for n in ("GstObject", "GObject", "GTask")] \
+            == [True, True, False]
+    finally:
+        mem.close()
+
+
+def test_a_forged_ancestry_keeps_nothing(glib) -> None:
+    """Each lie once: an ancestor named GstObject whose own supers[] are not the
+    tail of the chain, supers[] without their 0 up to the mapping's end, an ancestor
+    whose node is not one, a node whose supers[0] is not its GType."""
+    fake, proc = glib
+    t = gst_types(fake)
+    impostor = fake.node(b"GstObject", parent=t["GTask"])  # named so, another lineage
+    liar = fake.node(b"GstBin", parent=t["GstElement"])
+    base = liar - fake.heap.base + fake.layout.supers
+    fake.heap.put(base, q(liar, impostor, t["GObject"], 0))  # claims impostor as parent
+    nowhere = fake.node(b"GstNowhere", parent=t["GstObject"])
+    fake.heap.put(nowhere - fake.heap.base + fake.layout.supers + 8, q(0x10))
+    misfiled = fake.node(b"GstMisfiled", parent=t["GstObject"])
+    fake.heap.put(misfiled - fake.heap.base + fake.layout.supers, q(t["GstObject"]))
+    at = fake.heap.size - fake.layout.supers - 64  # the heap's last bytes: supers[]
+    endless = fake.heap.base + at  # without their 0 up to the end of the mapping
+    fake.heap.put(at + fake.layout.qname, struct.pack("<I", fake.quark(b"GstEndless")))
+    fake.heap.put(at + fake.layout.supers, q(endless, *[t["GstObject"]] * 7))
+    objects = {gst_object(fake, g, 1): MAY_BE_LEAKED
+               for g in (liar, endless, nowhere, misfiled)}
+    good = gst_object(fake, t["GstElement"], 1)
+    found = names(fake, proc, {**objects, good: MAY_BE_LEAKED})
+    assert found.kept == [good]
+    assert found.names[next(iter(objects))] == "GstBin"  # named, only not kept

@@ -266,3 +266,20 @@ def test_a_function_two_specs_give_differently_is_refused(tmp_path):
     assert "gobject.yaml" in err.value.problem
     result = refcntd(["check", "--spec", "gobject", "--spec", path, "--binary", "/bin/true"])
     assert_one_line_error(result, f"{path}:8", "g_object_unref")
+
+
+def test_checks_unless_scanned_are_dropped_where_the_scan_reads_the_flag(tmp_path):
+    """gstreamer's check role on gst_object_* is probed only without an exit scan; a
+    check without unless_scanned stays either way."""
+    gst = load_spec("gstreamer")
+    (check,) = gst.roles["check"]
+    assert check.unless_scanned and check.may_be_leaked == (48, 1)
+    assert "check" not in gst.scanned().roles
+    assert {r: len(e) for r, e in gst.scanned().roles.items()} == \
+        {r: len(e) for r, e in gst.roles.items() if r != "check"}
+    plain = load_spec(write(tmp_path, VALID + "  check: {functions: [foo_peek], object: arg1, "
+                                              "may_be_leaked: {offset: 8, mask: 2}}\n"))
+    assert plain.scanned() == plain
+    with pytest.raises(ConfigError, match="unless_scanned"):
+        load_spec(write(tmp_path, VALID.replace("object: arg1}", "object: arg1, "
+                                                "unless_scanned: true}", 1)))
